@@ -1,0 +1,116 @@
+"""One frozen Settings object: defaults < config YAML < environment (AGENTSERVE_*) < CLI flags.
+
+Every field is documented here; ``configs/*.yaml`` set them per deployment. Nested
+fields are set from the environment with a double underscore, e.g.
+``AGENTSERVE_PREFIX_CACHE__MEMORY_MB=2048``.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("agentserve_config_file", default=None)
+
+
+class ConfigError(ValueError):
+    """Settings that cannot work; the message names the field, the value and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrefixCacheSettings(_Section):
+    enabled: bool = Field(True, description="Serve repeated prompt prefixes from the KV cache.")
+    block_size: int = Field(32, ge=1, le=1024, description="Tokens per cache block (hf engine).")
+    memory_mb: int = Field(1024, ge=0, description="KV-cache memory budget in MiB; LRU eviction past it.")
+
+
+class RoutingSettings(_Section):
+    policy: Literal["affinity", "round_robin", "least_loaded"] = Field(
+        "affinity", description="affinity = rendezvous hash of the session key with bounded load."
+    )
+    load_epsilon: float = Field(
+        0.25, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests."
+    )
+    health_interval_s: float = Field(1.0, gt=0, description="Seconds between worker health checks.")
+    connect_timeout_s: float = Field(2.0, gt=0, description="Timeout to connect to a worker.")
+    worker_start_timeout_s: float = Field(180.0, gt=0, description="How long to wait for spawned workers.")
+
+
+class VllmSettings(_Section):
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0)
+    tensor_parallel_size: int = Field(1, ge=1)
+    enforce_eager: bool = Field(False, description="Skip CUDA graphs / torch.compile (faster start).")
+    kv_cache_space_gib: int = Field(1, ge=1, description="vllm-cpu only: KV cache size (VLLM_CPU_KVCACHE_SPACE).")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="AGENTSERVE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    model: str = Field("embedded", description="'embedded', a transformers model folder, or a .gguf file.")
+    served_model_name: str = Field("smollm2-135m-instruct", description="The name clients send as 'model'.")
+    engine: Literal["hf", "vllm"] = Field("hf", description="hf = transformers + torch; vllm = vLLM AsyncLLM.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when present, else cpu.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = float32 on CPU, bfloat16 on CUDA."
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_model_len: int | None = Field(None, ge=16, description="Context window; default: the model's own.")
+    default_max_tokens: int = Field(1024, ge=1, description="max_tokens when a request sets none.")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; default: all cores.")
+    prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
+    session_table_size: int = Field(4096, ge=1, description="Sessions remembered for the cache report.")
+    envelope: str = Field("hermes", description="Tool-call envelope in grammars/envelopes/ (per model family).")
+    tool_state_machine: str | None = Field(
+        "agent", description="Default tool state machine in grammars/ (name or path); null = off."
+    )
+    grammar_backend: Literal["xgrammar", "outlines"] = Field("xgrammar", description="Argument constraint backend.")
+    workers: int = Field(1, ge=1, description="Worker processes behind one router (1 = in-process, no router).")
+    routing: RoutingSettings = RoutingSettings()
+    vllm: VllmSettings = VllmSettings()
+    log_prompts: bool = Field(False, description="Log prompt and completion text (debug only).")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = _CONFIG_FILE.get()
+        if config_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from a YAML file, the environment and explicit overrides (None = unset)."""
+    path = Path(config_file) if config_file else None
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file {path} does not exist: pass an existing YAML file to --config")
+    token = _CONFIG_FILE.set(path)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+        src = f" in {path}" if path else ""
+        raise ConfigError(
+            f"invalid settings{src} (or AGENTSERVE_* environment / flags):\n" + "\n".join(lines)
+        ) from None
+    finally:
+        _CONFIG_FILE.reset(token)

@@ -1,0 +1,87 @@
+"""The Engine interface: token ids in, a stream of token chunks out, cache hits counted.
+
+An engine owns the model, its tokenizer and its prefix (KV) cache. The chat service
+renders and tokenizes prompts, builds the per-request token constraint, and turns
+token chunks into OpenAI responses; engines know nothing of chat or tools.
+
+Cancellation: closing the async iterator returned by ``generate`` (``aclose()``, or
+leaving an ``async for`` early) cancels the request and frees its resources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class TokenConstraint(Protocol):
+    """Per-request decode-time constraint (implemented in server/masking; no engine imports there).
+
+    The bitmask is xgrammar's format: int32 tensor [batch, ceil(vocab/32)], bit j of word i
+    set = token 32*i+j allowed. ``fill_next_token_bitmask`` writes row ``index`` in full.
+    ``accept_token`` never raises inside the decode loop: it returns False and sets
+    ``error`` when the token is not allowed.
+    """
+
+    error: str | None
+
+    def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None: ...
+
+    def accept_token(self, token_id: int) -> bool: ...
+
+    def is_terminated(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    constraint: TokenConstraint | None = None
+    cache_salt: str = ""  # namespace of the prefix cache (tenant); "" = shared
+
+
+@dataclass
+class GenerationChunk:
+    """New tokens since the previous chunk. ``cached_tokens`` is set on every chunk."""
+
+    token_ids: list[int]
+    cached_tokens: int
+    finish_reason: str | None = None  # "stop" | "length" | "error"
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    prefix_queries_tokens: int = 0
+    prefix_hits_tokens: int = 0
+    running: int = 0
+    waiting: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    name: str
+    tokenizer: Any  # a transformers PreTrainedTokenizerBase
+    max_model_len: int
+    vocab_size: int  # rows of the logits (may exceed len(tokenizer))
+    eos_token_ids: tuple[int, ...]
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]: ...
+
+    def stats(self) -> EngineStats: ...

