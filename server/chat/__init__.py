@@ -1,0 +1,1 @@
+"""Chat: deterministic prompt rendering, tool-call parsing, and the chat service."""
