@@ -1,0 +1,74 @@
+"""Command line: agentserve serve | route | bench | convert-model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from server.config import ConfigError, Settings, load_settings
+
+
+def _add_settings_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML settings file (e.g. configs/embedded.yaml)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--model", help="'embedded', a model folder, or a .gguf file")
+    p.add_argument("--engine", choices=["hf", "vllm"], help="inference engine (default hf)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for the hf engine")
+
+
+def _settings(args: argparse.Namespace, **extra: object) -> Settings:
+    return load_settings(
+        args.config, host=args.host, port=args.port, model=args.model, engine=args.engine,
+        device=args.device, **extra,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agentserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the OpenAI API (one in-process worker by default)")
+    _add_settings_flags(serve)
+    serve.add_argument("--workers", type=int, help="N worker processes behind a router (default 1)")
+
+    route = sub.add_parser("route", help="route sessions to workers that run elsewhere")
+    _add_settings_flags(route)
+    route.add_argument("--worker", action="append", required=True, metavar="URL", help="worker base URL")
+    route.add_argument("--policy", choices=["affinity", "round_robin", "least_loaded"])
+
+    convert = sub.add_parser("convert-model", help="convert the embedded GGUF (or --model X.gguf) once")
+    convert.add_argument("--model", default="embedded")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            settings = _settings(args, workers=args.workers)
+            if settings.workers > 1:
+                from server.routing.cluster import serve_cluster
+
+                serve_cluster(settings)
+            else:
+                from server.app import serve_worker
+
+                serve_worker(settings)
+        elif args.command == "route":
+            extra = {"routing": {"policy": args.policy}} if args.policy else {}
+            settings = _settings(args, **extra)
+            from server.routing.router import serve_router
+
+            serve_router(settings, args.worker)
+        elif args.command == "convert-model":
+            from server.model_store import resolve_model
+
+            print(resolve_model(args.model))
+    except ConfigError as exc:
+        print(f"agentserve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
