@@ -105,12 +105,14 @@ class PrefixCache:
             return 0
         hashes = self.block_hashes(token_ids, salt)
         added = 0
-        chain_bytes = 0
+        chain_bytes = last_nbytes = 0
         kept: list[bytes] = []
         for i, h in enumerate(hashes):
             with self._lock:
                 entry = self._entries.get(h)
             if entry is None:
+                if chain_bytes + last_nbytes > self.capacity_bytes:
+                    break  # blocks of one engine are the same size: the next one cannot fit
                 payload, nbytes = payload_for_block(i)
                 if chain_bytes + nbytes > self.capacity_bytes:
                     break
@@ -120,6 +122,7 @@ class PrefixCache:
                     self._bytes += nbytes
                 added += 1
             chain_bytes += entry.nbytes
+            last_nbytes = entry.nbytes
             kept.append(h)
         with self._lock:
             for h in reversed(kept):
