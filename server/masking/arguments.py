@@ -151,6 +151,7 @@ class XGrammarBackend:
                 f"fix the schema (an object schema with 'properties') or leave 'parameters' out",
                 param="tools",
             ) from exc
+
         def literal(text: str) -> Any:
             return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
 
@@ -158,4 +159,6 @@ class XGrammarBackend:
         return self.compiler.compile_grammar(xgr.Grammar.concat(*pieces) if len(pieces) > 1 else args)
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
-        return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True), self.vocab)
+        return XGrammarMatcher(
+            self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True), self.vocab
+        )

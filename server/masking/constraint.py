@@ -131,7 +131,9 @@ class ConstraintFactory:
     def after_row(self, trie: NameTrie, subset: int, eos: tuple[int, ...], parallel: bool) -> np.ndarray:
         if not parallel:
             return self.eos_row(eos)
-        return self._cached(("after", trie, subset, eos), lambda: self.eos_row(eos) | trie.mask_row(0, subset))
+        return self._cached(
+            ("after", trie, subset, eos), lambda: self.eos_row(eos) | trie.mask_row(0, subset)
+        )
 
 
 class ToolConstraint:
@@ -146,7 +148,11 @@ class ToolConstraint:
         self._bm: Any = None
         self._arr: Any = None
         if plan.mode == "required" or plan.prefill:
-            node = trie.node_of(factory.envelope.call_separator.encode() + plan.prefill.encode()) if trie else None
+            node = (
+                trie.node_of(factory.envelope.call_separator.encode() + plan.prefill.encode())
+                if trie
+                else None
+            )
             if node is None:
                 raise ValueError(f"prefill {plan.prefill!r} is not the start of a call to an allowed tool")
             self.phase, self.node = Phase.CALL, node
@@ -250,7 +256,9 @@ class ToolConstraint:
             st = self.trie.step(0, tid, self.subset) if self.plan.parallel else None
             if st is None:
                 more = " or another tool call" if self.plan.parallel else ""
-                return self._reject(f"token {what} is not allowed after a tool call: only end of sequence{more}")
+                return self._reject(
+                    f"token {what} is not allowed after a tool call: only end of sequence{more}"
+                )
             return self._advance(st)
         return self._reject(f"token {what} came after the end of the reply")
 

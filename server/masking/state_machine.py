@@ -75,8 +75,9 @@ class StateMachine:
 
     def decide(self, messages: list[dict], tool_names: tuple[str, ...] | list[str]) -> Decision:
         last_role = messages[-1].get("role") if messages else None
-        state = self.states[next((r.state for r in self.rules if r.matches(last_role, last_call(messages))),
-                                 self.default)]
+        state = self.states[
+            next((r.state for r in self.rules if r.matches(last_role, last_call(messages))), self.default)
+        ]
         return Decision(state.name, state.mode, tuple(n for n in tool_names if state.allows(n)))
 
 
@@ -130,7 +131,9 @@ def parse_state_machine(data: Any, path: str = "<memory>") -> StateMachine:
         raise fail("top level", "expected a mapping with 'states', 'rules' and 'default'")
     extra = set(data) - {"name", "description", "states", "rules", "default"}
     if extra:
-        raise fail("top level", f"unknown keys {sorted(extra)}; allowed: name, description, states, rules, default")
+        raise fail(
+            "top level", f"unknown keys {sorted(extra)}; allowed: name, description, states, rules, default"
+        )
     raw_states = data.get("states")
     if not isinstance(raw_states, dict) or not raw_states:
         raise fail("states", "expected a mapping of state name → {mode, allow}")

@@ -81,11 +81,14 @@ def tool_names(tools: list[dict] | None) -> tuple[str, ...]:
             )
         if any(c in name for c in '"\\') or any(c.isspace() or ord(c) < 32 for c in name):
             raise InvalidRequest(
-                f"tool name {name!r} contains a quote, backslash or whitespace: use letters, digits, '_', '-', '.'",
+                f"tool name {name!r} contains a quote, backslash or whitespace: "
+                "use letters, digits, '_', '-', '.'",
                 param=f"tools[{i}].function.name",
             )
         if name in names:
-            raise InvalidRequest(f"tool name {name!r} appears twice in tools: names must be unique", param="tools")
+            raise InvalidRequest(
+                f"tool name {name!r} appears twice in tools: names must be unique", param="tools"
+            )
         names.append(name)
     return tuple(names)
 
@@ -100,7 +103,9 @@ def _unknown(what: str, value: str, names: tuple[str, ...]) -> InvalidRequest:
 def _entry_names(entry: Any, names: tuple[str, ...]) -> set[str]:
     fn = entry.get("function", entry) if isinstance(entry, dict) else None
     if not isinstance(fn, dict):
-        raise InvalidRequest(f"malformed entry in allowed_tools.tools: {entry!r}; use {FORMS}", param="tool_choice")
+        raise InvalidRequest(
+            f"malformed entry in allowed_tools.tools: {entry!r}; use {FORMS}", param="tool_choice"
+        )
     if isinstance(fn.get("name"), str):
         if fn["name"] not in names:
             raise _unknown("the tool", fn["name"], names)
@@ -110,13 +115,17 @@ def _entry_names(entry: Any, names: tuple[str, ...]) -> set[str]:
         if not found:
             raise _unknown("the prefix", fn["name_prefix"], names)
         return found
-    raise InvalidRequest(f"malformed entry in allowed_tools.tools: {entry!r}; use {FORMS}", param="tool_choice")
+    raise InvalidRequest(
+        f"malformed entry in allowed_tools.tools: {entry!r}; use {FORMS}", param="tool_choice"
+    )
 
 
 def _explicit(choice: Any, names: tuple[str, ...]) -> tuple[Mode, tuple[str, ...]]:
     if choice in ("none", "auto", "required"):
         if choice == "required" and not names:
-            raise InvalidRequest('tool_choice "required" needs at least one tool in tools', param="tool_choice")
+            raise InvalidRequest(
+                'tool_choice "required" needs at least one tool in tools', param="tool_choice"
+            )
         return choice, names if choice != "none" else ()
     if isinstance(choice, dict) and choice.get("type") == "function":
         fn = choice.get("function")
@@ -126,7 +135,11 @@ def _explicit(choice: Any, names: tuple[str, ...]) -> tuple[Mode, tuple[str, ...
             return "required", (fn["name"],)
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         spec = choice.get("allowed_tools")
-        if isinstance(spec, dict) and spec.get("mode") in ("auto", "required") and isinstance(spec.get("tools"), list):
+        if (
+            isinstance(spec, dict)
+            and spec.get("mode") in ("auto", "required")
+            and isinstance(spec.get("tools"), list)
+        ):
             chosen: set[str] = set()
             for entry in spec["tools"]:
                 chosen |= _entry_names(entry, names)
@@ -172,7 +185,9 @@ def plan_tools(
     state = None
     if tool_choice is not None:
         if not names and tool_choice not in ("none", "auto"):
-            raise InvalidRequest(f"tool_choice {tool_choice!r} needs tools, but tools is empty", param="tool_choice")
+            raise InvalidRequest(
+                f"tool_choice {tool_choice!r} needs tools, but tools is empty", param="tool_choice"
+            )
         mode, allowed = _explicit(tool_choice, names)
     elif machine is not None and names:
         state, mode, allowed = machine.decide(messages, names)

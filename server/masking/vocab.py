@@ -23,9 +23,13 @@ import numpy as np
 class TokenVocab:
     """Token id → bytes, with indexes for fast prefix lookups. Immutable once built."""
 
-    def __init__(self, token_bytes: Sequence[bytes], vocab_size: int, special_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self, token_bytes: Sequence[bytes], vocab_size: int, special_ids: Iterable[int] = ()
+    ) -> None:
         if vocab_size < len(token_bytes):
-            raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer ({len(token_bytes)} tokens)")
+            raise ValueError(
+                f"vocab_size {vocab_size} is smaller than the tokenizer ({len(token_bytes)} tokens)"
+            )
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self.special_ids = frozenset(i for i in special_ids if 0 <= i < vocab_size) | frozenset(
@@ -69,7 +73,9 @@ class TokenVocab:
         return vocab
 
     @classmethod
-    def from_strings(cls, tokens: Sequence[str], special_ids: Iterable[int] = (), vocab_size: int | None = None):
+    def from_strings(
+        cls, tokens: Sequence[str], special_ids: Iterable[int] = (), vocab_size: int | None = None
+    ):
         """A hand-made vocabulary (tests): each token's text, UTF-8 encoded."""
         return cls([t.encode() for t in tokens], vocab_size or len(tokens), special_ids)
 
