@@ -117,10 +117,10 @@ class Usage(BaseModel):
 
 
 class CacheReport(BaseModel):
-    """Extension: how much of the prompt came from cache, and when the session's prefix broke, where and why."""
+    """Extension: how much of the prompt came from cache; if the session's prefix broke, where and why."""
 
     cached_tokens: int
     prompt_tokens: int
-    session: str
+    session_key_source: str  # prompt_cache_key | header | user | prefix_hash
     diverged_at_token: int | None = None
     reason: str | None = None

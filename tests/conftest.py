@@ -8,6 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -25,3 +26,65 @@ def tokenizer(embedded_model_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(embedded_model_dir)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def hf_engine(embedded_model_dir: Path):
+    """One HFEngine on the embedded model, shared by the e2e tests (loads in ~1 s once converted)."""
+    from server.config import load_settings
+    from server.engines.hf import HFEngine
+
+    return HFEngine(load_settings(device="cpu"))
+
+
+@contextmanager
+def running_server(app):
+    """Serve an ASGI app with uvicorn on a free loopback port (in a thread); yields its URL."""
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code in (200, 401):
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    else:
+        raise RuntimeError("test server did not start")
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def server_url(hf_engine):
+    """A real uvicorn server on a free loopback port, serving the shared engine."""
+    from server.app import build_app
+
+    with running_server(build_app(hf_engine.settings, engine=hf_engine)) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def client(server_url):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server_url + "/v1", api_key="test", max_retries=0, timeout=120)
