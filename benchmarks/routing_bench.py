@@ -224,6 +224,7 @@ async def run_trace(router: str, trace: list[list[str]], concurrency: int, salt:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=300, limits=limits, trust_env=False) as client:
+        model = (await client.get(router + "/v1/models")).json()["data"][0]["id"]
 
         async def session(s: int, observations: list[str]) -> None:
             async with sem:
@@ -231,7 +232,7 @@ async def run_trace(router: str, trace: list[list[str]], concurrency: int, salt:
                         {"role": "user", "content": f"task {salt} {s}"}]
                 prev_total = 0
                 for t, obs in enumerate(observations):
-                    body = {"model": "default", "messages": msgs, "max_tokens": 16, "temperature": 0,
+                    body = {"model": model, "messages": msgs, "max_tokens": 16, "temperature": 0,
                             "prompt_cache_key": f"{salt}-session-{s}"}
                     t0 = time.perf_counter()
                     resp = await client.post(router + "/v1/chat/completions", json=body)

@@ -5,7 +5,8 @@ the router's own settings (written to a temporary YAML file; flags pin port, hos
 and workers so AGENTSERVE_* variables cannot make a worker recurse). The router
 starts once every worker answers GET /health (progress is printed while models
 load; a worker that exits or the ``routing.worker_start_timeout_s`` limit ends
-the start with a clear error). Workers are stopped (SIGTERM, then SIGKILL after
+the start with a clear error). On CPU, unless ``threads`` is set, each worker gets
+cores // N torch threads. Workers are stopped (SIGTERM, then SIGKILL after
 10 s) when the router exits, on SIGINT/SIGTERM too; on Linux they also get
 SIGTERM if this process dies without cleaning up.
 """
@@ -13,6 +14,7 @@ SIGTERM if this process dies without cleaning up.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -142,8 +144,12 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 def worker_settings_file(settings: Settings, directory: str) -> str:
+    """The router's settings for one worker; unless ``threads`` is set, the CPU cores are
+    shared out (N workers that each take every core would thrash)."""
     data = settings.model_dump(mode="json")
     data.update(workers=1, host="127.0.0.1")
+    if settings.threads is None and settings.device != "cuda":
+        data["threads"] = max(1, (os.cpu_count() or 1) // settings.workers)
     path = Path(directory) / "worker.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=True))
     return str(path)

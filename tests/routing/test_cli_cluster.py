@@ -49,6 +49,9 @@ def test_worker_settings_file_reproduces_the_settings(tmp_path):
     again = load_settings(path, port=9100, workers=1)
     assert again.default_max_tokens == 7 and again.routing.load_epsilon == 0.4
     assert (again.workers, again.host, again.port) == (1, "127.0.0.1", 9100)
+    assert again.threads == max(1, (os.cpu_count() or 1) // 3)  # cores shared out on CPU
+    pinned = load_settings(workers=3, threads=5)
+    assert load_settings(worker_settings_file(pinned, str(tmp_path))).threads == 5
 
 
 CLUSTER = textwrap.dedent("""
