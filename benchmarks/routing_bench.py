@@ -15,7 +15,7 @@
 Usage:
   python benchmarks/routing_bench.py                 # both parts, markdown tables
   python benchmarks/routing_bench.py --part cache --sessions 32 --turns 10
-  python benchmarks/routing_bench.py --part cache --real-worker http://127.0.0.1:8001 ...
+  python benchmarks/routing_bench.py --part cache --scale 0.05 --real-worker http://127.0.0.1:8001 ...
 """
 
 from __future__ import annotations
@@ -198,24 +198,26 @@ def overhead(n: int, concurrency: int, seconds: float) -> None:
 
 # ---------------------------------------------------------------- part 2: cache hits per policy
 
-def make_trace(sessions: int, turns: int, seed: int, salt: str) -> list[list[str]]:
+def make_trace(sessions: int, turns: int, seed: int, salt: str, scale: float = 1.0) -> list[list[str]]:
     """Per session, the tool results of each turn (the system prompt + tools are shared)."""
     rng = random.Random(seed)
     vocab = [f"{salt}v{i}" for i in range(5000)]
-    return [[" ".join(rng.choices(vocab, k=rng.randint(150, 700))) for _ in range(turns)]
+    lo, hi = max(1, int(150 * scale)), max(2, int(700 * scale))
+    return [[" ".join(rng.choices(vocab, k=rng.randint(lo, hi))) for _ in range(turns)]
             for _ in range(sessions)]
 
 
-def system_prompt(salt: str) -> str:
+def system_prompt(salt: str, scale: float = 1.0) -> str:
     rng = random.Random(7)
     words = ["open", "read", "click", "type", "list", "file", "page", "shell"]
     tools = json.dumps([{"name": f"{p}_{i}", "description": " ".join(rng.choices(words, k=30))}
-                        for p in ("browser", "shell", "file") for i in range(10)])
-    return f"{salt} You are an agent. " + "Follow the rules. " * 100 + tools
+                        for p in ("browser", "shell", "file") for i in range(max(1, int(10 * scale)))])
+    return f"{salt} You are an agent. " + "Follow the rules. " * max(1, int(100 * scale)) + tools
 
 
-async def run_trace(router: str, trace: list[list[str]], concurrency: int, salt: str, real: bool) -> dict:
-    sysmsg = system_prompt(salt)
+async def run_trace(router: str, trace: list[list[str]], concurrency: int, salt: str, real: bool,
+                    scale: float) -> dict:
+    sysmsg = system_prompt(salt, scale)
     ideal_engine = FakeEngine("ideal")
     stats = {"prompt": 0, "cached": 0, "ideal": 0, "shared": 0, "latency": [], "workers": {}}
     # cache hits every request can have anywhere: the full blocks of the shared system prompt
@@ -259,7 +261,7 @@ async def run_trace(router: str, trace: list[list[str]], concurrency: int, salt:
 
 
 def cache(sessions: int, turns: int, concurrency: int, workers: int, prefill: float,
-          real_workers: Sequence[str]) -> None:
+          real_workers: Sequence[str], scale: float) -> None:
     real = bool(real_workers)
     if real:
         urls, wprocs = list(real_workers), []
@@ -269,8 +271,9 @@ def cache(sessions: int, turns: int, concurrency: int, workers: int, prefill: fl
                                          f"{prefill * 1e6:.0f} us prefill per uncached token)")
     print(f"\n### Prompt tokens from cache per policy: {len(urls)} {label}\n")
     print(f"Trace: {sessions} agent sessions x {turns} turns, {concurrency} sessions at a time, no tool time "
-          "between turns; a shared system prompt + tools; each turn appends the reply and a 150-700-token "
-          "tool result. *session part* leaves out the shared prefix (which every worker caches after its "
+          "between turns; a shared system prompt + tools; each turn appends the reply and a tool result "
+          f"of {int(150 * scale)}-{int(700 * scale)} words (scale {scale}). "
+          "*session part* leaves out the shared prefix (which every worker caches after its "
           "first request), i.e. what only the session's own worker can have.\n")
     print("| policy | prompt tokens | cached | cached / prompt | **cached / ideal** | session part: cached / "
           "ideal | sessions on 1 worker | latency p50 | latency p99 | spills |")
@@ -283,8 +286,8 @@ def cache(sessions: int, turns: int, concurrency: int, workers: int, prefill: fl
             router, rproc = start_router(urls, policy, env)
             salt = f"{policy}{random.randrange(10**6)}" if real else "x"
             try:
-                trace = make_trace(sessions, turns, seed=1, salt=salt)
-                st = asyncio.run(run_trace(router, trace, concurrency, salt, real))
+                trace = make_trace(sessions, turns, seed=1, salt=salt, scale=scale)
+                st = asyncio.run(run_trace(router, trace, concurrency, salt, real, scale))
                 metrics = httpx.get(router + "/metrics").text.splitlines()
                 spills = sum(float(line.split()[-1]) for line in metrics
                              if line.startswith('agentserve_router_affinity_total{outcome="spilled"}'))
@@ -311,13 +314,16 @@ def main() -> None:
     p.add_argument("--session-concurrency", type=int, default=8)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--prefill-s-per-token", type=float, default=20e-6, help="simulated prefill cost")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="cache: prompt size factor (e.g. 0.05 for real workers on a CPU)")
     p.add_argument("--real-worker", action="append", default=[], metavar="URL",
                    help="run the cache part against these workers instead of simulated ones")
     a = p.parse_args()
     if a.part in ("all", "overhead"):
         overhead(a.requests, a.concurrency, a.seconds)
     if a.part in ("all", "cache"):
-        cache(a.sessions, a.turns, a.session_concurrency, a.workers, a.prefill_s_per_token, a.real_worker)
+        cache(a.sessions, a.turns, a.session_concurrency, a.workers, a.prefill_s_per_token, a.real_worker,
+              a.scale)
 
 
 if __name__ == "__main__":
