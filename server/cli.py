@@ -40,8 +40,12 @@ def main(argv: list[str] | None = None) -> int:
 
     route = sub.add_parser("route", help="route sessions to workers that run elsewhere")
     _add_settings_flags(route)
-    route.add_argument("--worker", action="append", required=True, metavar="URL", help="worker base URL")
-    route.add_argument("--policy", choices=["affinity", "round_robin", "least_loaded"])
+    route.add_argument("--worker", action="append", required=True, metavar="URL",
+                       help="worker base URL, or ID=URL (the id feeds the session hash: give every "
+                       "router replica the same ids); repeat per worker")
+    route.add_argument("--policy", choices=["affinity", "round_robin", "least_loaded"],
+                       help="routing policy (default: routing.policy in the config, else affinity)")
+    route.add_argument("--load-epsilon", type=float, help="affinity: spill above (1+eps) x mean in-flight")
 
     convert = sub.add_parser("convert-model", help="convert the embedded GGUF (or --model X.gguf) once")
     convert.add_argument("--model", default="embedded")
@@ -52,16 +56,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             settings = _settings(args, workers=args.workers)
             if settings.workers > 1:
-                from server.routing.cluster import serve_cluster
+                from server.routing.cluster import ClusterError, serve_cluster
 
-                serve_cluster(settings)
+                try:
+                    serve_cluster(settings)
+                except ClusterError as exc:
+                    print(f"agentserve: {exc}", file=sys.stderr)
+                    return 1
             else:
                 from server.app import serve_worker
 
                 serve_worker(settings)
         elif args.command == "route":
-            extra = {"routing": {"policy": args.policy}} if args.policy else {}
-            settings = _settings(args, **extra)
+            # only the flags given: nested settings merge with the YAML's routing section
+            routing = {k: v for k, v in (("policy", args.policy), ("load_epsilon", args.load_epsilon))
+                       if v is not None}
+            settings = _settings(args, routing=routing or None)
             from server.routing.router import serve_router
 
             serve_router(settings, args.worker)

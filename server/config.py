@@ -37,14 +37,32 @@ class PrefixCacheSettings(_Section):
 
 
 class RoutingSettings(_Section):
+    """The router in front of workers (``serve --workers N`` / ``route``); see server/routing/."""
+
     policy: Literal["affinity", "round_robin", "least_loaded"] = Field(
         "affinity", description="affinity = rendezvous hash of the session key with bounded load."
     )
     load_epsilon: float = Field(
         0.25, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests."
     )
+    load_floor: int = Field(
+        4, ge=1, description="Never spill from a worker that would hold at most this many requests in flight."
+    )
     health_interval_s: float = Field(1.0, gt=0, description="Seconds between worker health checks.")
+    health_timeout_s: float = Field(
+        3.0, gt=0, description="A worker whose GET /health takes longer than this counts as failed."
+    )
+    health_failures: int = Field(
+        2, ge=1, description="Consecutive failed health checks before a worker is taken out "
+        "(a refused connection on a request takes it out at once)."
+    )
     connect_timeout_s: float = Field(2.0, gt=0, description="Timeout to connect to a worker.")
+    read_timeout_s: float = Field(
+        300.0, gt=0, description="Longest wait for the next byte from a worker (bounds a hung worker)."
+    )
+    max_failovers: int = Field(
+        2, ge=0, description="Other workers tried when one fails before anything reached the client."
+    )
     worker_start_timeout_s: float = Field(180.0, gt=0, description="How long to wait for spawned workers.")
 
 

@@ -1,0 +1,88 @@
+"""Routing policy interface and registry.
+
+A policy answers one question: given a request's session key and the current
+workers (health, in-flight count), which worker serves it, and in which order
+to try the others if that one cannot be reached. Policies are pure and
+synchronous; the router owns health, in-flight counting and retries.
+
+Register a policy with ``@register_policy("name")`` on a factory taking
+``RoutingSettings``; ``make_policy(settings)`` builds the configured one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from server.config import RoutingSettings
+
+Outcome = Literal["kept", "moved", "spilled", "none"]
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """What a policy sees of one worker."""
+
+    id: str
+    healthy: bool
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A policy's answer: indices into the workers it was given, chosen first.
+
+    ``order[0]`` serves the request; ``order[1:]`` are tried in turn when the chosen
+    worker cannot be reached before anything was sent to the client. Only healthy
+    workers appear. ``outcome`` says how the choice relates to the session's home:
+    kept (its home worker), moved (home is down: next in its order), spilled (home
+    or more were over the load bound), none (the policy has no notion of home).
+    """
+
+    order: tuple[int, ...]
+    outcome: Outcome
+
+    @property
+    def worker(self) -> int:
+        return self.order[0]
+
+
+class RoutingPolicy(Protocol):
+    name: str
+
+    def select_worker(self, key: str, workers: Sequence[WorkerLoad]) -> Selection | None:
+        """The selection for ``key``; None when no worker is healthy."""
+        ...
+
+
+PolicyFactory = Callable[[RoutingSettings], RoutingPolicy]
+_REGISTRY: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
+    def deco(factory: PolicyFactory) -> PolicyFactory:
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def policy_names() -> list[str]:
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def make_policy(settings: RoutingSettings) -> RoutingPolicy:
+    _load_builtins()
+    try:
+        factory = _REGISTRY[settings.policy]
+    except KeyError:
+        raise ValueError(
+            f"unknown routing policy {settings.policy!r}: use one of {', '.join(sorted(_REGISTRY))}"
+        ) from None
+    return factory(settings)
+
+
+def _load_builtins() -> None:
+    from server.routing import least_loaded, rendezvous, round_robin  # noqa: F401  (registers)

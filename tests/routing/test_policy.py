@@ -1,0 +1,152 @@
+"""Routing policies as pure functions: rendezvous stability, spread, bounded-load math."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from server.config import RoutingSettings
+from server.routing.least_loaded import LeastLoadedPolicy
+from server.routing.policy import WorkerLoad, make_policy, policy_names
+from server.routing.rendezvous import RendezvousPolicy, load_cap, rendezvous_order, score
+from server.routing.round_robin import RoundRobinPolicy
+
+IDS = ["w0", "w1", "w2", "w3", "w4"]
+KEYS = [f"session-{i}" for i in range(2000)]
+
+
+def loads(*in_flight: int, down: tuple[int, ...] = ()) -> list[WorkerLoad]:
+    return [WorkerLoad(f"w{i}", i not in down, n) for i, n in enumerate(in_flight)]
+
+
+def home(policy: RendezvousPolicy, key: str, workers: list[WorkerLoad]) -> str:
+    sel = policy.select_worker(key, workers)
+    assert sel is not None
+    return workers[sel.worker].id
+
+
+def test_score_is_stable_across_processes_and_versions():
+    # A fixed value: a changed hash would silently re-home every session on upgrade.
+    assert score("session-1", "w0") == 1440226751550993574
+    assert rendezvous_order("session-1", ["w0", "w1", "w2", "w3"]) == [3, 1, 2, 0]
+
+
+def test_two_policy_instances_agree_whatever_the_worker_list_order():
+    a, b = RendezvousPolicy(), RendezvousPolicy()
+    workers = loads(0, 0, 0, 0, 0)
+    shuffled = list(reversed(workers))
+    for key in KEYS[:500]:
+        assert home(a, key, workers) == home(b, key, shuffled)
+
+
+def test_distribution_is_roughly_even():
+    policy = RendezvousPolicy()
+    workers = loads(0, 0, 0, 0)
+    counts = Counter(home(policy, f"k{i}", workers) for i in range(4000))
+    assert set(counts) == {"w0", "w1", "w2", "w3"}
+    assert all(850 <= c <= 1150 for c in counts.values()), counts
+
+
+def test_removing_a_worker_moves_only_its_sessions_and_adding_it_back_restores_them():
+    policy = RendezvousPolicy()
+    before = {k: home(policy, k, loads(0, 0, 0, 0, 0)) for k in KEYS}
+    during = {k: home(policy, k, loads(0, 0, 0, 0, 0, down=(2,))) for k in KEYS}
+    moved = [k for k in KEYS if before[k] != during[k]]
+    assert moved and all(before[k] == "w2" for k in moved)
+    assert all(during[k] != "w2" for k in KEYS)
+    # the orphans go to each one's next worker, so they spread over all the others
+    assert set(during[k] for k in moved) == {"w0", "w1", "w3", "w4"}
+    for k in moved:
+        assert during[k] == IDS[rendezvous_order(k, IDS)[1]]
+    # removing w2 from the list entirely (not just marking it down) gives the same answer
+    without = [w for w in loads(0, 0, 0, 0, 0) if w.id != "w2"]
+    assert all(home(policy, k, without) == during[k] for k in KEYS)
+    after = {k: home(policy, k, loads(0, 0, 0, 0, 0)) for k in KEYS}
+    assert after == before
+
+
+def test_outcome_kept_and_moved():
+    policy = RendezvousPolicy()
+    key = "session-1"  # order over w0..w3 is [3, 1, 2, 0]
+    sel = policy.select_worker(key, loads(0, 0, 0, 0))
+    assert sel.order == (3, 1, 2, 0) and sel.outcome == "kept"
+    sel = policy.select_worker(key, loads(0, 0, 0, 0, down=(3,)))
+    assert sel.order == (1, 2, 0) and sel.outcome == "moved"
+    assert policy.select_worker(key, loads(0, 0, down=(0, 1))) is None
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "epsilon", "floor", "cap"),
+    [
+        ([0, 0, 0, 0], 0.25, 1, 1),  # idle: ceil(1.25 * 1 / 4) = 1, and 0 + 1 <= 1
+        ([7], 0.0, 1, 8),  # one worker: T = 8, cap 8: it never spills
+        ([5, 1, 1, 1], 0.25, 1, 3),  # T = 9: ceil(1.25 * 9 / 4 = 2.8125) = 3
+        ([2, 2, 2, 2], 0.25, 1, 3),  # T = 9: balanced load still fits (2 + 1 <= 3)
+        ([1, 0], 0.0, 1, 1),  # eps 0: T = 2, cap 1
+        ([3, 0, 0, 0], 0.25, 1, 2),  # T = 4: ceil(1.25) = 2
+        ([3, 0, 0, 0], 0.25, 4, 4),  # the floor lifts it to 4
+        ([10, 0, 0, 0, 0], 0.1, 1, 3),  # T = 11: 1.1 * 11 / 5 = 2.42 -> 3
+        ([5, 5], 0.1, 1, 7),  # T = 11: 1.1 * 11 / 2 = 6.05 -> 7
+        ([9, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0.1, 1, 2),  # T = 10: ceil(1.1) = 2
+    ],
+)
+def test_load_cap_exact(in_flight, epsilon, floor, cap):
+    assert load_cap(in_flight, epsilon, floor) == cap
+
+
+def test_load_cap_float_noise_does_not_round_up():
+    # 1.1 * 10 / 11 = 1.0000000000000002 in floats: the cap must be 1, not 2
+    assert load_cap([0] * 10 + [9], 0.1) == 1
+
+
+def test_bounded_load_spills_along_the_session_order():
+    policy = RendezvousPolicy(load_epsilon=0.25, load_floor=1)
+    key = "session-1"  # order [3, 1, 2, 0]
+    # w3 has 5 in flight, others 1: T = 9, cap 3, w3 would hold 6 > 3 -> next in order, w1 (1 + 1 <= 3)
+    sel = policy.select_worker(key, loads(1, 1, 1, 5))
+    assert sel.order == (1, 3, 2, 0) and sel.outcome == "spilled"
+    # w0=0 w1=4 w2=0 w3=4: T = 9, cap 3; w3 and w1 (next in order) both over -> w2
+    sel = policy.select_worker(key, loads(0, 4, 0, 4))
+    assert sel.worker == 2 and sel.outcome == "spilled"
+    # all at 2: T = 9, cap 3, 2 + 1 <= 3 stays; w3=2 others 1: T = 6, cap ceil(1.875) = 2, 3 > 2 spills
+    assert policy.select_worker(key, loads(2, 2, 2, 2)).outcome == "kept"
+    assert policy.select_worker(key, loads(1, 1, 1, 2)).outcome == "spilled"
+
+
+def test_single_worker_and_idle_cluster_never_spill():
+    policy = RendezvousPolicy(load_epsilon=0.0, load_floor=1)
+    assert policy.select_worker("s", loads(100)).outcome == "kept"
+    for key in KEYS[:200]:
+        assert policy.select_worker(key, loads(0, 0, 0, 0)).outcome == "kept"
+
+
+def test_load_floor_keeps_affinity_under_small_imbalance():
+    key = "session-1"  # home w3
+    assert RendezvousPolicy(0.25, 1).select_worker(key, loads(0, 0, 0, 3)).outcome == "spilled"
+    assert RendezvousPolicy(0.25, 4).select_worker(key, loads(0, 0, 0, 3)).outcome == "kept"
+    assert RendezvousPolicy(0.25, 4).select_worker(key, loads(0, 0, 0, 4)).outcome == "spilled"
+
+
+def test_round_robin_cycles_over_healthy_workers():
+    policy = RoundRobinPolicy()
+    workers = loads(0, 0, 0, down=(1,))
+    chosen = [policy.select_worker("same", workers).worker for _ in range(4)]
+    assert chosen == [0, 2, 0, 2]
+    assert policy.select_worker("same", workers).order == (0, 2)
+
+
+def test_least_loaded_picks_fewest_in_flight_and_rotates_ties():
+    policy = LeastLoadedPolicy()
+    assert policy.select_worker("s", loads(3, 1, 2)).order == (1, 2, 0)
+    idle = [policy.select_worker("s", loads(0, 0, 0)).worker for _ in range(3)]
+    assert sorted(idle) == [0, 1, 2]
+    assert policy.select_worker("s", loads(0, 5, down=(0,))).order == (1,)
+
+
+def test_registry_builds_the_configured_policy():
+    assert policy_names() == ["affinity", "least_loaded", "round_robin"]
+    p = make_policy(RoutingSettings(policy="affinity", load_epsilon=0.5, load_floor=2))
+    assert isinstance(p, RendezvousPolicy) and (p.load_epsilon, p.load_floor) == (0.5, 2)
+    assert make_policy(RoutingSettings(policy="round_robin")).name == "round_robin"
+    assert make_policy(RoutingSettings(policy="least_loaded")).name == "least_loaded"
