@@ -121,6 +121,6 @@ class CacheReport(BaseModel):
 
     cached_tokens: int
     prompt_tokens: int
-    session: str
+    session_key_source: str  # prompt_cache_key | header | user | prefix_hash
     diverged_at_token: int | None = None
     reason: str | None = None

@@ -25,3 +25,57 @@ def tokenizer(embedded_model_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(embedded_model_dir)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def hf_engine(embedded_model_dir: Path):
+    """One HFEngine on the embedded model, shared by the e2e tests (loads in ~1 s once converted)."""
+    from server.config import load_settings
+    from server.engines.hf import HFEngine
+
+    return HFEngine(load_settings(device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def server_url(hf_engine):
+    """A real uvicorn server on a free loopback port, serving the shared engine."""
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from server.app import build_app
+
+    app = build_app(hf_engine.settings, engine=hf_engine)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    else:
+        raise RuntimeError("test server did not start")
+    yield url
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def client(server_url):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server_url + "/v1", api_key="test", max_retries=0, timeout=120)

@@ -1,0 +1,1 @@
+"""HTTP routes only: each route validates, calls the service, and shapes the reply."""

@@ -1,0 +1,101 @@
+"""The worker app: one engine, one chat service, the OpenAI routes, errors mapped once."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server.api.routes import router
+from server.chat.service import ChatService
+from server.config import Settings
+from server.engines.base import Engine
+from server.errors import AgentServeError, internal_error_body
+from server.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(settings: Settings) -> Engine:
+    if settings.engine == "vllm":
+        from server.engines.vllm import VllmEngine  # the only module that imports vllm
+
+        return VllmEngine(settings)
+    from server.engines.hf import HFEngine
+
+    return HFEngine(settings)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON: send a JSON object with 'model' and 'messages'", None
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid value")
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return f"invalid request: {param or 'body'}: {msg}{more}", param
+
+
+def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        eng = engine if engine is not None else build_engine(settings)
+        await eng.start()
+        app.state.service = ChatService(eng, settings, metrics)
+        try:
+            yield
+        finally:
+            await eng.shutdown()
+
+    app = FastAPI(title="agentserve", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.include_router(router)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):  # type: ignore[no-untyped-def]
+        response = await call_next(request)
+        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(AgentServeError)
+    async def on_agentserve_error(request: Request, exc: AgentServeError) -> JSONResponse:
+        headers = {"Retry-After": str(exc.retry_after_s)} if hasattr(exc, "retry_after_s") else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
+        return JSONResponse(body, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return JSONResponse(internal_error_body(exc), status_code=500)
+
+    return app
+
+
+def serve_worker(settings: Settings) -> None:
+    import uvicorn
+
+    app = build_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=30)

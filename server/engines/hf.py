@@ -1,0 +1,279 @@
+"""The hf engine: transformers + torch, a block-hash prefix cache, one scheduler thread.
+
+Requests are queued to a single engine thread that owns the model. Each loop turn it
+admits waiting requests (prefill, chunked, reusing the longest cached prefix) and
+then advances every running request by one decode step, round-robin, so a long
+generation never starves a short one and no two requests ever share KV state.
+Tokens go back to each request's asyncio queue; closing the request's iterator
+cancels it at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from server.config import Settings
+from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
+from server.engines.prefix_cache import PrefixCache
+from server.engines.sampling import apply_bitmask, sample_token
+from server.model_store import resolve_model
+
+log = logging.getLogger(__name__)
+
+PREFILL_CHUNK = 1024  # tokens per prefill forward: bounds memory, lets cancellation in between
+
+
+@dataclass
+class _Sequence:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue[GenerationChunk]
+    cancelled: bool = False
+    kv: DynamicCache | None = None
+    next_logits: torch.Tensor | None = None  # logits for the next token, [V]
+    cached_tokens: int = 0
+    generated: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+    def emit(self, chunk: GenerationChunk) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.device = torch.device(
+            "cuda" if settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available()) else "cpu"
+        )
+        if settings.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device: use --device cpu")
+        if settings.dtype == "auto":
+            self.dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        else:
+            self.dtype = getattr(torch, settings.dtype)
+        if settings.threads and self.device.type == "cpu":
+            torch.set_num_threads(settings.threads)
+        path = resolve_model(settings.model)
+        t0 = time.perf_counter()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+        log.info("loaded %s on %s (%s) in %.1f s", path, self.device, self.dtype, time.perf_counter() - t0)
+        config = self.model.config
+        model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
+        self.max_model_len = min(settings.max_model_len or model_max, model_max)
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.eos_token_ids = self._eos_ids()
+        self.model_path = path
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        self.kv_bytes_per_token = config.num_hidden_layers * 2 * kv_heads * head_dim * elem
+        pc = settings.prefix_cache
+        self.cache = PrefixCache(pc.block_size, pc.memory_mb * 2**20, enabled=pc.enabled)
+        self._inbox: queue.SimpleQueue[_Sequence] = queue.SimpleQueue()
+        self._running: list[_Sequence] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stats = EngineStats()
+        self._ids = itertools.count()
+        self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids: list[int] = []
+        for tok in (self.tokenizer.eos_token, "<|im_end|>", "<|endoftext|>"):
+            if tok is None:
+                continue
+            tid = self.tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id and tid not in ids:
+                ids.append(tid)
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        for tid in gen_eos if isinstance(gen_eos, list) else [gen_eos]:
+            if isinstance(tid, int) and tid not in ids:
+                ids.append(tid)
+        return tuple(ids)
+
+    # -- lifecycle --------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
+            self._thread.start()
+
+    async def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+            self._thread = None
+
+    def stats(self) -> EngineStats:
+        s = self._stats
+        return EngineStats(
+            prefix_queries_tokens=s.prefix_queries_tokens,
+            prefix_hits_tokens=s.prefix_hits_tokens,
+            running=len(self._running),
+            waiting=self._inbox.qsize(),
+            extra={
+                "prefix_cache_bytes": float(self.cache.used_bytes),
+                "prefix_cache_blocks": float(len(self.cache)),
+                "prefix_cache_evictions": float(self.cache.evictions),
+                "tokens_generated": float(self.tokens_generated),
+            },
+        )
+
+    # -- public API ---------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if self._thread is None:
+            await self.start()
+        seq = _Sequence(request, asyncio.get_running_loop(), asyncio.Queue())
+        if request.sampling.seed is not None:
+            seq.generator = torch.Generator(device="cpu").manual_seed(request.sampling.seed)
+        self._inbox.put(seq)
+        self._wake.set()
+        try:
+            while True:
+                chunk = await seq.out.get()
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            seq.cancelled = True
+            self._wake.set()
+
+    def prefill_logits(self, prompt_ids: list[int], cache_salt: str = "") -> tuple[torch.Tensor, int]:
+        """Next-token logits of a prompt and how many of its tokens came from cache.
+
+        For tests and in-process benchmarks: runs on the calling thread, so call it only
+        while no request is being served.
+        """
+        from server.engines.base import SamplingParams
+
+        seq = _Sequence(GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt), None, None)  # type: ignore[arg-type]
+        with torch.no_grad():
+            self._prefill(seq)
+        assert seq.next_logits is not None
+        return seq.next_logits, seq.cached_tokens
+
+    # -- engine thread -------------------------------------------------------------
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stop.is_set():
+            admitted = False
+            while True:
+                try:
+                    seq = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                admitted = True
+                self._run_guarded(seq, self._prefill)
+                if seq.kv is not None:
+                    self._running.append(seq)
+                if self._running:
+                    break  # admit one per turn so running requests keep decoding
+            for seq in list(self._running):
+                self._run_guarded(seq, self._decode_step)
+            self._running = [s for s in self._running if s.kv is not None]
+            if not self._running and not admitted and self._inbox.empty():
+                self._wake.wait(0.5)
+                self._wake.clear()
+
+    def _run_guarded(self, seq: _Sequence, step) -> None:
+        try:
+            if seq.cancelled:
+                seq.kv = None
+                return
+            step(seq)
+        except Exception as exc:  # never let one request kill the engine thread
+            log.exception("request %s failed", seq.request.request_id)
+            seq.kv = None
+            seq.emit(GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}"))
+
+    def _prefill(self, seq: _Sequence) -> None:
+        ids = seq.request.prompt_ids
+        salt = seq.request.cache_salt
+        bs = self.cache.block_size
+        # always leave at least one token to compute: a cache covering the whole input gives no logits
+        match = self.cache.match(ids, salt, max_blocks=(len(ids) - 1) // bs)
+        n_cached = match.cached_tokens
+        self._stats.prefix_queries_tokens += len(ids)
+        self._stats.prefix_hits_tokens += n_cached
+        kv = DynamicCache(config=self.model.config)
+        if match.blocks:
+            stacked = torch.cat([b.to(self.device, non_blocking=True) for b in match.blocks], dim=3)
+            for layer in range(stacked.shape[0]):
+                kv.update(stacked[layer, 0].unsqueeze(0), stacked[layer, 1].unsqueeze(0), layer)
+        logits = None
+        for start in range(n_cached, len(ids), PREFILL_CHUNK):
+            if seq.cancelled:
+                return
+            chunk = torch.tensor([ids[start : start + PREFILL_CHUNK]], device=self.device)
+            out = self.model(input_ids=chunk, past_key_values=kv, use_cache=True, logits_to_keep=1)
+            logits = out.logits[0, -1]
+        assert logits is not None
+        self.cache.insert(ids, salt, lambda i: self._block_payload(kv, i))
+        seq.kv = kv
+        seq.next_logits = logits
+        seq.cached_tokens = n_cached
+
+    def _block_payload(self, kv: DynamicCache, index: int) -> tuple[torch.Tensor, int]:
+        bs = self.cache.block_size
+        sl = slice(index * bs, (index + 1) * bs)
+        block = torch.stack(
+            [torch.stack((layer.keys[0, :, sl], layer.values[0, :, sl])) for layer in kv.layers]
+        ).contiguous()  # [layers, 2, kv_heads, block, head_dim], on the engine's device
+        return block, block.numel() * block.element_size()
+
+    def _decode_step(self, seq: _Sequence) -> None:
+        req = seq.request
+        logits = seq.next_logits
+        assert logits is not None and seq.kv is not None
+        constraint = req.constraint
+        if constraint is not None:
+            logits = logits.float().unsqueeze(0).clone()
+            words = (self.vocab_size + 31) // 32
+            bitmask = torch.zeros((1, words), dtype=torch.int32)
+            constraint.fill_next_token_bitmask(bitmask, 0)
+            apply_bitmask(logits, bitmask.to(logits.device))
+            logits = logits[0]
+            if not torch.isfinite(logits).any():
+                self._finish(seq, "error", "the tool-call constraint allows no token at this point")
+                return
+        token = sample_token(logits, req.sampling.temperature, req.sampling.top_p, seq.generator)
+        self.tokens_generated += 1
+        if constraint is not None and not constraint.accept_token(token):
+            self._finish(seq, "error", constraint.error or f"token {token} rejected by the constraint")
+            return
+        stop_ids = set(self.eos_token_ids) | set(req.sampling.stop_token_ids)
+        if token in stop_ids:
+            self._finish(seq, "stop")
+            return
+        seq.generated.append(token)
+        total = len(req.prompt_ids) + len(seq.generated)
+        if constraint is not None and constraint.is_terminated():
+            self._finish(seq, "stop", tokens=[token])
+            return
+        if len(seq.generated) >= req.sampling.max_tokens or total >= self.max_model_len:
+            self._finish(seq, "length", tokens=[token])
+            return
+        seq.emit(GenerationChunk([token], seq.cached_tokens))
+        out = self.model(
+            input_ids=torch.tensor([[token]], device=self.device), past_key_values=seq.kv, use_cache=True
+        )
+        seq.next_logits = out.logits[0, -1]
+
+    def _finish(self, seq: _Sequence, reason: str, error: str | None = None, tokens: list[int] | None = None) -> None:
+        seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error))
+        seq.kv = None
+        seq.next_logits = None

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import pytest
+
+from server.config import ConfigError, load_settings
+
+
+def test_precedence_defaults_yaml_env_flags(tmp_path, monkeypatch):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("port: 9001\nprefix_cache:\n  block_size: 64\nserved_model_name: from-yaml\n")
+    s = load_settings(cfg)
+    assert s.port == 9001 and s.prefix_cache.block_size == 64 and s.host == "127.0.0.1"
+    monkeypatch.setenv("AGENTSERVE_PORT", "9002")
+    monkeypatch.setenv("AGENTSERVE_PREFIX_CACHE__MEMORY_MB", "77")
+    s = load_settings(cfg)
+    assert s.port == 9002 and s.prefix_cache.memory_mb == 77 and s.prefix_cache.block_size == 64
+    s = load_settings(cfg, port=9003, host=None)
+    assert s.port == 9003
+
+
+def test_errors_name_the_field_and_the_file(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("port: -1\nprefix_cache:\n  block_size: 0\n")
+    with pytest.raises(ConfigError) as e:
+        load_settings(cfg)
+    assert "port" in str(e.value) and "prefix_cache.block_size" in str(e.value) and str(cfg) in str(e.value)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "missing.yaml")
+    (tmp_path / "typo.yaml").write_text("prot: 1\n")
+    with pytest.raises(ConfigError, match="prot"):
+        load_settings(tmp_path / "typo.yaml")
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    s = load_settings(root / "configs" / "embedded.yaml")
+    assert s.model == "embedded" and s.engine == "hf"
