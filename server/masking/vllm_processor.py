@@ -27,6 +27,7 @@ allowed for that row, so the request ends, and the error is logged (with
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -42,12 +43,18 @@ FQCN = "server.masking.vllm_processor:AgentserveLogitsProcessor"
 _BACKENDS = ("xgrammar", "outlines")
 
 
-def request_spec(params: SamplingParams | None) -> dict[str, Any] | None:
-    """The agentserve entry of a request's extra_args, or None when it has none."""
+def request_spec(params: SamplingParams | None) -> Any:
+    """The agentserve entry of a request's extra_args (a JSON string is decoded), or None."""
     extra = getattr(params, "extra_args", None)
     if not extra:
         return None
-    return extra.get(EXTRA_ARGS_KEY)
+    spec = extra.get(EXTRA_ARGS_KEY)
+    if isinstance(spec, str):  # stock vLLM's vllm_xargs allows no nested objects: a JSON string then
+        try:
+            return json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f'vllm_xargs["{EXTRA_ARGS_KEY}"] is not valid JSON ({exc})') from None
+    return spec
 
 
 def check_spec(spec: Any) -> None:
@@ -167,9 +174,8 @@ class AgentserveLogitsProcessor(LogitsProcessor):
             rows.pop(index, None)
         for index, params, _prompt_ids, output_ids in batch_update.added:
             rows.pop(index, None)  # an added request replaces whatever held the index
-            spec = request_spec(params)
-            if spec is not None:
-                row = self._new_row(spec, output_ids)
+            if getattr(params, "extra_args", None) and EXTRA_ARGS_KEY in params.extra_args:
+                row = self._new_row(params, output_ids)
                 if row is not None:
                     rows[index] = row
         for a, b, direction in batch_update.moved:
@@ -179,9 +185,15 @@ class AgentserveLogitsProcessor(LogitsProcessor):
             if row_b is not None and direction == MoveDirectionality.SWAP:
                 rows[a] = row_b
 
-    def _new_row(self, spec: dict[str, Any], output_ids: list[int]) -> _Row | None:
-        tag = f" {spec['request_id']}" if isinstance(spec, dict) and "request_id" in spec else ""
-        try:
+    def _new_row(self, params: SamplingParams, output_ids: list[int]) -> _Row | None:
+        tag = ""
+        try:  # validate_params has checked the spec in the front end; still, never raise here
+            spec = request_spec(params)
+            if spec is None:
+                return None
+            if not isinstance(spec, dict):
+                raise ValueError(f"the spec is not an object: {spec!r:.80}")
+            tag = f" {spec['request_id']}" if "request_id" in spec else ""
             eos = self._eos_for(spec)
             constraint = self.build_constraint(spec, eos)
         except Exception as exc:  # never raise in the engine core; end the request instead

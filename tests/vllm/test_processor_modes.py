@@ -73,7 +73,7 @@ def reference_mask(constraint, vocab_size: int) -> set[int]:
 
 
 class Req:
-    def __init__(self, case: str, setup, tokenizer) -> None:
+    def __init__(self, case: str, setup, tokenizer, as_json: bool = False) -> None:
         factory, _, hermes, _ = setup
         choice, text = CASES[case]
         self.case = case
@@ -82,7 +82,9 @@ class Req:
         self.tokens = tokenizer.encode(text)
         self.out: list[int] = []
         spec = {"tools": TOOLS, "plan": self.plan.to_dict(), "envelope": "hermes", "eos_token_ids": list(EOS)}
-        self.params = SamplingParams(max_tokens=64, extra_args={"agentserve": spec})
+        # stock vLLM's vllm_xargs takes no nested objects: the spec may come as a JSON string
+        xargs = {"agentserve": json.dumps(spec) if as_json else spec}
+        self.params = SamplingParams(max_tokens=64, extra_args=xargs)
 
     @property
     def done(self) -> bool:
@@ -114,7 +116,7 @@ def test_each_mode_alone_matches_the_reference(case, setup, tokenizer):
 def test_all_modes_in_one_churning_batch(setup, tokenizer):
     """Requests of every mode plus an unconstrained one join over time, finish, move and swap."""
     _, proc, _, vocab_size = setup
-    pending = [Req(c, setup, tokenizer) for c in sorted(CASES)]
+    pending = [Req(c, setup, tokenizer, as_json=i % 2 == 1) for i, c in enumerate(sorted(CASES))]
     plain_out: list[int] = []
     slots: list[Req | None] = []
     b = BatchUpdateBuilder()
@@ -195,6 +197,7 @@ def test_validate_params_400s_for_bad_specs(setup):
         "unknown tool-call envelope": spec(envelope="klingon"),
         "backend": spec(backend="regex"),
         "eos_token_ids": spec(eos_token_ids=["a"]),
+        "not valid JSON": SamplingParams(extra_args={"agentserve": "{tools:"}),
     }
     for message, params in bad.items():
         with pytest.raises(ValueError, match=message):
