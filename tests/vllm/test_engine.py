@@ -253,3 +253,47 @@ def test_a_seeded_long_prompt_does_not_kill_the_engine_on_cpu(engine, loop, toke
     assert chunks[-1].finish_reason in ("length", "stop")
     after = loop.run(collect(engine, GenerationRequest("next", ids[:20], greedy(2))))
     assert after[-1].finish_reason == "length"
+
+
+def test_chat_service_on_vllm_returns_a_tool_call_and_cached_tokens(engine, loop, monkeypatch):
+    """The lead's ChatService unchanged on top of VllmEngine (tools through the processor)."""
+    from server.chat.service import ChatService
+    from server.metrics import Metrics
+    from server.protocol import ChatCompletionRequest
+
+    settings = load_settings(None, engine="vllm", served_model_name="smol")
+    service = ChatService(engine, settings, Metrics())
+    build = service.constraints.build
+
+    def build_with_spec(tools, plan, eos):  # what ToolConstraint.to_extra_args() will provide
+        c = build(tools, plan, eos)
+        spec = {"tools": tools, "plan": plan.to_dict(), "envelope": settings.envelope,
+                "backend": settings.grammar_backend, "eos_token_ids": list(eos)}
+        return None if c is None else SpecConstraint(c, spec)
+
+    monkeypatch.setattr(service.constraints, "build", build_with_spec)
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "Open https://example.org in the browser."}],
+        "tools": TOOLS,
+        "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+            "mode": "required", "tools": [{"type": "function", "function": {"name_prefix": "browser_"}}]}},
+        "temperature": 0.0,
+        "max_tokens": 120,
+        "prompt_cache_key": "session-1",
+    }
+
+    async def twice():
+        first = await service.complete(service.prepare_chat(ChatCompletionRequest(**body), {}))
+        second = await service.complete(service.prepare_chat(ChatCompletionRequest(**body), {}))
+        return first, second
+
+    first, second = loop.run(twice())
+    choice = first["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"].startswith("browser_")
+    jsonschema.validate(json.loads(call["arguments"]), {t["function"]["name"]: t["function"]["parameters"]
+                                                        for t in TOOLS}[call["name"]])
+    prompt_tokens = second["usage"]["prompt_tokens"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.9 * prompt_tokens
