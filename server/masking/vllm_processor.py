@@ -154,7 +154,10 @@ class AgentserveLogitsProcessor(LogitsProcessor):
         self._model_config = mc
         self._pin = bool(is_pin_memory)
         capacity = int(getattr(vllm_config.scheduler_config, "max_num_seqs", 0) or 256)
-        self._bitmask = self._alloc(capacity)
+        # Host bitmasks. On a GPU two, used in turn: a step's host-to-device copy may still be
+        # queued behind the forward pass while the CPU fills the next step's mask.
+        self._buffers = [self._alloc(capacity) for _ in range(1 if self.device.type == "cpu" else 2)]
+        self._turn = 0
         self._bits = torch.arange(32, dtype=torch.int32, device=self.device)
         self._tokenizer: Any = None
         self._default_eos: tuple[int, ...] | None = None
@@ -284,9 +287,10 @@ class AgentserveLogitsProcessor(LogitsProcessor):
         if not index:
             return logits
         n = len(index)
-        if n > self._bitmask.shape[0]:
-            self._bitmask = self._alloc(max(n, 2 * self._bitmask.shape[0]))
-        bitmask = self._bitmask  # the same tensor every step: constraints may cache its numpy view
+        self._turn = (self._turn + 1) % len(self._buffers)
+        if n > self._buffers[self._turn].shape[0]:
+            self._buffers[self._turn] = self._alloc(max(n, 2 * self._buffers[self._turn].shape[0]))
+        bitmask = self._buffers[self._turn]  # reused: constraints may cache its numpy view
         host = bitmask.numpy()
         for k, i in enumerate(index):
             row = self.rows[i]
