@@ -55,7 +55,9 @@ class HFEngine:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.device = torch.device(
-            "cuda" if settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available()) else "cpu"
+            "cuda"
+            if settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available())
+            else "cpu"
         )
         if settings.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device: use --device cpu")
@@ -108,6 +110,7 @@ class HFEngine:
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
         if self._thread is None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
             self._thread.start()
 
@@ -160,7 +163,9 @@ class HFEngine:
         """
         from server.engines.base import SamplingParams
 
-        seq = _Sequence(GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt), None, None)  # type: ignore[arg-type]
+        seq = _Sequence(
+            GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt), None, None
+        )  # type: ignore[arg-type]
         with torch.no_grad():
             self._prefill(seq)
         assert seq.next_logits is not None
@@ -198,7 +203,9 @@ class HFEngine:
         except Exception as exc:  # never let one request kill the engine thread
             log.exception("request %s failed", seq.request.request_id)
             seq.kv = None
-            seq.emit(GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}"))
+            seq.emit(
+                GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}")
+            )
 
     def _prefill(self, seq: _Sequence) -> None:
         ids = seq.request.prompt_ids
@@ -273,7 +280,9 @@ class HFEngine:
         )
         seq.next_logits = out.logits[0, -1]
 
-    def _finish(self, seq: _Sequence, reason: str, error: str | None = None, tokens: list[int] | None = None) -> None:
+    def _finish(
+        self, seq: _Sequence, reason: str, error: str | None = None, tokens: list[int] | None = None
+    ) -> None:
         seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error))
         seq.kv = None
         seq.next_logits = None

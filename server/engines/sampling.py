@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
+def sample_token(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> int:
     """Pick a token id from a 1-D logits row (already masked with -inf where disallowed)."""
     if temperature <= 0.0:
         return int(torch.argmax(logits).item())

@@ -93,24 +93,13 @@ class _LRU:
 
 
 class XGrammarMatcher:
-    __slots__ = ("m", "vocab")
+    __slots__ = ("m",)
 
-    def __init__(self, matcher: Any, vocab: TokenVocab) -> None:
-        self.m, self.vocab = matcher, vocab
+    def __init__(self, matcher: Any) -> None:
+        self.m = matcher
 
     def fill(self, bitmask: Any, index: int) -> None:
-        self.m.fill_next_token_bitmask(bitmask, index)
-        row = bitmask[index]
-        if self.vocab.special_words.size:  # xgrammar lets added special tokens into strings
-            arr = row.numpy() if row.device.type == "cpu" else None
-            if arr is not None:
-                arr[self.vocab.special_words] &= self.vocab.special_keep
-            else:  # pragma: no cover - bitmasks live on the CPU in our engines
-                import torch
-
-                words = torch.from_numpy(self.vocab.special_words).to(row.device)
-                keep = torch.from_numpy(self.vocab.special_keep).to(row.device)
-                row[words] &= keep
+        self.m.fill_next_token_bitmask(bitmask, index)  # opaque tokens are special to xgrammar
 
     def accept_token(self, token_id: int) -> bool:
         return bool(self.m.accept_token(token_id))
@@ -129,7 +118,7 @@ class XGrammarBackend:
     def __init__(self, vocab: TokenVocab, *, any_whitespace: bool = False, cache_size: int = 512) -> None:
         import xgrammar as xgr
 
-        info = getattr(vocab, "xgr_info", None)
+        info = vocab.xgr_info
         if info is None:
             raise ValueError("the xgrammar backend needs a vocabulary built with TokenVocab.from_tokenizer")
         self.xgr, self.vocab, self.any_whitespace = xgr, vocab, any_whitespace
@@ -159,6 +148,4 @@ class XGrammarBackend:
         return self.compiler.compile_grammar(xgr.Grammar.concat(*pieces) if len(pieces) > 1 else args)
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
-        return XGrammarMatcher(
-            self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True), self.vocab
-        )
+        return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))

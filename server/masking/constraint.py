@@ -167,7 +167,7 @@ class ToolConstraint:
         elif ph == Phase.TEXT:
             row = self.f.text_row(self.q, self.trie, self.subset, self.eos)
         elif ph == Phase.ARGS:
-            self.matcher.fill(bitmask, index)
+            self.matcher.fill(bitmask, index)  # opaque tokens are never in its rows
             return
         elif ph == Phase.AFTER:
             row = self.f.after_row(self.trie, self.subset, self.eos, self.plan.parallel)
@@ -188,19 +188,26 @@ class ToolConstraint:
         return ph >= Phase.DONE or (ph == Phase.AFTER and not self.plan.parallel)
 
     # --- internals -------------------------------------------------------------------------------
-    def _write(self, bitmask: Any, index: int, row: np.ndarray) -> None:
-        if isinstance(bitmask, np.ndarray):
-            bitmask[index] = row
-            return
+    def _view(self, bitmask: Any) -> Any:
+        """A numpy view of a CPU bitmask (cached: engines reuse one buffer); the tensor itself if not."""
         if bitmask is not self._bm:
             self._bm = bitmask
-            self._arr = bitmask.numpy() if bitmask.device.type == "cpu" else None
-        if self._arr is not None:
-            self._arr[index] = row
+            cpu = isinstance(bitmask, np.ndarray) or bitmask.device.type == "cpu"
+            self._arr = bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy() if cpu else bitmask
+        return self._arr
+
+    def _write(self, bitmask: Any, index: int, row: np.ndarray) -> None:
+        arr = self._view(bitmask)
+        if isinstance(arr, np.ndarray):
+            arr[index] = row
         else:  # a device bitmask: one host-to-device copy
             import torch
 
-            bitmask[index].copy_(torch.from_numpy(row), non_blocking=False)
+            arr[index].copy_(torch.from_numpy(row))
+
+    def _what(self, tid: int) -> str:
+        vocab = self.f.vocab
+        return vocab.describe(tid) if 0 <= tid < vocab.vocab_size else f"<out of range id {tid}>"
 
     def _reject(self, message: str) -> bool:
         self.error = message
@@ -210,32 +217,33 @@ class ToolConstraint:
     def _accept(self, tid: int) -> bool:
         ph, vocab = self.phase, self.f.vocab
         text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
-        what = vocab.describe(tid) if 0 <= tid < vocab.vocab_size else f"<out of range {tid}>"
         if ph == Phase.TEXT:
             if tid in self.eos_set:
                 self.phase = Phase.DONE
                 return True
             if not text:
-                return self._reject(f"special token {what} is not allowed in the text of a reply")
+                return self._reject(f"special token {self._what(tid)} is not allowed in the text of a reply")
             q, off = self.f.watch.step(self.q, tid)
             if off < 0:
                 self.q = q
                 return True
             if self.trie is None:
                 return self._reject(
-                    f"token {what} would open a tool call ({self.f.envelope.call_tag}), "
+                    f"token {self._what(tid)} would open a tool call ({self.f.envelope.call_tag}), "
                     f"but no tool may be called now (mode {self.plan.mode})"
                 )
             st = self.trie.walk(self.trie.node_of(self.f.tag_prefix), text[off:], self.subset)
             if st is None:
-                return self._reject(f"token {what} opens a tool call that cannot continue to an allowed tool")
+                return self._reject(
+                    f"token {self._what(tid)} opens a tool call that cannot continue to an allowed tool"
+                )
             return self._advance(st)
         if ph == Phase.CALL:
             st = self.trie.step(self.node, tid, self.subset)
             if st is None:
                 where = "name" if self.node >= self.trie.name_start else "opening"
                 return self._reject(
-                    f"token {what} is not allowed in the {where} phase of a tool call "
+                    f"token {self._what(tid)} is not allowed in the {where} phase of a tool call "
                     f"(allowed tools: {', '.join(self.plan.allowed)})"
                 )
             return self._advance(st)
@@ -243,7 +251,8 @@ class ToolConstraint:
             if not text or not self.matcher.accept_token(tid):
                 name = self.trie.names[self.tool]
                 return self._reject(
-                    f"token {what} is not allowed in the arguments of {name!r} (they follow its JSON schema)"
+                    f"token {self._what(tid)} is not allowed in the arguments of {name!r} "
+                    "(they follow its JSON schema)"
                 )
             if self.matcher.is_terminated():
                 self.calls.append(self.trie.names[self.tool])
@@ -257,10 +266,10 @@ class ToolConstraint:
             if st is None:
                 more = " or another tool call" if self.plan.parallel else ""
                 return self._reject(
-                    f"token {what} is not allowed after a tool call: only end of sequence{more}"
+                    f"token {self._what(tid)} is not allowed after a tool call: only end of sequence{more}"
                 )
             return self._advance(st)
-        return self._reject(f"token {what} came after the end of the reply")
+        return self._reject(f"token {self._what(tid)} came after the end of the reply")
 
     def _advance(self, st) -> bool:
         if st.node >= 0:

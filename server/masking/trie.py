@@ -22,7 +22,8 @@ because the terminator is part of the trie. Names may not contain ``"`` or ``\\`
 Build: for each name and each position, only the tokens that are prefixes of the text
 still to come are looked up (``vocab.prefixes_of``: a dict probe per length, stopping
 at the first length no token starts with), so the cost is O(total name bytes × token
-length), independent of the vocabulary size. The mask for an allowed subset at a node
+length), independent of the vocabulary size; lead positions from which no token can
+reach the name are done once, not once per name. The mask for an allowed subset at a node
 is the union of the transitions whose name set meets the subset, packed once and
 cached per (node, subset): a per-step lookup is one dict probe.
 """
@@ -74,9 +75,16 @@ class NameTrie:
                 prev = cur
             self.leaf_name[prev] = i
         self.trans: list[dict[int, Step]] = [{} for _ in self.children]
+        # lead positions from which no token reaches the name: the same for every name, done once
+        shared = [
+            not all(lead[p:end] in vocab.prefixes for end in range(p + 1, len(lead) + 1))
+            for p in range(len(lead))
+        ]
         for i, w in enumerate(words):
             ext, done = w + close_rest, 1 << i
             for p in range(len(w)):
+                if i and p < len(lead) and shared[p]:
+                    continue
                 src = self.trans[self._ids[w[:p]]]
                 for n, tid in vocab.prefixes_of(ext[p:]):
                     end = p + n

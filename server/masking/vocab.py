@@ -54,10 +54,7 @@ class TokenVocab:
                 first.setdefault(tb[0], []).append(tid)
         self.by_first_byte: dict[int, tuple[int, ...]] = {k: tuple(v) for k, v in first.items()}
         self.text_ids = np.array([i for i, tb in enumerate(self.token_bytes) if tb], dtype=np.int64)
-        # bits that clear the special/padding ids inside one row (for rows filled by xgrammar)
-        spec = np.array(sorted(self.special_ids), dtype=np.int64)
-        self.special_words = np.unique(spec >> 5)
-        self.special_keep = ~self.pack(spec)[self.special_words]
+        self.xgr_info: Any = None  # xgrammar TokenizerInfo over the same bytes (from_tokenizer)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, vocab_size: int | None = None) -> TokenVocab:
@@ -69,7 +66,13 @@ class TokenVocab:
         special = set(info.special_token_ids) | set(tokenizer.all_special_ids)
         special |= {i for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items() if tok.special}
         vocab = cls(list(info.decoded_vocab)[: len(tokenizer)], size, special)
-        vocab.xgr_info = info
+        # xgrammar's own view of the same bytes: opaque tokens are empty, which xgrammar treats
+        # as special (never inside a grammar); from_huggingface alone lets <repo_name> & co.
+        # into JSON strings
+        eos = [i for i in (tokenizer.eos_token_id,) if i is not None]
+        vocab.xgr_info = xgr.TokenizerInfo(
+            vocab.token_bytes, xgr.VocabType.RAW, vocab_size=size, stop_token_ids=eos
+        )
         return vocab
 
     @classmethod
