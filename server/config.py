@@ -117,7 +117,9 @@ class Settings(BaseSettings):
         "hermes", description="Tool-call envelope in grammars/envelopes/ (per model family)."
     )
     tool_state_machine: str | None = Field(
-        "agent", description="Default tool state machine in grammars/ (name or path); null = off."
+        "agent",
+        description="Tool state machine used when a request has no tool_choice (grammars/NAME.yaml, or a "
+        "path); null = plain OpenAI 'auto'. Requests may pick another with the field tool_state_machine.",
     )
     grammar_backend: Literal["xgrammar", "outlines"] = Field(
         "xgrammar", description="Argument constraint backend."

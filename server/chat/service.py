@@ -27,7 +27,9 @@ from server.chat.toolcalls import CallDelta, ContentDelta, ParsedOutput, Streami
 from server.config import Settings
 from server.engines.base import Engine, GenerationRequest, SamplingParams, TokenConstraint
 from server.errors import ContextLengthExceeded, GenerationError, InvalidRequest, ModelNotFound
-from server.masking import ConstraintFactory, ToolPlan, load_state_machine, plan_tools
+from server.masking.constraint import ConstraintFactory
+from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
+from server.masking.tool_choice import ToolPlan, plan_tools
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.session_key import SessionKey, canonical_json, session_key
@@ -140,6 +142,22 @@ class ChatService:
                 f"duplicate tool names {dupes}: every tool needs a unique name", param="tools"
             )
 
+    def _machine(self, name: str | None) -> StateMachine | None:
+        """The request's state machine: the configured default, another by name, or "off"."""
+        if name is None:
+            return self.default_machine
+        if name == "off":
+            return None
+        if "/" in name or name.endswith(".yaml"):
+            raise InvalidRequest(
+                "tool_state_machine takes the name of a machine in grammars/ (or 'off'), not a path",
+                param="tool_state_machine",
+            )
+        try:
+            return load_state_machine(name)
+        except StateMachineError as exc:
+            raise InvalidRequest(str(exc), param="tool_state_machine") from None
+
     def _session(self, body: SamplingFields, headers: Mapping[str, str], tenant: str) -> SessionKey:
         key = session_key(body.model_dump(exclude_none=True), headers)
         return SessionKey(namespaced_session(tenant, key.key), key.source)
@@ -158,9 +176,7 @@ class ChatService:
         self._check_tools(tools)
         rendered = render_chat(req.messages, tools, self.envelope)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        machine = self.default_machine
-        if req.tool_state_machine is not None:
-            machine = None if req.tool_state_machine == "off" else load_state_machine(req.tool_state_machine)
+        machine = self._machine(req.tool_state_machine)
         plan = plan_tools(tools, req.tool_choice, messages, req.parallel_tool_calls, machine, self.envelope)
         ids, offsets = self._tokenize(rendered)
         prefill_ids = (

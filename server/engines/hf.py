@@ -25,7 +25,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from server.config import Settings
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
 from server.engines.prefix_cache import PrefixCache
-from server.engines.sampling import apply_bitmask, sample_token
+from server.engines.sampling import sample_token
+from server.masking.hf_processor import MaskApplier
 from server.model_store import resolve_model
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class HFEngine:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         elem = torch.empty((), dtype=self.dtype).element_size()
+        self._masks = MaskApplier(self.vocab_size)
         self.kv_bytes_per_token = config.num_hidden_layers * 2 * kv_heads * head_dim * elem
         pc = settings.prefix_cache
         self.cache = PrefixCache(pc.block_size, pc.memory_mb * 2**20, enabled=pc.enabled)
@@ -248,12 +250,7 @@ class HFEngine:
         assert logits is not None and seq.kv is not None
         constraint = req.constraint
         if constraint is not None:
-            logits = logits.float().unsqueeze(0).clone()
-            words = (self.vocab_size + 31) // 32
-            bitmask = torch.zeros((1, words), dtype=torch.int32)
-            constraint.fill_next_token_bitmask(bitmask, 0)
-            apply_bitmask(logits, bitmask.to(logits.device))
-            logits = logits[0]
+            logits = self._masks.apply(logits.float().unsqueeze(0).clone(), [constraint])[0]
             if not torch.isfinite(logits).any():
                 self._finish(seq, "error", "the tool-call constraint allows no token at this point")
                 return

@@ -22,10 +22,3 @@ def sample_token(
         return int(order[choice].item())
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
-
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set logits of tokens whose bit is 0 to -inf, in place. logits [B, V], bitmask int32 [B, ceil(V/32)]."""
-    vocab = logits.shape[-1]
-    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().reshape(bitmask.shape[0], -1)[:, :vocab]
-    logits.masked_fill_(~allowed.to(logits.device), float("-inf"))

@@ -88,7 +88,8 @@ def limited_url(hf_engine):
 
 def tool(name, n_props=1):
     props = {f"p{i}": {"type": "string"} for i in range(n_props)}
-    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": props}}}
+    params = {"type": "object", "properties": props}
+    return {"type": "function", "function": {"name": name, "parameters": params}}
 
 
 @pytest.mark.parametrize(
