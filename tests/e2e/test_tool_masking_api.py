@@ -17,7 +17,7 @@ SYSTEM = "You are a web and shell agent. Use the tools to finish the task."
 
 
 def post(url, messages, **extra):
-    body = {"model": MODEL, "messages": messages, "tools": TOOLS, "temperature": 0, "max_tokens": 96, **extra}
+    body = {"model": MODEL, "messages": messages, "tools": TOOLS, "temperature": 0, "max_tokens": 64, **extra}
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     return r.json()
@@ -50,13 +50,19 @@ TASKS = [
 ]
 
 
+@pytest.mark.timeout(900)
 def test_twenty_required_browser_prefix_calls_are_all_valid(server_url):
-    choice = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
-        {"type": "function", "function": {"name_prefix": "browser_"}}]}}
+    choice = {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": "required",
+            "tools": [{"type": "function", "function": {"name_prefix": "browser_"}}],
+        },
+    }
     names = set()
     for i in range(20):
         msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASKS[i % len(TASKS)]}]
-        extra = {"tool_choice": choice, "prompt_cache_key": "mask-20"}
+        extra = {"tool_choice": choice, "prompt_cache_key": "mask-20", "parallel_tool_calls": False}
         if i >= len(TASKS):
             extra.update(temperature=0.9, seed=i)  # sampled too, not only greedy
         resp = post(server_url, msgs, **extra)
@@ -81,14 +87,28 @@ def test_unknown_names_are_400s(server_url):
     msgs = [{"role": "user", "content": "x"}]
     for choice, needle in [
         ({"type": "function", "function": {"name": "rm_rf"}}, "rm_rf"),
-        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
-            {"type": "function", "function": {"name_prefix": "db_"}}]}}, "db_"),
+        (
+            {
+                "type": "allowed_tools",
+                "allowed_tools": {
+                    "mode": "auto",
+                    "tools": [{"type": "function", "function": {"name_prefix": "db_"}}],
+                },
+            },
+            "db_",
+        ),
     ]:
-        r = httpx.post(server_url + "/v1/chat/completions",
-                       json={"model": MODEL, "messages": msgs, "tools": TOOLS, "tool_choice": choice}, timeout=30)
+        r = httpx.post(
+            server_url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": msgs, "tools": TOOLS, "tool_choice": choice},
+            timeout=30,
+        )
         assert r.status_code == 400 and needle in r.json()["error"]["message"]
-    r = httpx.post(server_url + "/v1/chat/completions", timeout=30, json={
-        "model": MODEL, "messages": msgs, "tools": TOOLS, "tool_state_machine": "nope"})
+    r = httpx.post(
+        server_url + "/v1/chat/completions",
+        timeout=30,
+        json={"model": MODEL, "messages": msgs, "tools": TOOLS, "tool_state_machine": "nope"},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_state_machine"
 
 
@@ -100,10 +120,24 @@ def test_state_machine_switches_and_mode_switches_keep_the_cache(server_url):
     assert r1["tool_state"] == {"mode": "none", "allowed": [], "state": "reply"}
     assert not r1["choices"][0]["message"].get("tool_calls")
     # 2. after a browser_ call -> browser_* tools or text
-    msgs += [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
-             {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
-                 "name": "browser_open_site", "arguments": json.dumps({"url": "https://example.com"})}}]},
-             {"role": "tool", "tool_call_id": "c1", "content": "<html>Example Domain</html>"}]
+    msgs += [
+        {"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {
+                        "name": "browser_open_site",
+                        "arguments": json.dumps({"url": "https://example.com"}),
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "<html>Example Domain</html>"},
+    ]
     r2 = post(server_url, msgs, prompt_cache_key=key)
     assert r2["tool_state"]["state"] == "browsing" and r2["tool_state"]["mode"] == "auto"
     assert all(n.startswith("browser_") for n in r2["tool_state"]["allowed"])
@@ -112,16 +146,30 @@ def test_state_machine_switches_and_mode_switches_keep_the_cache(server_url):
     # the prompt grew and the mode changed, yet the cache still covers the earlier turn
     assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.9 * r1["usage"]["prompt_tokens"] - 32
     # 3. after a shell_ call -> shell state; an explicit tool_choice wins over the machine
-    msgs += [{"role": "assistant", "content": None, "tool_calls": [{"id": "c2", "type": "function", "function": {
-                 "name": "shell_exec", "arguments": json.dumps({"command": "ls"})}}]},
-             {"role": "tool", "tool_call_id": "c2", "content": "README.md setup.py"}]
+    msgs += [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "shell_exec", "arguments": json.dumps({"command": "ls"})},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c2", "content": "README.md setup.py"},
+    ]
     r3 = post(server_url, msgs, prompt_cache_key=key)
     assert r3["tool_state"]["state"] == "shell"
     r4 = post(server_url, msgs, prompt_cache_key=key, tool_choice="required")
     assert r4["tool_state"]["state"] is None and r4["tool_state"]["mode"] == "required"
     assert_valid_calls(r4)
     # required prefills after the cached prompt: cached tokens do not drop when the mode changes
-    assert r4["usage"]["prompt_tokens_details"]["cached_tokens"] >= r3["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert (
+        r4["usage"]["prompt_tokens_details"]["cached_tokens"]
+        >= r3["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
     assert r4["cache"]["diverged_at_token"] is None
 
 
@@ -129,8 +177,15 @@ def test_streamed_tool_calls_match_non_streamed(server_url):
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Open https://example.com"}]
     choice = {"type": "function", "function": {"name": "browser_open_site"}}
     full = post(server_url, msgs, tool_choice=choice)
-    body = {"model": MODEL, "messages": msgs, "tools": TOOLS, "temperature": 0, "max_tokens": 96,
-            "tool_choice": choice, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": msgs,
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 64,
+        "tool_choice": choice,
+        "stream": True,
+    }
     calls, finish = {}, None
     with httpx.stream("POST", server_url + "/v1/chat/completions", json=body, timeout=300) as r:
         for line in r.iter_lines():
