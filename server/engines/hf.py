@@ -144,7 +144,7 @@ class HFEngine:
             await self.start()
         seq = _Sequence(request, asyncio.get_running_loop(), asyncio.Queue())
         if request.sampling.seed is not None:
-            seq.generator = torch.Generator(device="cpu").manual_seed(request.sampling.seed)
+            seq.generator = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
         self._inbox.put(seq)
         self._wake.set()
         try:
