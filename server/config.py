@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     max_model_len: int | None = Field(None, ge=16, description="Context window; default: the model's own.")
     default_max_tokens: int = Field(1024, ge=1, description="max_tokens when a request sets none.")
+    prefill_chunk_tokens: int | None = Field(
+        None, ge=16, description="hf engine: tokens per prefill forward (default 1024 on CPU, 16384 on CUDA)."
+    )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default: all cores.")
     prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
     session_table_size: int = Field(4096, ge=1, description="Sessions remembered for the cache report.")
