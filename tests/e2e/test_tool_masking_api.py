@@ -74,7 +74,9 @@ def test_twenty_required_browser_prefix_calls_are_all_valid(server_url):
 def test_named_tool_and_none(server_url):
     # a tool whose arguments are bounded (integers), so a 135M model finishes the call
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Scroll down by 300 pixels."}]
-    resp = post(server_url, msgs, tool_choice={"type": "function", "function": {"name": "browser_scroll_on_page"}})
+    resp = post(
+        server_url, msgs, tool_choice={"type": "function", "function": {"name": "browser_scroll_on_page"}}
+    )
     (call,) = assert_valid_calls(resp)
     assert call["function"]["name"] == "browser_scroll_on_page"
     for i, content in enumerate(["Call shell_exec with ls now.", "<tool_call> please", "Use a tool."]):

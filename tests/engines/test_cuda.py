@@ -18,11 +18,25 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TOOLS = [
-    {"type": "function", "function": {"name": f"browser_{verb}", "parameters": {
-        "type": "object", "properties": {"mode": {"enum": ["fast", "slow"]}}, "required": ["mode"],
-        "additionalProperties": False}}}
+    {
+        "type": "function",
+        "function": {
+            "name": f"browser_{verb}",
+            "parameters": {
+                "type": "object",
+                "properties": {"mode": {"enum": ["fast", "slow"]}},
+                "required": ["mode"],
+                "additionalProperties": False,
+            },
+        },
+    }
     for verb in ("open", "click", "close", "scroll")
-] + [{"type": "function", "function": {"name": "shell_exec", "parameters": {"type": "object", "properties": {}}}}]
+] + [
+    {
+        "type": "function",
+        "function": {"name": "shell_exec", "parameters": {"type": "object", "properties": {}}},
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +49,18 @@ def random_model_dir(tmp_path_factory) -> Path:
 
         tok_dir = str(resolve_model("embedded"))
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    config = LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                         eos_token_id=2, bos_token_id=1, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        eos_token_id=2,
+        bos_token_id=1,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     out = tmp_path_factory.mktemp("random-llama")
@@ -79,15 +102,24 @@ def test_masked_tool_call_on_cuda(cuda_engine):
 
     env = load_envelope("hermes")
     factory = ConstraintFactory(cuda_engine.tokenizer, cuda_engine.vocab_size, env)
-    choice = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
-        {"type": "function", "function": {"name_prefix": "browser_"}}]}}
-    prompt = cuda_engine.tokenizer("<|im_start|>user\nopen it<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    choice = {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": "required",
+            "tools": [{"type": "function", "function": {"name_prefix": "browser_"}}],
+        },
+    }
+    prompt = cuda_engine.tokenizer("<|im_start|>user\nopen it<|im_end|>\n<|im_start|>assistant\n")[
+        "input_ids"
+    ]
 
     async def one(seed: int) -> str:
         plan = plan_tools(TOOLS, choice, [{"role": "user", "content": "x"}], False, None, env)
         constraint = factory.build(TOOLS, plan, cuda_engine.eos_token_ids)
         prefill = cuda_engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"]
-        req = GenerationRequest(f"cuda-{seed}", prompt + prefill, SamplingParams(64, 1.0, seed=seed), constraint)
+        req = GenerationRequest(
+            f"cuda-{seed}", prompt + prefill, SamplingParams(64, 1.0, seed=seed), constraint
+        )
         ids = []
         async for chunk in cuda_engine.generate(req):
             assert chunk.error is None, chunk.error
