@@ -30,7 +30,9 @@ def start_local_server() -> tuple[str, object]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(load_settings()), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(load_settings()), host="127.0.0.1", port=port, log_level="warning")
+    )
     threading.Thread(target=server.run, daemon=True).start()
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -59,9 +61,13 @@ def timed_stream(url: str, body: dict) -> dict:
                 last = chunk
     end = time.perf_counter()
     usage = last["usage"]
-    return {"ttft": (first or end) - t0, "total": end - t0, "prompt_tokens": usage["prompt_tokens"],
-            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
-            "completion_tokens": usage["completion_tokens"]}
+    return {
+        "ttft": (first or end) - t0,
+        "total": end - t0,
+        "prompt_tokens": usage["prompt_tokens"],
+        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+        "completion_tokens": usage["completion_tokens"],
+    }
 
 
 def main() -> None:
@@ -76,26 +82,44 @@ def main() -> None:
     )
     msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Fix the failing test."}]
     key = f"bench-{time.time_ns()}"
-    base = {"model": args.model, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-            "prompt_cache_key": key}
+    base = {
+        "model": args.model,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "prompt_cache_key": key,
+    }
     cold = timed_stream(url, {**base, "messages": msgs, "max_tokens": 1})
-    msgs2 = msgs + [{"role": "assistant", "content": "I will look at the test output first."},
-                    {"role": "user", "content": "The test fails with KeyError: 'name' in parse_config at line 41 "
-                     "of config.py, when the YAML file has no name field. Please fix it."}]
+    msgs2 = msgs + [
+        {"role": "assistant", "content": "I will look at the test output first."},
+        {
+            "role": "user",
+            "content": "The test fails with KeyError: 'name' in parse_config at line 41 "
+            "of config.py, when the YAML file has no name field. Please fix it.",
+        },
+    ]
     warm = timed_stream(url, {**base, "messages": msgs2, "max_tokens": 1})
-    decode = timed_stream(url, {**base, "messages": msgs2, "max_tokens": args.decode_tokens,
-                                "prompt_cache_key": key + "-decode"})
+    decode = timed_stream(
+        url,
+        {**base, "messages": msgs2, "max_tokens": args.decode_tokens, "prompt_cache_key": key + "-decode"},
+    )
     prefill_tps = cold["prompt_tokens"] / cold["ttft"]
     decode_tps = (decode["completion_tokens"] - 1) / max(1e-9, decode["total"] - decode["ttft"])
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; model {args.model}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; model {args.model}"
+    )
     print("| request | prompt tokens | cached | TTFT (s) |")
     print("|---|---|---|---|")
     print(f"| cold session prompt | {cold['prompt_tokens']} | {cold['cached_tokens']} | {cold['ttft']:.3f} |")
-    print(f"| same + {warm['prompt_tokens'] - cold['prompt_tokens']} tokens | {warm['prompt_tokens']} | "
-          f"{warm['cached_tokens']} | {warm['ttft']:.3f} |")
+    print(
+        f"| same + {warm['prompt_tokens'] - cold['prompt_tokens']} tokens | {warm['prompt_tokens']} | "
+        f"{warm['cached_tokens']} | {warm['ttft']:.3f} |"
+    )
     print(f"\nTTFT ratio warm/cold: 1/{cold['ttft'] / warm['ttft']:.1f}")
-    print(f"prefill: {prefill_tps:.0f} tok/s (cold, {cold['prompt_tokens']} tokens); "
-          f"decode: {decode_tps:.1f} tok/s ({decode['completion_tokens']} tokens)")
+    print(
+        f"prefill: {prefill_tps:.0f} tok/s (cold, {cold['prompt_tokens']} tokens); "
+        f"decode: {decode_tps:.1f} tok/s ({decode['completion_tokens']} tokens)"
+    )
 
 
 if __name__ == "__main__":
