@@ -476,7 +476,9 @@ def cmd_gpu_ttft(args: argparse.Namespace) -> None:
         "machine": report.machine(),
         "commit": report.git_commit(),
         "command": "agentserve bench " + " ".join(shlex.quote(a) for a in args.argv),
-        "model": f"RANDOM-WEIGHT Llama shapes {args.shapes} (bf16 on CUDA), embedded SmolLM2 tokenizer/vocab "
+        "model": f"RANDOM-WEIGHT Llama shapes {args.shapes} "
+        f"({'bf16' if dev == 'cuda' else 'fp32'} on {dev}), "
+        f"embedded SmolLM2 tokenizer/vocab "
         f"({len(tok)}); hf engine prefill + prefix cache (block 32), in-process, no HTTP",
     }
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
