@@ -76,7 +76,10 @@ def random_model(
     cfg = LlamaConfig(vocab_size=vocab_size, max_position_embeddings=max_positions, **SHAPES[shape])
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        except TypeError:  # older transformers
+            model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
     return model.to(device=device, dtype=dtype).eval()
 
 

@@ -45,6 +45,8 @@ def machine() -> str:
 
 
 def git_commit() -> str:
+    if os.environ.get("AGENTSERVE_BENCH_COMMIT"):  # a copied tree (e.g. on the GPU machine) has no .git
+        return os.environ["AGENTSERVE_BENCH_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
