@@ -176,6 +176,8 @@ def _meta(
 ) -> dict[str, Any]:
     info = next(iter(_INFO.values()), {})
     server = f"{args.url} (external)" if args.url else "in-process agentserve (hf engine), loopback HTTP"
+    if args.comparison == "inproc":
+        server = "none: the engine in-process, no HTTP"
     return {
         "model": f"{info.get('model', '?')} (context {info.get('max_model_len', '?')}, "
         f"engine {info.get('engine', '?')})",
@@ -450,21 +452,28 @@ def cmd_gpu_ttft(args: argparse.Namespace) -> None:
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     contexts = [int(c) for c in args.contexts.split(",")]
     rows = []
+    import server.engines.hf as hf
+
+    chunks = [int(c) for c in args.prefill_chunks.split(",")] if args.prefill_chunks else [hf.PREFILL_CHUNK]
+    default_chunk = hf.PREFILL_CHUNK
     for shape in args.shapes.split(","):
         t0 = time.perf_counter()
         model = random_model(
             shape, len(tok), device=dev, dtype=torch.bfloat16 if dev == "cuda" else torch.float32
         )
         print(f"{shape}: built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        rows += context_sweep(
-            model,
-            tok,
-            contexts,
-            new_tokens=args.new_tokens,
-            repeats=args.repeats,
-            label=shape,
-            progress=not args.quiet,
-        )
+        for chunk in chunks:
+            hf.PREFILL_CHUNK = chunk  # the engine reads this module global on every prefill
+            rows += context_sweep(
+                model,
+                tok,
+                contexts,
+                new_tokens=args.new_tokens,
+                repeats=args.repeats,
+                label=shape if len(chunks) == 1 else f"{shape} chunk {chunk}",
+                progress=not args.quiet,
+            )
+        hf.PREFILL_CHUNK = default_chunk
         del model
         if dev == "cuda":
             torch.cuda.empty_cache()
@@ -572,6 +581,10 @@ def parser() -> argparse.ArgumentParser:
     gp.add_argument("--contexts", default="2048,4096,8192,16384,32768")
     gp.add_argument("--new-tokens", type=int, default=256)
     gp.add_argument("--repeats", type=int, default=3)
+    gp.add_argument(
+        "--prefill-chunks",
+        help="gpu-ttft: compare prefill chunk sizes, e.g. 1024,32768 (default: the engine's PREFILL_CHUNK)",
+    )
     o = ap.add_argument_group("output")
     o.add_argument("--out", default=str(report.RESULTS), help="results folder")
     o.add_argument("--name", help="file name stem of the results (default: per comparison)")
