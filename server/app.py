@@ -11,11 +11,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from server.admission import Admission
 from server.api.routes import router
+from server.auth import authenticate
 from server.chat.service import ChatService
 from server.config import Settings
 from server.engines.base import Engine
-from server.errors import AgentServeError, internal_error_body
+from server.errors import AgentServeError, PayloadTooLarge, internal_error_body
 from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -56,17 +58,37 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         try:
             yield
         finally:
-            await eng.shutdown()
+            if engine is None:  # an engine passed in belongs to the caller
+                await eng.shutdown()
 
     app = FastAPI(title="agentserve", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.admission = Admission(
+        settings.limits.max_concurrent_requests, settings.limits.max_queued_requests
+    )
     app.include_router(router)
+    max_body = settings.limits.max_request_bytes
 
     @app.middleware("http")
-    async def count_requests(request: Request, call_next):  # type: ignore[no-untyped-def]
-        response = await call_next(request)
-        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+    async def front_door(request: Request, call_next):  # type: ignore[no-untyped-def]
+        """Auth (tenant), body-size limit, and request counting, before any route runs."""
+        path = request.url.path
+        try:
+            protected = path.startswith("/v1/") or (path == "/metrics" and settings.auth.protect_metrics)
+            request.state.tenant = authenticate(request.headers, settings.auth) if protected else ""
+            length = request.headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > max_body:
+                raise PayloadTooLarge(
+                    f"request body is {length} bytes; the limit is {max_body} (limits.max_request_bytes): "
+                    f"send a shorter conversation"
+                )
+            response = await call_next(request)
+        except AgentServeError as exc:
+            response = JSONResponse(exc.body(), status_code=exc.status)
+        metrics.requests.labels(
+            path if path.startswith(("/v1/", "/health", "/metrics")) else "other", str(response.status_code)
+        ).inc()
         return response
 
     @app.exception_handler(AgentServeError)

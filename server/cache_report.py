@@ -67,7 +67,9 @@ def _tools_change(prev: RenderedPrompt, cur: RenderedPrompt) -> str | None:
     return "tool list changed: " + ", ".join(parts) + " (keep tools fixed and mask them instead)"
 
 
-def explain(prev: SessionPrompt | None, cur: SessionPrompt, cached_tokens: int, block_size: int) -> CacheExplanation:
+def explain(
+    prev: SessionPrompt | None, cur: SessionPrompt, cached_tokens: int, block_size: int
+) -> CacheExplanation:
     if prev is None:
         return CacheExplanation(None, None, "new_session")
     lcp = common_prefix(prev.token_ids, cur.token_ids)
@@ -77,8 +79,8 @@ def explain(prev: SessionPrompt | None, cur: SessionPrompt, cached_tokens: int, 
     if cached_tokens < min(reusable, len(cur.token_ids) - 1) - block_size:
         return CacheExplanation(
             None,
-            f"previous prompt kept as prefix, but only {cached_tokens} of its {len(prev.token_ids)} tokens were "
-            f"still cached (evicted: raise prefix_cache.memory_mb, or another tenant/worker served it)",
+            f"previous prompt kept as prefix, but only {cached_tokens} of its {len(prev.token_ids)} "
+            "tokens were still cached (evicted: raise prefix_cache.memory_mb; or another worker served it)",
             "evicted",
         )
     return CacheExplanation(None, None, "extended")
@@ -94,7 +96,9 @@ def _divergence_reason(prev: SessionPrompt, cur: SessionPrompt, lcp: int) -> str
     while at < len(a) and at < len(b) and a[at] == b[at]:
         at += 1
     seg = cur.rendered.segment_at(at) or prev.rendered.segment_at(at)
-    where = f"{seg.label} changed at character {at - seg.start}" if seg else f"prompt changed at character {at}"
+    where = (
+        f"{seg.label} changed at character {at - seg.start}" if seg else f"prompt changed at character {at}"
+    )
     if at >= len(b):
         where = "the prompt is shorter than the previous one (messages were dropped or truncated)"
     detail = f"{where}: {_snippet(a, at)!r} -> {_snippet(b, at)!r}"

@@ -20,8 +20,13 @@ def _add_settings_flags(p: argparse.ArgumentParser) -> None:
 
 def _settings(args: argparse.Namespace, **extra: object) -> Settings:
     return load_settings(
-        args.config, host=args.host, port=args.port, model=args.model, engine=args.engine,
-        device=args.device, **extra,
+        args.config,
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        engine=args.engine,
+        device=args.device,
+        **extra,
     )
 
 

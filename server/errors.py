@@ -44,6 +44,18 @@ class Unauthorized(AgentServeError):
     default_code = "invalid_api_key"
 
 
+class PayloadTooLarge(AgentServeError):
+    status = 413
+    type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class Timeout(AgentServeError):
+    status = 504
+    type = "server_error"
+    default_code = "timeout"
+
+
 class NotFound(AgentServeError):
     status = 404
     type = "invalid_request_error"

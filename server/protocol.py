@@ -117,7 +117,7 @@ class Usage(BaseModel):
 
 
 class CacheReport(BaseModel):
-    """Extension: how much of the prompt came from cache, and when the session's prefix broke, where and why."""
+    """Extension: how much of the prompt came from cache; if the session's prefix broke, where and why."""
 
     cached_tokens: int
     prompt_tokens: int

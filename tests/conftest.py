@@ -8,6 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -44,18 +45,15 @@ def hf_engine(embedded_model_dir: Path):
     return HFEngine(load_settings(device="cpu"))
 
 
-@pytest.fixture(scope="session")
-def server_url(hf_engine):
-    """A real uvicorn server on a free loopback port, serving the shared engine."""
+@contextmanager
+def running_server(app):
+    """Serve an ASGI app with uvicorn on a free loopback port (in a thread); yields its URL."""
     import threading
     import time
 
     import httpx
     import uvicorn
 
-    from server.app import build_app
-
-    app = build_app(hf_engine.settings, engine=hf_engine)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -64,15 +62,26 @@ def server_url(hf_engine):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
+            if httpx.get(url + "/health", timeout=1).status_code in (200, 401):
                 break
         except httpx.HTTPError:
             time.sleep(0.1)
     else:
         raise RuntimeError("test server did not start")
-    yield url
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def server_url(hf_engine):
+    """A real uvicorn server on a free loopback port, serving the shared engine."""
+    from server.app import build_app
+
+    with running_server(build_app(hf_engine.settings, engine=hf_engine)) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,9 @@ ENV = load_envelope("hermes")
 def prompt(tokenizer, messages, tools=None) -> SessionPrompt:
     rendered = render_chat([ChatMessage.model_validate(m) for m in messages], tools, ENV)
     enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
-    return SessionPrompt(array("l", enc["input_ids"]), array("l", (s for s, _ in enc["offset_mapping"])), rendered)
+    return SessionPrompt(
+        array("l", enc["input_ids"]), array("l", (s for s, _ in enc["offset_mapping"])), rendered
+    )
 
 
 def tool(name):
@@ -27,8 +29,14 @@ def test_common_prefix():
 
 def test_extended_session_is_not_a_divergence(tokenizer):
     a = prompt(tokenizer, [{"role": "user", "content": "one"}])
-    b = prompt(tokenizer, [{"role": "user", "content": "one"}, {"role": "assistant", "content": "x"},
-                           {"role": "user", "content": "two"}])
+    b = prompt(
+        tokenizer,
+        [
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": "two"},
+        ],
+    )
     e = explain(a, b, cached_tokens=(len(a.token_ids) // 16) * 16, block_size=16)
     assert e.kind == "extended" and e.diverged_at_token is None and e.reason is None
     assert explain(None, b, 0, 16).kind == "new_session"
@@ -54,8 +62,11 @@ def test_removed_tool_is_named(tokenizer):
 
 
 def test_edited_earlier_message_is_located(tokenizer):
-    base = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "ok"},
-            {"role": "tool", "content": "file listing: a.py b.py"}]
+    base = [
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "tool", "content": "file listing: a.py b.py"},
+    ]
     a = prompt(tokenizer, base)
     edited = [dict(m) for m in base]
     edited[2]["content"] = "file listing: a.py c.py"

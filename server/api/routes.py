@@ -2,42 +2,92 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from server.api.sse import sse_stream
-from server.chat.service import ChatService, Prepared, prepare_in_thread
+from server.chat.service import ChatService, Prepared
+from server.errors import Timeout
 from server.protocol import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter()
+DISCONNECT_POLL_S = 0.25
 
 
 def _service(request: Request) -> ChatService:
     return request.app.state.service
 
 
-async def _respond(service: ChatService, prepared: Prepared) -> Response:
+async def _await_unless_gone(
+    request: Request, work: Awaitable[Any], deadline: float, timeout_s: float
+) -> Any:
+    """Await ``work``; cancel it if the client disconnects or the deadline passes."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                return None
+            if time.monotonic() > deadline:
+                raise Timeout(f"request timed out after {timeout_s:g} s (limits.request_timeout_s)")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def _serve(request: Request, prepare: Callable[[], Prepared]) -> Response:
+    service = _service(request)
+    limits = request.app.state.settings.limits
+    deadline = time.monotonic() + limits.request_timeout_s
+    ticket = request.app.state.admission.reserve()
+    try:
+        prepared = await asyncio.to_thread(prepare)
+        remaining = max(0.0, deadline - time.monotonic())
+        try:
+            await asyncio.wait_for(ticket.acquire(), remaining)
+        except TimeoutError:
+            raise Timeout(f"request waited {limits.request_timeout_s:g} s in the queue") from None
+    except BaseException:
+        ticket.release()
+        raise
     if prepared.stream:
+        remaining = max(0.001, deadline - time.monotonic())
         return StreamingResponse(
-            sse_stream(service.stream(prepared)),
+            sse_stream(service.stream(prepared), ticket, remaining),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    return JSONResponse(await service.complete(prepared))
+    try:
+        result = await _await_unless_gone(
+            request, service.complete(prepared), deadline, limits.request_timeout_s
+        )
+    finally:
+        ticket.release()
+    if result is None:
+        return Response(status_code=499)  # the client is gone; nothing to deliver
+    return JSONResponse(result)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     service = _service(request)
-    prepared = await prepare_in_thread(service.prepare_chat, body, request.headers)
-    return await _respond(service, prepared)
+    tenant = request.state.tenant
+    return await _serve(request, lambda: service.prepare_chat(body, request.headers, tenant))
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     service = _service(request)
-    prepared = await prepare_in_thread(service.prepare_completion, body, request.headers)
-    return await _respond(service, prepared)
+    tenant = request.state.tenant
+    return await _serve(request, lambda: service.prepare_completion(body, request.headers, tenant))
 
 
 @router.get("/v1/models")
@@ -70,4 +120,6 @@ async def metrics(request: Request) -> Response:
     stats = request.app.state.service.engine.stats()
     for name, value in stats.extra.items():
         m.engine_gauge(name).set(value)
+    m.engine_gauge("admission_inside").set(request.app.state.admission.inside)
+    m.engine_gauge("admission_rejected").set(request.app.state.admission.rejected)
     return Response(m.render(), media_type="text/plain; version=0.0.4")

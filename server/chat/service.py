@@ -12,7 +12,6 @@ Lifecycle of one request (see README "Request lifecycle"):
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from array import array
@@ -20,6 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.auth import cache_salt, namespaced_session
 from server.cache_report import CacheExplanation, SessionPrompt, SessionTable, explain
 from server.chat.envelope import load_envelope
 from server.chat.template import RenderedPrompt, Segment, render_chat
@@ -27,10 +27,12 @@ from server.chat.toolcalls import CallDelta, ContentDelta, ParsedOutput, Streami
 from server.config import Settings
 from server.engines.base import Engine, GenerationRequest, SamplingParams, TokenConstraint
 from server.errors import ContextLengthExceeded, GenerationError, InvalidRequest, ModelNotFound
-from server.masking import ConstraintFactory, ToolPlan, load_state_machine, plan_tools
+from server.masking.constraint import ConstraintFactory
+from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
+from server.masking.tool_choice import ToolPlan, plan_tools
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from server.session_key import SessionKey, session_key
+from server.session_key import SessionKey, canonical_json, session_key
 
 
 @dataclass
@@ -102,6 +104,12 @@ class ChatService:
                 param="messages",
             )
         asked = req.requested_max_tokens()
+        cap = self.settings.limits.max_tokens
+        if asked is not None and cap is not None and asked > cap:
+            raise InvalidRequest(
+                f"max_tokens={asked} is over this server's limit of {cap} (limits.max_tokens): ask for fewer",
+                param="max_tokens",
+            )
         if asked is not None and asked > room:
             raise ContextLengthExceeded(
                 f"prompt ({prompt_len} tokens) + max_tokens ({asked}) exceeds the context window "
@@ -109,9 +117,54 @@ class ChatService:
                 param="max_tokens",
             )
         max_tokens = asked if asked is not None else min(self.settings.default_max_tokens, room)
-        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
+        )
 
-    def prepare_chat(self, req: ChatCompletionRequest, headers: Mapping[str, str]) -> Prepared:
+    def _check_tools(self, tools: list[dict[str, Any]]) -> None:
+        limits = self.settings.limits
+        if len(tools) > limits.max_tools:
+            raise InvalidRequest(
+                f"{len(tools)} tools sent; the limit is {limits.max_tools} (limits.max_tools)", param="tools"
+            )
+        for i, tool in enumerate(tools):
+            size = len(canonical_json(tool).encode())
+            if size > limits.max_tool_schema_bytes:
+                raise InvalidRequest(
+                    f"tool {tool['function']['name']!r} is {size} bytes of JSON; the limit is "
+                    f"{limits.max_tool_schema_bytes} (limits.max_tool_schema_bytes): shorten its schema",
+                    param=f"tools[{i}]",
+                )
+        names = [t["function"]["name"] for t in tools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise InvalidRequest(
+                f"duplicate tool names {dupes}: every tool needs a unique name", param="tools"
+            )
+
+    def _machine(self, name: str | None) -> StateMachine | None:
+        """The request's state machine: the configured default, another by name, or "off"."""
+        if name is None:
+            return self.default_machine
+        if name == "off":
+            return None
+        if "/" in name or name.endswith(".yaml"):
+            raise InvalidRequest(
+                "tool_state_machine takes the name of a machine in grammars/ (or 'off'), not a path",
+                param="tool_state_machine",
+            )
+        try:
+            return load_state_machine(name)
+        except StateMachineError as exc:
+            raise InvalidRequest(str(exc), param="tool_state_machine") from None
+
+    def _session(self, body: SamplingFields, headers: Mapping[str, str], tenant: str) -> SessionKey:
+        key = session_key(body.model_dump(exclude_none=True), headers)
+        return SessionKey(namespaced_session(tenant, key.key), key.source)
+
+    def prepare_chat(
+        self, req: ChatCompletionRequest, headers: Mapping[str, str], tenant: str = ""
+    ) -> Prepared:
         self._check_common(req)
         if req.response_format is not None and req.response_format.type != "text":
             raise InvalidRequest(
@@ -120,18 +173,15 @@ class ChatService:
                 param="response_format",
             )
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-        names = [t["function"]["name"] for t in tools]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise InvalidRequest(f"duplicate tool names {dupes}: every tool needs a unique name", param="tools")
+        self._check_tools(tools)
         rendered = render_chat(req.messages, tools, self.envelope)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        machine = self.default_machine
-        if req.tool_state_machine is not None:
-            machine = None if req.tool_state_machine == "off" else load_state_machine(req.tool_state_machine)
+        machine = self._machine(req.tool_state_machine)
         plan = plan_tools(tools, req.tool_choice, messages, req.parallel_tool_calls, machine, self.envelope)
         ids, offsets = self._tokenize(rendered)
-        prefill_ids = self.engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"] if plan.prefill else []
+        prefill_ids = (
+            self.engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"] if plan.prefill else []
+        )
         prompt_ids = ids + list(prefill_ids)
         sampling = self._sampling(req, len(prompt_ids))
         constraint = self.constraints.build(tools, plan, self.engine.eos_token_ids) if tools else None
@@ -141,7 +191,7 @@ class ChatService:
             created=int(time.time()),
             prompt_ids=prompt_ids,
             session_prompt=SessionPrompt(array("l", ids), offsets, rendered),
-            session=session_key(req.model_dump(exclude_none=True), headers),
+            session=self._session(req, headers, tenant),
             sampling=sampling,
             stops=req.stop_list(),
             stream=req.stream,
@@ -149,14 +199,19 @@ class ChatService:
             prefill=plan.prefill,
             plan=plan,
             constraint=constraint,
+            cache_salt=cache_salt(tenant, self.settings.auth),
         )
 
-    def prepare_completion(self, req: CompletionRequest, headers: Mapping[str, str]) -> Prepared:
+    def prepare_completion(
+        self, req: CompletionRequest, headers: Mapping[str, str], tenant: str = ""
+    ) -> Prepared:
         self._check_common(req)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
-                raise InvalidRequest("only one prompt per request is supported: send one string", param="prompt")
+                raise InvalidRequest(
+                    "only one prompt per request is supported: send one string", param="prompt"
+                )
             prompt = prompt[0]
         if isinstance(prompt, str):
             rendered = RenderedPrompt(prompt, (Segment(0, len(prompt), "prompt"),), ())
@@ -165,7 +220,8 @@ class ChatService:
             bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.engine.vocab_size]
             if bad:
                 raise InvalidRequest(
-                    f"prompt token ids must be in [0, {self.engine.vocab_size}); got {bad[:5]}", param="prompt"
+                    f"prompt token ids must be in [0, {self.engine.vocab_size}); got {bad[:5]}",
+                    param="prompt",
                 )
             ids = list(prompt)
             text = self.engine.tokenizer.decode(ids)
@@ -179,11 +235,12 @@ class ChatService:
             created=int(time.time()),
             prompt_ids=ids,
             session_prompt=SessionPrompt(array("l", ids), offsets, rendered),
-            session=session_key(req.model_dump(exclude_none=True), headers),
+            session=self._session(req, headers, tenant),
             sampling=self._sampling(req, len(ids)),
             stops=req.stop_list(),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            cache_salt=cache_salt(tenant, self.settings.auth),
         )
 
     # -- generation -----------------------------------------------------------------
@@ -301,7 +358,12 @@ class ChatService:
         out = Outcome()
         chat = p.kind == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
-        base = {"id": p.request_id, "object": obj, "created": p.created, "model": self.settings.served_model_name}
+        base = {
+            "id": p.request_id,
+            "object": obj,
+            "created": p.created,
+            "model": self.settings.served_model_name,
+        }
 
         def chunk(delta: dict[str, Any] | str, finish: str | None = None) -> dict[str, Any]:
             if chat:
@@ -320,7 +382,9 @@ class ChatService:
                 if isinstance(ev, ContentDelta):
                     res.append(chunk({"content": ev.text}))
                 else:
-                    res.append(chunk({"tool_calls": [{"index": ev.index, **_call_json(p, ev.index, ev.call)}]}))
+                    res.append(
+                        chunk({"tool_calls": [{"index": ev.index, **_call_json(p, ev.index, ev.call)}]})
+                    )
             return res
 
         if parser is not None and p.prefill:
@@ -357,8 +421,3 @@ def _call_json(p: Prepared, index: int, call: Any) -> dict[str, Any]:
 def _first_stop(text: str, stops: list[str]) -> int | None:
     hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return min(hits) if hits else None
-
-
-async def prepare_in_thread(fn: Any, *args: Any) -> Prepared:
-    """Rendering and tokenizing a long prompt takes milliseconds: keep it off the event loop."""
-    return await asyncio.to_thread(fn, *args)

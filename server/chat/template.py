@@ -145,7 +145,9 @@ def _assistant_body(msg: ChatMessage, envelope: Envelope, index: int) -> str:
     calls = []
     for call in msg.tool_calls or []:
         body = envelope.name_open + call.function.name + envelope.name_close
-        calls.append(envelope.call_start + body + canonical_arguments(call.function.arguments) + envelope.call_end)
+        calls.append(
+            envelope.call_start + body + canonical_arguments(call.function.arguments) + envelope.call_end
+        )
     if not calls:
         return text
     joined = envelope.call_separator.join(calls)

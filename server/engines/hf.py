@@ -25,7 +25,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from server.config import Settings
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
 from server.engines.prefix_cache import PrefixCache
-from server.engines.sampling import apply_bitmask, sample_token
+from server.engines.sampling import sample_token
+from server.masking.hf_processor import MaskApplier
 from server.model_store import resolve_model
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,9 @@ class HFEngine:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.device = torch.device(
-            "cuda" if settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available()) else "cpu"
+            "cuda"
+            if settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available())
+            else "cpu"
         )
         if settings.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device: use --device cpu")
@@ -79,6 +82,7 @@ class HFEngine:
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         elem = torch.empty((), dtype=self.dtype).element_size()
+        self._masks = MaskApplier(self.vocab_size)
         self.kv_bytes_per_token = config.num_hidden_layers * 2 * kv_heads * head_dim * elem
         pc = settings.prefix_cache
         self.cache = PrefixCache(pc.block_size, pc.memory_mb * 2**20, enabled=pc.enabled)
@@ -108,6 +112,7 @@ class HFEngine:
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
         if self._thread is None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
             self._thread.start()
 
@@ -160,7 +165,9 @@ class HFEngine:
         """
         from server.engines.base import SamplingParams
 
-        seq = _Sequence(GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt), None, None)  # type: ignore[arg-type]
+        seq = _Sequence(
+            GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt), None, None
+        )  # type: ignore[arg-type]
         with torch.no_grad():
             self._prefill(seq)
         assert seq.next_logits is not None
@@ -198,7 +205,9 @@ class HFEngine:
         except Exception as exc:  # never let one request kill the engine thread
             log.exception("request %s failed", seq.request.request_id)
             seq.kv = None
-            seq.emit(GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}"))
+            seq.emit(
+                GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}")
+            )
 
     def _prefill(self, seq: _Sequence) -> None:
         ids = seq.request.prompt_ids
@@ -241,12 +250,7 @@ class HFEngine:
         assert logits is not None and seq.kv is not None
         constraint = req.constraint
         if constraint is not None:
-            logits = logits.float().unsqueeze(0).clone()
-            words = (self.vocab_size + 31) // 32
-            bitmask = torch.zeros((1, words), dtype=torch.int32)
-            constraint.fill_next_token_bitmask(bitmask, 0)
-            apply_bitmask(logits, bitmask.to(logits.device))
-            logits = logits[0]
+            logits = self._masks.apply(logits.float().unsqueeze(0).clone(), [constraint])[0]
             if not torch.isfinite(logits).any():
                 self._finish(seq, "error", "the tool-call constraint allows no token at this point")
                 return
@@ -273,7 +277,9 @@ class HFEngine:
         )
         seq.next_logits = out.logits[0, -1]
 
-    def _finish(self, seq: _Sequence, reason: str, error: str | None = None, tokens: list[int] | None = None) -> None:
+    def _finish(
+        self, seq: _Sequence, reason: str, error: str | None = None, tokens: list[int] | None = None
+    ) -> None:
         seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error))
         seq.kv = None
         seq.next_logits = None

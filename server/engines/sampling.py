@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
+def sample_token(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> int:
     """Pick a token id from a 1-D logits row (already masked with -inf where disallowed)."""
     if temperature <= 0.0:
         return int(torch.argmax(logits).item())
@@ -20,10 +22,3 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generat
         return int(order[choice].item())
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
-
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set logits of tokens whose bit is 0 to -inf, in place. logits [B, V], bitmask int32 [B, ceil(V/32)]."""
-    vocab = logits.shape[-1]
-    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().reshape(bitmask.shape[0], -1)[:, :vocab]
-    logits.masked_fill_(~allowed.to(logits.device), float("-inf"))

@@ -9,8 +9,16 @@ from server.protocol import ChatMessage
 
 ENV = load_envelope("hermes")
 TOOLS = [
-    {"type": "function", "function": {"name": "shell_exec", "parameters": {"type": "object",
-     "properties": {"cmd": {"type": "string"}, "cwd": {"type": "string"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "shell_exec",
+            "parameters": {
+                "type": "object",
+                "properties": {"cmd": {"type": "string"}, "cwd": {"type": "string"}},
+            },
+        },
+    },
 ]
 
 
@@ -19,14 +27,36 @@ def msgs(*raw):
 
 
 def test_same_messages_render_identically_whatever_the_key_order():
-    tools_a = [{"type": "function", "function": {"parameters": {"properties": {"cwd": {"type": "string"},
-               "cmd": {"type": "string"}}, "type": "object"}, "name": "shell_exec"}}]
-    m = msgs({"role": "user", "content": "hi"},
-             {"role": "assistant", "tool_calls": [{"id": "1", "function": {"name": "shell_exec",
-              "arguments": '{"cwd": "/", "cmd": "ls"}'}}]})
-    m2 = msgs({"role": "user", "content": "hi"},
-              {"role": "assistant", "tool_calls": [{"id": "2", "function": {"name": "shell_exec",
-               "arguments": '{"cmd":"ls","cwd":"/"}'}}]})
+    tools_a = [
+        {
+            "type": "function",
+            "function": {
+                "parameters": {
+                    "properties": {"cwd": {"type": "string"}, "cmd": {"type": "string"}},
+                    "type": "object",
+                },
+                "name": "shell_exec",
+            },
+        }
+    ]
+    m = msgs(
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "1", "function": {"name": "shell_exec", "arguments": '{"cwd": "/", "cmd": "ls"}'}}
+            ],
+        },
+    )
+    m2 = msgs(
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "2", "function": {"name": "shell_exec", "arguments": '{"cmd":"ls","cwd":"/"}'}}
+            ],
+        },
+    )
     a = render_chat(m, TOOLS, ENV)
     b = render_chat(m2, tools_a, ENV)
     assert a.text == b.text
@@ -34,24 +64,43 @@ def test_same_messages_render_identically_whatever_the_key_order():
 
 
 def test_hermes_layout_and_segments():
-    r = render_chat(msgs({"role": "system", "content": "Be brief."}, {"role": "user", "content": "go"},
-                         {"role": "tool", "content": "out1"}, {"role": "tool", "content": "out2"}), TOOLS, ENV)
+    r = render_chat(
+        msgs(
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "go"},
+            {"role": "tool", "content": "out1"},
+            {"role": "tool", "content": "out2"},
+        ),
+        TOOLS,
+        ENV,
+    )
     assert r.text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
     assert "<tools>\n{" in r.text and "</tools>" in r.text
     # consecutive tool results share one user turn
-    assert "<|im_start|>user\n<tool_response>\nout1\n</tool_response>\n<tool_response>\nout2\n</tool_response><|im_end|>" in r.text
+    assert (
+        "<|im_start|>user\n<tool_response>\nout1\n</tool_response>\n<tool_response>\nout2\n</tool_response><|im_end|>"
+        in r.text
+    )
     assert r.text.endswith(GENERATION_PROMPT)
     labels = [s.label for s in r.segments]
-    assert labels == ["system message", "tools block", "message 1 (user)", "message 2 (tool)", "message 3 (tool)"]
+    assert labels == [
+        "system message",
+        "tools block",
+        "message 1 (user)",
+        "message 2 (tool)",
+        "message 3 (tool)",
+    ]
     seg = r.segments[0]
-    assert r.text[seg.start:seg.end] == "Be brief."
+    assert r.text[seg.start : seg.end] == "Be brief."
     assert r.tool_names == ("shell_exec",)
 
 
 def test_appending_messages_only_appends_text():
     base = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"}]
     a = render_chat(msgs(*base), TOOLS, ENV, add_generation_prompt=False)
-    b = render_chat(msgs(*base, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}), TOOLS, ENV)
+    b = render_chat(
+        msgs(*base, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}), TOOLS, ENV
+    )
     assert b.text.startswith(a.text)
 
 

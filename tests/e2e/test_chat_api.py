@@ -23,7 +23,10 @@ def ask(client, messages, key, **kw):
 def test_second_turn_is_served_from_cache(client):
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is in README.md?"}]
     r1 = ask(client, msgs, "e2e-two-turns")
-    msgs += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "More."}]
+    msgs += [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "More."},
+    ]
     r2 = ask(client, msgs, "e2e-two-turns")
     assert r2.usage.prompt_tokens > r1.usage.prompt_tokens
     assert r2.usage.prompt_tokens_details.cached_tokens >= 0.9 * r1.usage.prompt_tokens
@@ -54,8 +57,13 @@ def test_streaming_matches_non_streaming_at_temperature_zero(client):
     msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
     full = ask(client, msgs, "e2e-stream", max_tokens=24)
     stream = client.chat.completions.create(
-        model=MODEL, messages=msgs, max_tokens=24, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"prompt_cache_key": "e2e-stream"},
+        model=MODEL,
+        messages=msgs,
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"prompt_cache_key": "e2e-stream"},
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -105,7 +113,10 @@ def test_models_health_metrics(server_url, client):
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, "n=2"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 9000}]}, "context window"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 9000}, "max_tokens"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+            "temperature",
+        ),
     ],
 )
 def test_bad_input_is_a_400_with_an_openai_error(server_url, body, needle):
@@ -117,7 +128,9 @@ def test_bad_input_is_a_400_with_an_openai_error(server_url, body, needle):
 
 def test_malformed_json_is_a_400(server_url):
     r = httpx.post(
-        server_url + "/v1/chat/completions", content=b'{"model": "x", "messages": [', timeout=30,
+        server_url + "/v1/chat/completions",
+        content=b'{"model": "x", "messages": [',
+        timeout=30,
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]

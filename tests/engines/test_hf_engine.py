@@ -41,7 +41,9 @@ def test_logits_with_cache_reuse_equal_scratch(hf_engine, tokenizer):
 
 
 async def _generate(engine, ids, max_tokens, seed=None, temperature=0.0, salt=""):
-    req = GenerationRequest(f"r{len(ids)}-{salt}", ids, SamplingParams(max_tokens, temperature, seed=seed), None, salt)
+    req = GenerationRequest(
+        f"r{len(ids)}-{salt}", ids, SamplingParams(max_tokens, temperature, seed=seed), None, salt
+    )
     out = []
     async for chunk in engine.generate(req):
         out.extend(chunk.token_ids)
@@ -50,13 +52,19 @@ async def _generate(engine, ids, max_tokens, seed=None, temperature=0.0, salt=""
 
 def test_concurrent_sessions_do_not_corrupt_each_other(hf_engine, tokenizer):
     texts = ["Tell me about cats.", "Explain gravity in one line. " * 20, "List three colors."]
-    prompts = [prompt_ids(tokenizer, f"<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n") for t in texts]
+    prompts = [
+        prompt_ids(tokenizer, f"<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n") for t in texts
+    ]
 
     async def run():
         alone = [await _generate(hf_engine, p, 12, salt=f"a{i}") for i, p in enumerate(prompts)]
-        together = await asyncio.gather(*(_generate(hf_engine, p, 12, salt=f"b{i}") for i, p in enumerate(prompts)))
+        together = await asyncio.gather(
+            *(_generate(hf_engine, p, 12, salt=f"b{i}") for i, p in enumerate(prompts))
+        )
         # and again with the prefix cache warm for all three, interleaved
-        warm = await asyncio.gather(*(_generate(hf_engine, p, 12, salt=f"b{i}") for i, p in enumerate(prompts)))
+        warm = await asyncio.gather(
+            *(_generate(hf_engine, p, 12, salt=f"b{i}") for i, p in enumerate(prompts))
+        )
         return alone, together, warm
 
     alone, together, warm = asyncio.run(run())

@@ -1,0 +1,151 @@
+"""The arguments phase: a grammar engine constrains ``rest of name_close + ARGS + call_end``.
+
+A small seam so the grammar engine can be swapped (config ``backend``):
+
+* ``ArgumentsBackend.compile(tool, schema, prefix, suffix)`` — compile once per
+  (tool schema, envelope strings), cached by the backend; a schema the engine cannot
+  compile raises ``InvalidRequest`` (HTTP 400) naming the tool;
+* ``ArgumentsBackend.matcher(compiled)`` — a fresh per-call ``ArgumentsMatcher``.
+
+The compiled grammar starts with the rest of name_close (``', "arguments": '`` minus
+the bytes a crossing token already wrote, fed with ``accept_bytes``) and ends with
+call_end (``'}\\n</tool_call>'``), so the matcher is terminated exactly when the call
+is closed. Arguments are JSON objects written like ``json.dumps`` (``", "``, ``": "``
+separators) unless ``any_whitespace=True``; a tool without ``parameters`` takes the
+empty object ``{}``.
+
+Backends: ``xgrammar`` (default). ``outlines`` is registered only when outlines-core is
+importable (see ``server/masking/README.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from server.errors import InvalidRequest
+from server.masking.vocab import TokenVocab
+
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class ArgumentsMatcher(Protocol):
+    def fill(self, bitmask: Any, index: int) -> None: ...
+
+    def accept_token(self, token_id: int) -> bool: ...
+
+    def accept_bytes(self, data: bytes) -> bool: ...
+
+    def is_terminated(self) -> bool: ...
+
+
+class ArgumentsBackend(Protocol):
+    name: str
+
+    def compile(self, tool: str, schema: dict | None, prefix: str, suffix: str) -> Any: ...
+
+    def matcher(self, compiled: Any) -> ArgumentsMatcher: ...
+
+
+_BACKENDS: dict[str, Callable[..., ArgumentsBackend]] = {}
+
+
+def register_backend(name: str):
+    def deco(factory: Callable[..., ArgumentsBackend]):
+        _BACKENDS[name] = factory
+        return factory
+
+    return deco
+
+
+def make_backend(name: str, vocab: TokenVocab, **options: Any) -> ArgumentsBackend:
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown arguments backend {name!r}: use one of {sorted(_BACKENDS)}")
+    return _BACKENDS[name](vocab, **options)
+
+
+def tool_schema(tool: dict) -> dict:
+    """The arguments schema of an OpenAI tool dict ({} parameters → no arguments)."""
+    params = (tool.get("function") or {}).get("parameters")
+    return params if params else NO_PARAMETERS
+
+
+class _LRU:
+    """A small thread-safe LRU of compiled grammars."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.data, self.lock = limit, OrderedDict(), threading.Lock()
+
+    def get_or_make(self, key: Any, make: Callable[[], Any]) -> Any:
+        with self.lock:
+            if key in self.data:
+                self.data.move_to_end(key)
+                return self.data[key]
+        value = make()  # compile outside the lock; a duplicate compile is harmless
+        with self.lock:
+            self.data[key] = value
+            while len(self.data) > self.limit:
+                self.data.popitem(last=False)
+        return value
+
+
+class XGrammarMatcher:
+    __slots__ = ("m",)
+
+    def __init__(self, matcher: Any) -> None:
+        self.m = matcher
+
+    def fill(self, bitmask: Any, index: int) -> None:
+        self.m.fill_next_token_bitmask(bitmask, index)  # opaque tokens are special to xgrammar
+
+    def accept_token(self, token_id: int) -> bool:
+        return bool(self.m.accept_token(token_id))
+
+    def accept_bytes(self, data: bytes) -> bool:
+        return bool(self.m.accept_string(data)) if data else True
+
+    def is_terminated(self) -> bool:
+        return bool(self.m.is_terminated())
+
+
+@register_backend("xgrammar")
+class XGrammarBackend:
+    name = "xgrammar"
+
+    def __init__(self, vocab: TokenVocab, *, any_whitespace: bool = False, cache_size: int = 512) -> None:
+        import xgrammar as xgr
+
+        info = vocab.xgr_info
+        if info is None:
+            raise ValueError("the xgrammar backend needs a vocabulary built with TokenVocab.from_tokenizer")
+        self.xgr, self.vocab, self.any_whitespace = xgr, vocab, any_whitespace
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2)
+        self.cache = _LRU(cache_size)
+
+    def compile(self, tool: str, schema: dict | None, prefix: str, suffix: str) -> Any:
+        schema = schema or NO_PARAMETERS
+        key = (json.dumps(schema, sort_keys=True), prefix, suffix)
+        return self.cache.get_or_make(key, lambda: self._compile(tool, schema, prefix, suffix))
+
+    def _compile(self, tool: str, schema: dict, prefix: str, suffix: str) -> Any:
+        xgr = self.xgr
+        try:
+            args = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
+        except Exception as exc:
+            raise InvalidRequest(
+                f"tool {tool!r}: its parameters are not a JSON schema the server can enforce ({exc}); "
+                f"fix the schema (an object schema with 'properties') or leave 'parameters' out",
+                param="tools",
+            ) from exc
+
+        def literal(text: str) -> Any:
+            return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
+
+        pieces = ([literal(prefix)] if prefix else []) + [args] + ([literal(suffix)] if suffix else [])
+        return self.compiler.compile_grammar(xgr.Grammar.concat(*pieces) if len(pieces) > 1 else args)
+
+    def matcher(self, compiled: Any) -> XGrammarMatcher:
+        return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))

@@ -1,0 +1,202 @@
+"""``tool_choice`` (or the state machine) → a ``ToolPlan``: mode, allowed tools, prefill.
+
+Forms accepted (the OpenAI ones plus one extension):
+
+* ``"none"`` | ``"auto"`` | ``"required"``
+* ``{"type": "function", "function": {"name": X}}`` — exactly tool X
+* ``{"type": "allowed_tools", "allowed_tools": {"mode": "auto"|"required", "tools": [E, ...]}}``
+  where each entry E is ``{"type": "function", "function": {"name": X}}`` or the extension
+  ``{"type": "function", "function": {"name_prefix": "browser_"}}`` (every tool with that prefix).
+* ``None`` (not sent): the state machine decides; without one, ``"auto"`` over all tools.
+
+An explicit ``tool_choice`` always wins over the state machine. No tools at all → mode
+"none" (asking for a call then is a 400). An allowed set that ends up empty → "none".
+
+Prefill (appended after the assistant header, after the cached prompt, so switching
+modes never lowers ``cached_tokens``): auto/none → ``""``; required, a subset or a named
+tool → ``call_start + name_open + P`` where P is the longest common prefix of the
+allowed names *cut back to a clean token boundary*. Prefilling a partial word forces
+an unnatural tokenization (``browser_cl`` + ``ick`` instead of ``browser_`` + ``click``:
+the model never saw that split). Byte-level BPE tokenizers never merge across a
+pre-tokenizer boundary, and with the regexes in use (GPT-2 / SmolLM2, Llama 3, Qwen)
+a change of character class (letter / digit / space / other) is one, except other →
+letter (Llama 3 and Qwen glue one punctuation character to the word after it:
+``_open``). So P is cut at the last position where, in *every* allowed name, the
+class changes and is not other → letter (after a full name comes name_close's ``"``).
+Examples: {browser_click, browser_close} → ``browser``; a single name ``browser_open``
+→ the whole name (the model then writes ``",``); ``foo_`` alone → ``foo``.
+The trie forces whatever of the name is left, with the model's own tokenization.
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from server.chat.envelope import Envelope
+from server.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from server.masking.state_machine import StateMachine
+
+Mode = Literal["none", "auto", "required"]
+FORMS = (
+    '"none", "auto", "required", {"type": "function", "function": {"name": NAME}}, or '
+    '{"type": "allowed_tools", "allowed_tools": {"mode": "auto"|"required", "tools": '
+    '[{"type": "function", "function": {"name": NAME}} or {"type": "function", "function": '
+    '{"name_prefix": PREFIX}}, ...]}}'
+)
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    mode: Mode
+    allowed: tuple[str, ...]  # allowed tool names, in the order of `tools`
+    parallel: bool  # parallel_tool_calls
+    prefill: str  # text appended right after the assistant header; may be ""
+    state: str | None = None  # state-machine state that chose this plan (None: explicit tool_choice)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["allowed"] = list(self.allowed)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolPlan:
+        return cls(d["mode"], tuple(d["allowed"]), bool(d["parallel"]), d["prefill"], d.get("state"))
+
+
+def tool_names(tools: list[dict] | None) -> tuple[str, ...]:
+    """The function names of OpenAI tool dicts, validated (400 on a missing or duplicate name)."""
+    names: list[str] = []
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(
+                f"tools[{i}] has no function name: write {{'type': 'function', 'function': {{'name': ...}}}}",
+                param=f"tools[{i}].function.name",
+            )
+        if any(c in name for c in '"\\') or any(c.isspace() or ord(c) < 32 for c in name):
+            raise InvalidRequest(
+                f"tool name {name!r} contains a quote, backslash or whitespace: "
+                "use letters, digits, '_', '-', '.'",
+                param=f"tools[{i}].function.name",
+            )
+        if name in names:
+            raise InvalidRequest(
+                f"tool name {name!r} appears twice in tools: names must be unique", param="tools"
+            )
+        names.append(name)
+    return tuple(names)
+
+
+def _unknown(what: str, value: str, names: tuple[str, ...]) -> InvalidRequest:
+    return InvalidRequest(
+        f"tool_choice names {what} {value!r}, which matches no tool in tools; the tools are: {list(names)}",
+        param="tool_choice",
+    )
+
+
+def _entry_names(entry: Any, names: tuple[str, ...]) -> set[str]:
+    fn = entry.get("function", entry) if isinstance(entry, dict) else None
+    if not isinstance(fn, dict):
+        raise InvalidRequest(
+            f"malformed entry in allowed_tools.tools: {entry!r}; use {FORMS}", param="tool_choice"
+        )
+    if isinstance(fn.get("name"), str):
+        if fn["name"] not in names:
+            raise _unknown("the tool", fn["name"], names)
+        return {fn["name"]}
+    if isinstance(fn.get("name_prefix"), str) and fn["name_prefix"]:
+        found = {n for n in names if n.startswith(fn["name_prefix"])}
+        if not found:
+            raise _unknown("the prefix", fn["name_prefix"], names)
+        return found
+    raise InvalidRequest(
+        f"malformed entry in allowed_tools.tools: {entry!r}; use {FORMS}", param="tool_choice"
+    )
+
+
+def _explicit(choice: Any, names: tuple[str, ...]) -> tuple[Mode, tuple[str, ...]]:
+    if choice in ("none", "auto", "required"):
+        if choice == "required" and not names:
+            raise InvalidRequest(
+                'tool_choice "required" needs at least one tool in tools', param="tool_choice"
+            )
+        return choice, names if choice != "none" else ()
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        fn = choice.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            if fn["name"] not in names:
+                raise _unknown("the tool", fn["name"], names)
+            return "required", (fn["name"],)
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        spec = choice.get("allowed_tools")
+        if (
+            isinstance(spec, dict)
+            and spec.get("mode") in ("auto", "required")
+            and isinstance(spec.get("tools"), list)
+        ):
+            chosen: set[str] = set()
+            for entry in spec["tools"]:
+                chosen |= _entry_names(entry, names)
+            if not chosen and spec["mode"] == "required":
+                raise InvalidRequest("allowed_tools.tools is empty but mode is required", param="tool_choice")
+            return spec["mode"], tuple(n for n in names if n in chosen)
+    raise InvalidRequest(f"malformed tool_choice {choice!r}: use {FORMS}", param="tool_choice")
+
+
+def _char_class(c: str) -> int:
+    if c.isspace():
+        return 0
+    cat = unicodedata.category(c)
+    return 1 if cat.startswith("L") else 2 if cat.startswith("N") else 3
+
+
+def _boundary(left: str, right: str) -> bool:
+    a, b = _char_class(left), _char_class(right)
+    return a != b and not (a == 3 and b == 1)
+
+
+def clean_name_prefix(allowed: tuple[str, ...] | list[str], name_close: str) -> str:
+    """The allowed names' common prefix, cut back to a token boundary in every name (see module doc)."""
+    if not allowed:
+        return ""
+    lcp = os.path.commonprefix(list(allowed))
+    after = name_close[:1] or " "
+    for k in range(len(lcp), 0, -1):
+        if all(_boundary(n[k - 1], n[k] if k < len(n) else after) for n in allowed):
+            return lcp[:k]
+    return ""
+
+
+def plan_tools(
+    tools: list[dict] | None,
+    tool_choice: str | dict | None,
+    messages: list[dict],
+    parallel_tool_calls: bool,
+    machine: StateMachine | None,
+    envelope: Envelope,
+) -> ToolPlan:
+    names = tool_names(tools)
+    state = None
+    if tool_choice is not None:
+        if not names and tool_choice not in ("none", "auto"):
+            raise InvalidRequest(
+                f"tool_choice {tool_choice!r} needs tools, but tools is empty", param="tool_choice"
+            )
+        mode, allowed = _explicit(tool_choice, names)
+    elif machine is not None and names:
+        state, mode, allowed = machine.decide(messages, names)
+        allowed = tuple(n for n in names if n in set(allowed))
+    else:
+        mode, allowed = "auto", names
+    if not allowed:
+        mode = "none"
+    prefill = ""
+    if mode == "required":
+        prefill = envelope.call_start + envelope.name_open + clean_name_prefix(allowed, envelope.name_close)
+    return ToolPlan(mode, allowed if mode != "none" else (), bool(parallel_tool_calls), prefill, state)

@@ -1,0 +1,58 @@
+"""Fixtures for the masking tests: the Hermes envelope, a constraint factory, tool sets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+# 44 names chosen to be awkward: prefixes of each other, digits, dots, dashes, shared
+# prefixes, case, a leading underscore, single letters.
+TRICKY_NAMES = (
+    "shell", "shell_exec", "shell_exec_async", "shell_exec_async2", "sh", "s",
+    "open", "open_site", "opener", "open-site", "open.site", "open_site_v2",
+    "browser_open", "browser_open2", "browser_open22", "browser_click", "browser_close",
+    "browser_clickx", "browser.navigate", "browser-back",
+    "file_read", "file_read_v2", "file_read_v2.1", "file_readlines", "file_write",
+    "a", "a1", "a_1", "a.b", "ab", "abc",
+    "x.y.z", "x.y", "get-user", "getUser", "GetUser", "get_user_by_id",
+    "_private", "__init__", "tool9", "tool99", "tool_9_9", "search_dir", "search_directory",
+)  # fmt: skip
+
+
+def load_tools(name: str) -> list[dict]:
+    return json.loads((FIXTURES / name).read_text())
+
+
+@pytest.fixture(scope="session")
+def swe_tools() -> list[dict]:
+    return load_tools("swe_agent_tools.json")
+
+
+@pytest.fixture(scope="session")
+def prefixed_tools() -> list[dict]:
+    return load_tools("prefixed_agent_tools.json")
+
+
+@pytest.fixture(scope="session")
+def hermes():
+    from server.chat.envelope import load_envelope
+
+    return load_envelope("hermes")
+
+
+@pytest.fixture(scope="session")
+def vocab(tokenizer):
+    from server.masking.vocab import TokenVocab
+
+    return TokenVocab.from_tokenizer(tokenizer, len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def factory(tokenizer, vocab, hermes):
+    from server.masking.constraint import ConstraintFactory
+
+    return ConstraintFactory(tokenizer, vocab.vocab_size, hermes, vocab=vocab)
