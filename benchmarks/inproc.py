@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -81,6 +82,29 @@ def random_model(
         except TypeError:  # older transformers
             model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def save_random_model(shape: str, tokenizer: Any, folder: str | Path, max_positions: int = 8192) -> Path:
+    """A random-weight model of ``shape`` + ``tokenizer`` saved as a transformers folder (fp32), once.
+
+    Served with ``--model FOLDER`` it runs the whole server path (HTTP, template, prefix cache,
+    cache report) with the embedded tokenizer: hit rates are the same as the embedded
+    model's (same tokens, same blocks), TTFT is not (and is labelled so).
+    """
+    folder = Path(folder)
+    if (folder / "config.json").is_file():
+        return folder
+    model = random_model(
+        shape, len(tokenizer), device="cpu", dtype=torch.float32, max_positions=max_positions
+    )
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config.eos_token_id = eos
+    model.config.eos_token_id = eos
+    tmp = folder.with_name(folder.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(folder)
+    return folder
 
 
 def engine_for(

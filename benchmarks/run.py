@@ -61,7 +61,16 @@ class Arm:
 
 # -- servers -----------------------------------------------------------------------------
 def _server_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in {"model": args.model, "device": args.device, "engine": args.engine}.items() if v}
+    out = {k: v for k, v in {"model": args.model, "device": args.device, "engine": args.engine}.items() if v}
+    if args.random_model:
+        from benchmarks.inproc import save_random_model
+        from benchmarks.tokens import load_tokenizer
+
+        cache = Path(os.environ.get("AGENTSERVE_CACHE_DIR", Path.home() / ".cache" / "agentserve"))
+        folder = cache / "bench-models" / f"random-{args.random_model}"
+        out["model"] = str(save_random_model(args.random_model, load_tokenizer(args.tokenizer), folder))
+        out["served_model_name"] = f"RANDOM-WEIGHT-{args.random_model}"
+    return out
 
 
 def open_server(spec: dict[str, Any], args: argparse.Namespace):
@@ -575,6 +584,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--tokenizer", help="tokenizer folder for budgets (default: the embedded model's)")
     t.add_argument(
         "--shape", choices=["llama-1b", "llama-8b", "tiny"], help="inproc: random-weight model shape"
+    )
+    g.add_argument(
+        "--random-model",
+        choices=["tiny", "llama-1b"],
+        help="serve a RANDOM-WEIGHT model of this shape with the embedded tokenizer (hit rates are the "
+        "embedded model's; TTFT is not)",
     )
     gp = ap.add_argument_group("gpu-ttft")
     gp.add_argument("--shapes", default="llama-1b,llama-8b")
