@@ -91,6 +91,15 @@ def _p90(xs: list[float]) -> float | None:
     return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
 
 
+def _same_worker_share(records: list[dict[str, Any]]) -> float | None:
+    """Share of turns (k >= 2) served by the worker that served turn k-1 of the same session."""
+    by: dict[tuple[str, int], str] = {
+        (r["session"], r["turn"]): r["worker"] for r in records if r.get("worker")
+    }
+    pairs = [(w, by.get((s, t - 1))) for (s, t), w in by.items() if (s, t - 1) in by]
+    return sum(a == b for a, b in pairs) / len(pairs) if pairs else None
+
+
 def summarize(records: list[dict[str, Any]], at_turn: int = 30) -> list[dict[str, Any]]:
     add_ideal(records)
     labels: list[str] = []
@@ -124,6 +133,7 @@ def summarize(records: list[dict[str, Any]], at_turn: int = 30) -> list[dict[str
                 f"prompt_turn{at_turn}": _median(at_prompt),
                 "total_median_s": _median([r["total_s"] for r in ok]),
                 "workers": len({r["worker"] for r in ok if r.get("worker")}) or None,
+                "same_worker_share": _same_worker_share(ok),
             }
         )
     return rows
@@ -159,8 +169,9 @@ def markdown(
     lines += [
         "",
         f"| variant | sessions | requests | errors | hit rate (cached ÷ ideal) | cached ÷ prompt | "
-        f"TTFT median (s) | TTFT p90 (s) | TTFT turn {at_turn} (s) | prompt turn {at_turn} | workers |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"TTFT median (s) | TTFT p90 (s) | TTFT turn {at_turn} (s) | prompt turn {at_turn} | workers | "
+        "same worker as turn k-1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -168,7 +179,7 @@ def markdown(
             f"{_fmt(r['hit_rate'], 'pct')} | {_fmt(r['cached_share'], 'pct')} | "
             f"{_fmt(r['ttft_median_s'], 's')} | {_fmt(r['ttft_p90_s'], 's')} | "
             f"{_fmt(r[f'ttft_turn{at_turn}_s'], 's')} | {_fmt(r[f'prompt_turn{at_turn}'])} | "
-            f"{_fmt(r['workers'])} |"
+            f"{_fmt(r['workers'])} | {_fmt(r['same_worker_share'], 'pct')} |"
         )
     if extra_lines:
         lines += [""] + extra_lines

@@ -374,6 +374,10 @@ def cmd_routing(args: argparse.Namespace) -> None:
             "routing comparison: server.routing is not on this branch yet (merge main after the "
             "routing branch lands); the code path is ready: agentserve bench routing --workers 3"
         )
+    if args.sessions == 1:  # routing needs several sessions in flight to mean anything
+        args.sessions = 2 * args.workers
+    if args.concurrency == 1:
+        args.concurrency = args.workers
     sessions = make_sessions(args)
     arms = [
         Arm(p, "good", {"kind": "cluster", "workers": args.workers, "policy": p})

@@ -120,3 +120,11 @@ def test_cli_bench_dispatches_to_the_runner(capsys):
 
     assert main(["bench", "--help"]) == 0
     assert "gpu-ttft" in capsys.readouterr().out
+
+
+def test_same_worker_share_counts_consecutive_turns_on_one_worker():
+    recs = [
+        {**_rec("rr", t, 100 * t, 0, 0.1), "worker": w} for t, w in enumerate(["w0", "w1", "w1", "w2"], 1)
+    ]
+    assert report.summarize(recs)[0]["same_worker_share"] == 1 / 3
+    assert report.summarize([_rec("x", 1, 1, 0, 0.1)])[0]["same_worker_share"] is None
