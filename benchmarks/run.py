@@ -133,28 +133,38 @@ def _limit(requests: list, max_turns: int | None) -> list:
 
 
 def run_arms(arms: list[Arm], sessions: list[Session], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Run the arms in order. Arms on one server (a --url, or any with --shared-server) share it:
+    their sessions get a per-arm tag in the first user message so no arm reuses another's
+    conversation (the system prompt + tools before it are shared, as across real sessions)."""
     run_id = uuid.uuid4().hex[:8]
     records: list[dict[str, Any]] = []
-    for arm in arms:
-        jobs = []
-        for s in sessions:
-            reqs = _limit(build_requests(s, arm.variant), args.max_turns)
-            if arm.server["kind"] == "url":  # a shared server: keep arms from reusing each other's prefixes
-                reqs = [_tag(r, f"[bench {run_id} {arm.label}]") for r in reqs]
-            jobs.append(
-                Job(arm.label, s, reqs, f"bench-{run_id}-{arm.label}-{s.session_id}".replace(" ", "_"))
-            )
-        with open_server(arm.server, args) as url:
+    i = 0
+    while i < len(arms):
+        group = [arms[i]]
+        if args.shared_server or arms[i].server["kind"] == "url":
+            while i + len(group) < len(arms) and arms[i + len(group)].server == arms[i].server:
+                group.append(arms[i + len(group)])
+        shared = len(group) > 1 or arms[i].server["kind"] == "url"
+        with open_server(group[0].server, args) as url:
             info = _server_info(url)
-            records += run_jobs_sync(
-                url,
-                jobs,
-                model=args.served_model or info["model"],
-                turns=arm.turns,
-                concurrency=args.concurrency,
-                max_tokens=args.max_tokens,
-                progress=not args.quiet,
-            )
+            for arm in group:
+                jobs = []
+                for s in sessions:
+                    reqs = _limit(build_requests(s, arm.variant), args.max_turns)
+                    if shared:
+                        reqs = [_tag(r, f"[bench {run_id} {arm.label}]") for r in reqs]
+                    key = f"bench-{run_id}-{arm.label}-{s.session_id}".replace(" ", "_")
+                    jobs.append(Job(arm.label, s, reqs, key))
+                records += run_jobs_sync(
+                    url,
+                    jobs,
+                    model=args.served_model or info["model"],
+                    turns=arm.turns,
+                    concurrency=args.concurrency,
+                    max_tokens=args.max_tokens,
+                    progress=not args.quiet,
+                )
+        i += len(group)
     return records
 
 
@@ -194,6 +204,11 @@ def _meta(
         "command": "agentserve bench " + " ".join(shlex.quote(a) for a in args.argv),
         "notes": (notes or [])
         + [f"session {s.session_id}: {s.notes}" for s in sessions[:4]]
+        + (
+            ["one server for all arms; each arm's sessions tagged in the first user message"]
+            if args.shared_server
+            else []
+        )
         + [
             f"settings: seed {args.seed}, sessions {len(sessions)}, concurrency {args.concurrency}, "
             f"max_tokens {args.max_tokens}, max_turns {args.max_turns or 'all'}"
@@ -563,6 +578,11 @@ def parser() -> argparse.ArgumentParser:
         "--device", choices=["auto", "cpu", "cuda"], help="device (in-process server / inproc / gpu-ttft)"
     )
     g.add_argument("--engine", choices=["hf", "vllm"])
+    g.add_argument(
+        "--shared-server",
+        action="store_true",
+        help="one in-process server for all arms with the same settings (default: a fresh one per arm)",
+    )
     g.add_argument("--served-model", help="model name to send (default: the server's /v1/models)")
     g.add_argument("--workers", type=int, default=3, help="routing: worker processes")
     g.add_argument(
