@@ -139,6 +139,21 @@ def timed_prefill(eng: Any, ids: list[int]) -> tuple[float, int]:
     return time.perf_counter() - t0, cached
 
 
+def warm_up(eng: Any, ids: list[int], new_tokens: int = 256, rounds: int = 2) -> None:
+    """Run the uncached and the cached prefill path a few times (kernels, cuBLAS handles,
+    allocator), then empty the cache: the first calls on a GPU are not representative."""
+    enabled = eng.cache.enabled
+    for _ in range(rounds):
+        eng.cache.enabled = False
+        timed_prefill(eng, ids)
+        eng.cache.enabled = True
+        eng.cache.clear()
+        timed_prefill(eng, ids[: max(1, len(ids) - new_tokens)])
+        timed_prefill(eng, ids)
+    eng.cache.clear()
+    eng.cache.enabled = enabled
+
+
 def long_token_stream(tokenizer: Any, n_tokens: int, seed: int = 0) -> list[int]:
     """Real agent-session tokens (generated sessions rendered by the server's template)."""
     from benchmarks.tokens import render_ids
@@ -169,13 +184,8 @@ def context_sweep(
     stream = long_token_stream(tokenizer, max(contexts) + (repeats + 1) * new_tokens)
     off = engine_for(model, tokenizer, cache=False)
     on = engine_for(model, tokenizer, cache=True)
-    warm = stream[: min(2048, len(stream))]
-    for _ in range(2):  # kernels, cuBLAS handles, allocator: the uncached and the cached path
-        timed_prefill(off, warm)
-        on.cache.clear()
-        timed_prefill(on, warm[: len(warm) - new_tokens])
-        timed_prefill(on, warm)
-    on.cache.clear()
+    warm_up(on, stream[: min(2048, len(stream))], new_tokens)
+    warm_up(off, stream[: min(2048, len(stream))], new_tokens)
     rows = []
     for ctx in tqdm(contexts, desc=f"context sweep {label}", file=sys.stderr, disable=not progress):
         suffixes = [stream[ctx + r * new_tokens : ctx + (r + 1) * new_tokens] for r in range(repeats)]

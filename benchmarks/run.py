@@ -440,6 +440,11 @@ def cmd_inproc(args: argparse.Namespace) -> None:
     records = []
     off_turns = {int(t) for t in args.off_turns.split(",")}
     eng, label = _engine_and_label(args, True)
+    from benchmarks.inproc import warm_up
+    from benchmarks.tokens import render_ids
+
+    first = build_requests(sessions[0], "good")[0].body
+    warm_up(eng, render_ids(eng.tokenizer, first["messages"], first["tools"]))
     for cache in (True, False):
         eng.cache.clear()
         eng.cache.enabled = cache
@@ -459,7 +464,7 @@ def cmd_inproc(args: argparse.Namespace) -> None:
     }
     _finish(
         args.name or "inproc_cache_on_off",
-        f"In-process (no HTTP) prefill TTFT, cache on vs off: {label}",
+        f"In-process prefill TTFT, cache on/off: {label}",
         records,
         args,
         sessions,
