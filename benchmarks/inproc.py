@@ -215,18 +215,66 @@ def context_sweep(
     return rows
 
 
-def replay_inproc(eng: Any, jobs: list[Any], *, progress: bool = True) -> list[dict[str, Any]]:
-    """Replay jobs (see runner.Job) through the engine's prefill; one record per turn."""
+def paired_at_turn(eng: Any, ids: list[int], repeats: int = 3) -> dict[str, Any]:
+    """TTFT of one prompt cached vs uncached, alternated ``repeats`` times under the same load.
+
+    Call it when the cache holds the session's earlier turns: each cached run is followed by
+    restoring the cache to that state (the blocks the run added are dropped), each uncached
+    run has the cache switched off. Alternating makes the ratio robust on a shared machine.
+    """
+    cache = eng.cache
+    with cache._lock:
+        saved, saved_bytes = cache._entries.copy(), cache._bytes
+    cached_t, uncached_t, cached_n = [], [], 0
+    for _ in range(repeats):
+        t, cached_n = timed_prefill(eng, ids)
+        cached_t.append(t)
+        with cache._lock:
+            cache._entries, cache._bytes = saved.copy(), saved_bytes
+        cache.enabled = False
+        uncached_t.append(timed_prefill(eng, ids)[0])
+        cache.enabled = True
+    return {
+        "prompt_tokens": len(ids),
+        "cached_tokens": cached_n,
+        "cached_s": cached_t,
+        "uncached_s": uncached_t,
+        "ratio": statistics.median(uncached_t) / statistics.median(cached_t),
+    }
+
+
+def replay_inproc(
+    eng: Any,
+    jobs: list[Any],
+    *,
+    progress: bool = True,
+    paired_turn: int | None = None,
+    paired_repeats: int = 3,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Replay jobs (see runner.Job) through the engine's prefill; one record per turn.
+
+    With ``paired_turn``, that turn is also measured by ``paired_at_turn`` before it is replayed.
+    Returns (records, paired results)."""
     from tqdm import tqdm
 
     from benchmarks.tokens import render_ids
 
     total = sum(len(j.requests) for j in jobs)
     bar = tqdm(total=total, desc="in-process replay", file=sys.stderr, disable=not progress)
-    records = []
+    records: list[dict[str, Any]] = []
+    paired: list[dict[str, Any]] = []
     for job in jobs:
         for spec in job.requests:
             ids = render_ids(eng.tokenizer, spec.body["messages"], spec.body["tools"])
+            if paired_turn is not None and spec.turn == paired_turn and eng.cache.enabled:
+                paired.append(
+                    {
+                        "label": job.label,
+                        "session": job.session.session_id,
+                        "turn": spec.turn,
+                        **paired_at_turn(eng, ids, paired_repeats),
+                    }
+                )
             ttft, cached = timed_prefill(eng, ids)
             records.append(
                 {
@@ -245,7 +293,7 @@ def replay_inproc(eng: Any, jobs: list[Any], *, progress: bool = True) -> list[d
             )
             bar.update(1)
     bar.close()
-    return records
+    return records, paired
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:

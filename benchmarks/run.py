@@ -62,6 +62,8 @@ class Arm:
 # -- servers -----------------------------------------------------------------------------
 def _server_overrides(args: argparse.Namespace) -> dict[str, Any]:
     out = {k: v for k, v in {"model": args.model, "device": args.device, "engine": args.engine}.items() if v}
+    if args.threads:
+        out["threads"] = args.threads
     if args.random_model:
         from benchmarks.inproc import save_random_model
         from benchmarks.tokens import load_tokenizer
@@ -211,7 +213,8 @@ def _meta(
         )
         + [
             f"settings: seed {args.seed}, sessions {len(sessions)}, concurrency {args.concurrency}, "
-            f"max_tokens {args.max_tokens}, max_turns {args.max_turns or 'all'}"
+            f"max_tokens {args.max_tokens}, max_turns {args.max_turns or 'all'}, "
+            f"torch threads {args.threads or 'default'}"
         ],
     }
 
@@ -439,6 +442,7 @@ def cmd_inproc(args: argparse.Namespace) -> None:
     sessions = make_sessions(args)
     records = []
     off_turns = {int(t) for t in args.off_turns.split(",")}
+    paired: list[dict[str, Any]] = []
     eng, label = _engine_and_label(args, True)
     from benchmarks.inproc import warm_up
     from benchmarks.tokens import render_ids
@@ -454,9 +458,26 @@ def cmd_inproc(args: argparse.Namespace) -> None:
             if not cache:
                 reqs = [r for r in reqs if r.turn in off_turns]
             jobs.append(Job("cache on" if cache else "cache off", s, reqs, s.session_id))
-        records += replay_inproc(eng, jobs, progress=not args.quiet)
+        recs, pairs = replay_inproc(
+            eng,
+            jobs,
+            progress=not args.quiet,
+            paired_turn=args.at_turn if cache else None,
+            paired_repeats=args.repeats,
+        )
+        records += recs
+        paired += pairs
     rows = report.summarize(records, args.at_turn)
     extra = [line for line in [_ratio_line(rows, "cache on", "cache off", args.at_turn)] if line]
+    for p in paired:
+        c, u = p["cached_s"], p["uncached_s"]
+        extra.append(
+            f"**Paired at turn {p['turn']} ({p['prompt_tokens']} prompt tokens, "
+            f"{p['cached_tokens']} cached), "
+            f"cached and uncached alternated {len(c)}×: cached {', '.join(f'{x:.3f}' for x in c)} s; "
+            f"uncached {', '.join(f'{x:.3f}' for x in u)} s -> cached is 1/{p['ratio']:.1f} of uncached "
+            f"(medians)**"
+        )
     _INFO["inproc"] = {
         "model": label,
         "max_model_len": args.context or 8192,
@@ -583,6 +604,11 @@ def parser() -> argparse.ArgumentParser:
         "--device", choices=["auto", "cpu", "cuda"], help="device (in-process server / inproc / gpu-ttft)"
     )
     g.add_argument("--engine", choices=["hf", "vllm"])
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads of the in-process server/engine (1 is steadier on a busy shared machine)",
+    )
     g.add_argument(
         "--shared-server",
         action="store_true",

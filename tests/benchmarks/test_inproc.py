@@ -30,3 +30,17 @@ def test_engine_prefill_reuses_the_cache_and_matches_uncached_logits():
     cold, c0 = off.prefill_logits(ids)
     assert c0 == 0
     assert torch.allclose(warm, cold, atol=1e-4)
+
+
+def test_paired_measurement_restores_the_cache_between_runs():
+    from benchmarks.inproc import paired_at_turn
+
+    model = random_model("tiny", 512, device="cpu", dtype=torch.float32, max_positions=4096)
+    eng = engine_for(model, tokenizer=None, cache=True, memory_mb=64)
+    ids = [(i * 31) % 512 for i in range(260)]
+    timed_prefill(eng, ids[:200])
+    before = len(eng.cache)
+    res = paired_at_turn(eng, ids, repeats=2)
+    assert len(eng.cache) == before and eng.cache.enabled
+    assert res["cached_tokens"] == 192 and len(res["cached_s"]) == len(res["uncached_s"]) == 2
+    assert res["ratio"] > 0
