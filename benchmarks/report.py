@@ -45,6 +45,11 @@ def machine() -> str:
 
 
 def git_commit() -> str:
+    """The commit of the code that runs (read once, when this module is imported)."""
+    return _COMMIT
+
+
+def _read_commit() -> str:
     if os.environ.get("AGENTSERVE_BENCH_COMMIT"):  # a copied tree (e.g. on the GPU machine) has no .git
         return os.environ["AGENTSERVE_BENCH_COMMIT"]
     try:
@@ -65,6 +70,9 @@ def git_commit() -> str:
         return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+_COMMIT = _read_commit()
 
 
 def add_ideal(records: list[dict[str, Any]]) -> None:
