@@ -61,7 +61,15 @@ def _read_commit() -> str:
             cwd=Path(__file__).parent,
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":(top)",
+                ":(top,exclude)benchmarks/results",
+            ],
             capture_output=True,
             text=True,
             timeout=5,
