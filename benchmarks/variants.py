@@ -12,7 +12,7 @@ the session key. All transforms are deterministic (seeded by session id and turn
   keys), so this should NOT break the cache here; it does on servers that render the
   client's string verbatim.
 - ``edited_observation``: every 10th turn the agent "compacts" the observation of 6
-  steps back (first 2 lines + "[... output elided by the agent ...]"); edits persist,
+  steps back (first line + "[... N characters elided by the agent ...]"); edits persist,
   so each breaks the prefix once, from that observation on.
 - ``tools_remove``: only the tools of the current phase's prefix (browser_/shell_/file_)
   are sent -> the tools block (near the top) changes at every phase switch.
@@ -72,8 +72,9 @@ def _shuffle_arguments(messages: list[dict[str, Any]], rng: random.Random) -> li
 
 
 def _elide(text: str) -> str:
-    lines = text.split("\n")
-    return "\n".join(lines[:2] + [f"[... {max(0, len(lines) - 2)} lines elided by the agent ...]"])
+    """What a compacting agent does to an old observation: keep the first line, drop the rest."""
+    first, _, rest = text.partition("\n")
+    return f"{first}\n[... {len(rest)} characters elided by the agent ...]"
 
 
 def allowed_tools_choice(prefix: str) -> dict[str, Any]:
