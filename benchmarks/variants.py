@@ -6,7 +6,8 @@ the session key. All transforms are deterministic (seeded by session id and turn
 
 - ``good``: append-only context, tools fixed, canonical JSON (what agentserve wants).
 - ``timestamp``: "Current time: ..." at the top of the system prompt, new every turn
-  (a simulated clock, 7 s per turn) -> the prefix breaks at token ~3 on every turn.
+  (a simulated clock: a per-session start time, 7 s per turn) -> the prefix breaks within the
+  first block on every turn.
 - ``shuffled_keys``: every earlier tool call's ``arguments`` JSON re-serialized with its
   keys in a random order each turn. agentserve renders arguments canonically (sorted
   keys), so this should NOT break the cache here; it does on servers that render the
@@ -99,7 +100,8 @@ def build_requests(session: Session, variant: str) -> list[RequestSpec]:
         tools = session.tools
         body: dict[str, Any] = {}
         if variant == "timestamp":
-            now = CLOCK_START + dt.timedelta(seconds=7 * turn.index)
+            start = random.Random(session.session_id).randrange(86400)  # sessions start at different times
+            now = CLOCK_START + dt.timedelta(seconds=start + 7 * turn.index)
             messages[0] = {
                 **messages[0],
                 "content": f"Current time: {now.isoformat()}\n\n{messages[0]['content']}",
