@@ -215,7 +215,7 @@ def first_reasons(records: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-def plot(records: list[dict[str, Any]], path_prefix: Path, title: str) -> list[Path]:
+def plot(records: list[dict[str, Any]], path_prefix: Path, title: str, ttft: bool = True) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,27 +227,27 @@ def plot(records: list[dict[str, Any]], path_prefix: Path, title: str) -> list[P
         if r["label"] not in labels:
             labels.append(r["label"])
     out = []
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=80)
-    for label in labels:
-        by_turn: dict[int, list[float]] = defaultdict(list)
-        for r in records:
-            if r["label"] == label and r.get("ttft_s") is not None and not r.get("error"):
-                by_turn[r["turn"]].append(r["ttft_s"])
-        ts = sorted(by_turn)
-        ax.plot(
-            ts, [statistics.median(by_turn[t]) for t in ts], marker="." if len(ts) < 15 else None, label=label
-        )
-    ax.set_yscale("log")
-    ax.set_xlabel("turn")
-    ax.set_ylabel("TTFT (s, median over sessions)")
-    ax.set_title(f"{title}: TTFT by turn", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    p = Path(f"{path_prefix}_ttft.png")
-    fig.savefig(p)
-    plt.close(fig)
-    out.append(p)
+    if ttft:
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=80)
+        for label in labels:
+            by_turn: dict[int, list[float]] = defaultdict(list)
+            for r in records:
+                if r["label"] == label and r.get("ttft_s") is not None and not r.get("error"):
+                    by_turn[r["turn"]].append(r["ttft_s"])
+            ts = sorted(by_turn)
+            ys = [statistics.median(by_turn[t]) for t in ts]
+            ax.plot(ts, ys, marker="." if len(ts) < 15 else None, label=label)
+        ax.set_yscale("log")
+        ax.set_xlabel("turn")
+        ax.set_ylabel("TTFT (s, median over sessions)")
+        ax.set_title(f"{title}: TTFT by turn", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = Path(f"{path_prefix}_ttft.png")
+        fig.savefig(p)
+        plt.close(fig)
+        out.append(p)
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=80)
     for label in labels:
@@ -281,6 +281,26 @@ def plot(records: list[dict[str, Any]], path_prefix: Path, title: str) -> list[P
     return out
 
 
+def slim_record(r: dict[str, Any]) -> dict[str, Any]:
+    """A record for the committed JSON: no nulls, 4 decimals, the cache report without repeats."""
+    out: dict[str, Any] = {}
+    for k, v in r.items():
+        if v is None or k in ("t_end",) or (k == "status" and v == 200):
+            continue
+        if isinstance(v, float):
+            v = round(v, 4)
+        if k == "cache":
+            v = {
+                ck: (cv[:200] if isinstance(cv, str) else cv)
+                for ck, cv in v.items()
+                if cv is not None and ck not in ("cached_tokens", "prompt_tokens", "session_key_source")
+            }
+            if not v:
+                continue
+        out[k] = v
+    return out
+
+
 def save(
     name: str,
     title: str,
@@ -291,6 +311,7 @@ def save(
     extra_lines: list[str] | None = None,
     out_dir: Path = RESULTS,
     plots: bool = True,
+    ttft_plot: bool = True,
 ) -> dict[str, Any]:
     """Write <name>.json (meta + summary + raw records), <name>.md and the two PNGs; returns the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -302,11 +323,11 @@ def save(
     }
     rows = summarize(records, at_turn)
     md = markdown(title, rows, meta, at_turn, extra_lines, first_reasons(records))
-    slim = [{k: v for k, v in r.items() if v is not None} for r in records]
+    slim = [slim_record(r) for r in records]
     (out_dir / f"{name}.json").write_text(
         json.dumps({"meta": meta, "summary": rows, "records": slim}, separators=(",", ":")) + "\n"
     )
     (out_dir / f"{name}.md").write_text(md)
     if plots:
-        plot(records, out_dir / name, title)
+        plot(records, out_dir / name, title, ttft=ttft_plot)
     return {"rows": rows, "markdown": md}

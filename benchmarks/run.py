@@ -249,6 +249,7 @@ def _finish(
         extra_lines=extra,
         out_dir=Path(args.out),
         plots=not args.no_plots,
+        ttft_plot=not args.random_model,  # a random-weight model's TTFT says nothing
     )
     print(out["markdown"])
 
