@@ -368,6 +368,9 @@ def cmd_swe(args: argparse.Namespace) -> None:
         Arm("shuffled_keys", "shuffled_keys", local),
         Arm("edited_observation", "edited_observation", local),
     ]
+    if args.variants:  # a subset of the arms, by label
+        keep = set(args.variants.split(","))
+        arms = [a for a in arms if a.label in keep]
     records = run_arms(arms, sessions, args)
     rows = report.summarize(records, args.at_turn)
     extra = [line for line in [_ratio_line(rows, "good", "cache off", args.at_turn)] if line]
