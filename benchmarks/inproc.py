@@ -296,7 +296,7 @@ def replay_inproc(
     return records, paired
 
 
-def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
+def plot_sweep(rows: list[dict[str, Any]], path: Any, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -316,5 +316,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    from benchmarks.report import save_png
+
+    save_png(fig, path)
     plt.close(fig)

@@ -215,6 +215,19 @@ def first_reasons(records: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+def save_png(fig: Any, path: Path) -> None:
+    """Save a figure as a small palette PNG (results are committed: keep them a few tens of KB)."""
+    fig.savefig(path)
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            small = im.convert("RGB").quantize(colors=64)
+        small.save(path, optimize=True)
+    except (ImportError, OSError):
+        pass
+
+
 def plot(records: list[dict[str, Any]], path_prefix: Path, title: str, ttft: bool = True) -> list[Path]:
     import matplotlib
 
@@ -245,7 +258,7 @@ def plot(records: list[dict[str, Any]], path_prefix: Path, title: str, ttft: boo
         ax.legend(fontsize=8)
         fig.tight_layout()
         p = Path(f"{path_prefix}_ttft.png")
-        fig.savefig(p)
+        save_png(fig, p)
         plt.close(fig)
         out.append(p)
 
@@ -275,7 +288,7 @@ def plot(records: list[dict[str, Any]], path_prefix: Path, title: str, ttft: boo
     ax.legend(fontsize=8)
     fig.tight_layout()
     p = Path(f"{path_prefix}_hit.png")
-    fig.savefig(p)
+    save_png(fig, p)
     plt.close(fig)
     out.append(p)
     return out
