@@ -30,7 +30,30 @@ def _settings(args: argparse.Namespace, **extra: object) -> Settings:
     )
 
 
+def _bench(argv: list[str]) -> int:
+    """Hand everything after ``bench`` to benchmarks/run.py (found beside the server package)."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+    if not script.is_file():
+        print(f"agentserve: {script} not found: run 'bench' from a source checkout", file=sys.stderr)
+        return 2
+    saved = sys.argv
+    sys.argv = [str(script), *argv]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    if args_list[:1] == ["bench"]:
+        return _bench(args_list[1:])
     parser = argparse.ArgumentParser(prog="agentserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -46,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     route.add_argument("--policy", choices=["affinity", "round_robin", "least_loaded"],
                        help="routing policy (default: routing.policy in the config, else affinity)")
     route.add_argument("--load-epsilon", type=float, help="affinity: spill above (1+eps) x mean in-flight")
+
+    sub.add_parser(
+        "bench",
+        help="benchmarks: TTFT and cache hit rate on agent traces (agentserve bench --help)",
+        add_help=False,
+    )
 
     convert = sub.add_parser("convert-model", help="convert the embedded GGUF (or --model X.gguf) once")
     convert.add_argument("--model", default="embedded")

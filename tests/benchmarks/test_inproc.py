@@ -1,0 +1,46 @@
+"""The in-process harness: a random-weight model inside the hf engine's own prefill + prefix cache."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from benchmarks.inproc import SHAPES, engine_for, random_model, timed_prefill  # noqa: E402
+
+
+def test_named_shapes():
+    assert SHAPES["llama-8b"]["num_hidden_layers"] == 32 and SHAPES["llama-8b"]["hidden_size"] == 4096
+    assert SHAPES["llama-1b"]["num_hidden_layers"] == 16 and SHAPES["llama-1b"]["hidden_size"] == 2048
+    with pytest.raises(ValueError, match="unknown shape"):
+        random_model("llama-70b", 100, device="cpu")
+
+
+def test_engine_prefill_reuses_the_cache_and_matches_uncached_logits():
+    model = random_model("tiny", 512, device="cpu", dtype=torch.float32, max_positions=4096)
+    on = engine_for(model, tokenizer=None, cache=True, memory_mb=64)
+    off = engine_for(model, tokenizer=None, cache=False)
+    ids = [(i * 7919) % 512 for i in range(300)]
+    _, cached = timed_prefill(on, ids[:200])
+    assert cached == 0
+    t, cached = timed_prefill(on, ids)
+    assert cached == 192 and t > 0  # 6 full blocks of 32 from the first prompt
+    warm, _ = on.prefill_logits(ids)
+    cold, c0 = off.prefill_logits(ids)
+    assert c0 == 0
+    assert torch.allclose(warm, cold, atol=1e-4)
+
+
+def test_paired_measurement_restores_the_cache_between_runs():
+    from benchmarks.inproc import paired_at_turn
+
+    model = random_model("tiny", 512, device="cpu", dtype=torch.float32, max_positions=4096)
+    eng = engine_for(model, tokenizer=None, cache=True, memory_mb=64)
+    ids = [(i * 31) % 512 for i in range(260)]
+    timed_prefill(eng, ids[:200])
+    before = len(eng.cache)
+    res = paired_at_turn(eng, ids, repeats=2)
+    assert len(eng.cache) == before and eng.cache.enabled
+    assert res["cached_tokens"] == 192 and len(res["cached_s"]) == len(res["uncached_s"]) == 2
+    assert res["ratio"] > 0
