@@ -6,7 +6,7 @@
   the embedding and LM head are smaller than the real models', everything else is the
   same). Timings are real; outputs are meaningless. Results are labelled so.
 - ``engine_for(model, tokenizer, ...)``: an ``HFEngine`` around that model without
-  loading a checkpoint (``HFEngine.__new__`` + the attributes its prefill path uses), so
+  loading a checkpoint (``HFEngine(settings, model=..., tokenizer=...)``), so
   the timed code is the engine's own ``prefill_logits`` -> ``_prefill``: prefix-cache
   match, KV blocks concatenated onto the device, chunked prefill of the rest, insert
   of the new blocks.
@@ -108,21 +108,24 @@ def save_random_model(shape: str, tokenizer: Any, folder: str | Path, max_positi
 
 
 def engine_for(
-    model: Any, tokenizer: Any, *, cache: bool = True, block_size: int = 32, memory_mb: int = 40_000
+    model: Any,
+    tokenizer: Any,
+    *,
+    cache: bool = True,
+    block_size: int = 32,
+    memory_mb: int = 40_000,
+    prefill_chunk: int | None = None,
 ) -> Any:
-    """An HFEngine whose prefill path runs ``model`` (no checkpoint, no engine thread)."""
-    from server.engines.base import EngineStats
+    """An HFEngine around an already built ``model`` (no checkpoint; the engine thread is not started)."""
+    from server.config import load_settings
     from server.engines.hf import HFEngine
-    from server.engines.prefix_cache import PrefixCache
 
-    eng = HFEngine.__new__(HFEngine)
-    param = next(model.parameters())
-    eng.device, eng.dtype, eng.model, eng.tokenizer = param.device, param.dtype, model, tokenizer
-    eng.max_model_len = int(model.config.max_position_embeddings)
-    eng.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-    eng.cache = PrefixCache(block_size, memory_mb * 2**20, enabled=cache)
-    eng._stats = EngineStats()
-    return eng
+    settings = load_settings(
+        prefix_cache={"enabled": cache, "block_size": block_size, "memory_mb": memory_mb},
+        max_model_len=int(model.config.max_position_embeddings),
+        prefill_chunk_tokens=prefill_chunk,
+    )
+    return HFEngine(settings, model=model, tokenizer=tokenizer)
 
 
 def _sync(device: torch.device) -> None:
@@ -177,13 +180,14 @@ def context_sweep(
     repeats: int = 3,
     label: str = "",
     progress: bool = True,
+    prefill_chunk: int | None = None,
 ) -> list[dict[str, Any]]:
     """Per context: uncached TTFT of ctx+new tokens vs cached (ctx prefilled before, then ctx+new)."""
     from tqdm import tqdm
 
     stream = long_token_stream(tokenizer, max(contexts) + (repeats + 1) * new_tokens)
-    off = engine_for(model, tokenizer, cache=False)
-    on = engine_for(model, tokenizer, cache=True)
+    off = engine_for(model, tokenizer, cache=False, prefill_chunk=prefill_chunk)
+    on = engine_for(model, tokenizer, cache=True, prefill_chunk=prefill_chunk)
     warm_up(on, stream[: min(2048, len(stream))], new_tokens)
     warm_up(off, stream[: min(2048, len(stream))], new_tokens)
     rows = []

@@ -510,10 +510,9 @@ def cmd_gpu_ttft(args: argparse.Namespace) -> None:
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     contexts = [int(c) for c in args.contexts.split(",")]
     rows = []
-    import server.engines.hf as hf
-
-    chunks = [int(c) for c in args.prefill_chunks.split(",")] if args.prefill_chunks else [hf.PREFILL_CHUNK]
-    default_chunk = hf.PREFILL_CHUNK
+    chunks: list[int | None] = (
+        [int(c) for c in args.prefill_chunks.split(",")] if args.prefill_chunks else [None]
+    )
     for shape in args.shapes.split(","):
         t0 = time.perf_counter()
         model = random_model(
@@ -521,7 +520,6 @@ def cmd_gpu_ttft(args: argparse.Namespace) -> None:
         )
         print(f"{shape}: built in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         for chunk in chunks:
-            hf.PREFILL_CHUNK = chunk  # the engine reads this module global on every prefill
             rows += context_sweep(
                 model,
                 tok,
@@ -530,8 +528,8 @@ def cmd_gpu_ttft(args: argparse.Namespace) -> None:
                 repeats=args.repeats,
                 label=shape if len(chunks) == 1 else f"{shape} chunk {chunk}",
                 progress=not args.quiet,
+                prefill_chunk=chunk,
             )
-        hf.PREFILL_CHUNK = default_chunk
         del model
         if dev == "cuda":
             torch.cuda.empty_cache()
@@ -657,7 +655,7 @@ def parser() -> argparse.ArgumentParser:
     gp.add_argument("--repeats", type=int, default=3)
     gp.add_argument(
         "--prefill-chunks",
-        help="gpu-ttft: compare prefill chunk sizes, e.g. 1024,32768 (default: the engine's PREFILL_CHUNK)",
+        help="gpu-ttft: compare prefill chunk sizes, e.g. 1024,32768 (default: the engine's, per device)",
     )
     o = ap.add_argument_group("output")
     o.add_argument("--out", default=str(report.RESULTS), help="results folder")

@@ -32,7 +32,7 @@ class SessionPrompt:
 class CacheExplanation:
     diverged_at_token: int | None
     reason: str | None
-    kind: str  # "extended" | "new_session" | "diverged" | "evicted" (metrics label)
+    kind: str  # "extended" | "new_session" | "diverged" | "evicted" | "disabled" (metrics label)
 
 
 def common_prefix(a: array | list[int], b: array | list[int]) -> int:
@@ -68,13 +68,19 @@ def _tools_change(prev: RenderedPrompt, cur: RenderedPrompt) -> str | None:
 
 
 def explain(
-    prev: SessionPrompt | None, cur: SessionPrompt, cached_tokens: int, block_size: int
+    prev: SessionPrompt | None,
+    cur: SessionPrompt,
+    cached_tokens: int,
+    block_size: int,
+    cache_enabled: bool = True,
 ) -> CacheExplanation:
     if prev is None:
         return CacheExplanation(None, None, "new_session")
     lcp = common_prefix(prev.token_ids, cur.token_ids)
     if lcp < len(prev.token_ids):
         return CacheExplanation(lcp, _divergence_reason(prev, cur, lcp), "diverged")
+    if not cache_enabled:
+        return CacheExplanation(None, "prefix cache is off (prefix_cache.enabled: false)", "disabled")
     reusable = (len(prev.token_ids) // block_size) * block_size
     if cached_tokens < min(reusable, len(cur.token_ids) - 1) - block_size:
         return CacheExplanation(

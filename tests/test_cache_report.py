@@ -80,6 +80,8 @@ def test_evicted_prefix_is_explained(tokenizer):
     b = prompt(tokenizer, [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "x"}])
     e = explain(a, b, cached_tokens=0, block_size=16)
     assert e.kind == "evicted" and "evicted" in e.reason
+    e = explain(a, b, cached_tokens=0, block_size=16, cache_enabled=False)
+    assert e.kind == "disabled" and "prefix cache is off" in e.reason
 
 
 def test_session_table_is_bounded_lru():

@@ -76,7 +76,10 @@ class ChatService:
             load_state_machine(settings.tool_state_machine) if settings.tool_state_machine else None
         )
         self.constraints = ConstraintFactory(
-            engine.tokenizer, engine.vocab_size, self.envelope, backend=settings.grammar_backend,
+            engine.tokenizer,
+            engine.vocab_size,
+            self.envelope,
+            backend=settings.grammar_backend,
             envelope_ref=settings.envelope,
         )
         self.block_size = settings.prefix_cache.block_size
@@ -289,7 +292,9 @@ class ChatService:
 
     def _finish_accounting(self, p: Prepared, out: Outcome) -> None:
         prev = self.sessions.get(p.session.key)
-        out.explanation = explain(prev, p.session_prompt, out.cached_tokens, self.block_size)
+        out.explanation = explain(
+            prev, p.session_prompt, out.cached_tokens, self.block_size, self.settings.prefix_cache.enabled
+        )
         self.sessions.put(p.session.key, p.session_prompt)
         m = self.metrics
         m.prefix_queries.inc(len(p.prompt_ids))

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -52,6 +53,16 @@ class _Sequence:
 
     def emit(self, chunk: GenerationChunk) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
+
+
+def _device_and_dtype(settings: Settings) -> tuple[torch.device, torch.dtype]:
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device: use --device cpu")
+    cuda = settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if cuda else "cpu")
+    if settings.dtype == "auto":
+        return device, torch.float32 if device.type == "cpu" else torch.bfloat16
+    return device, getattr(torch, settings.dtype)
 
 
 class _BlockCutter:
@@ -89,32 +100,30 @@ class _BlockCutter:
 class HFEngine:
     name = "hf"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, model: Any = None, tokenizer: Any = None) -> None:
+        """Load ``settings.model``; or wrap an already built ``model`` (random-weight benchmarks)."""
         self.settings = settings
-        self.device = torch.device(
-            "cuda"
-            if settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available())
-            else "cpu"
-        )
-        if settings.device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device: use --device cpu")
-        if settings.dtype == "auto":
-            self.dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        if model is None:
+            self.device, self.dtype = _device_and_dtype(settings)
+            if settings.threads and self.device.type == "cpu":
+                torch.set_num_threads(settings.threads)
+            path = resolve_model(settings.model)
+            t0 = time.perf_counter()
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+            log.info(
+                "loaded %s on %s (%s) in %.1f s", path, self.device, self.dtype, time.perf_counter() - t0
+            )
         else:
-            self.dtype = getattr(torch, settings.dtype)
-        if settings.threads and self.device.type == "cpu":
-            torch.set_num_threads(settings.threads)
-        path = resolve_model(settings.model)
-        t0 = time.perf_counter()
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
-        log.info("loaded %s on %s (%s) in %.1f s", path, self.device, self.dtype, time.perf_counter() - t0)
+            param = next(model.parameters())
+            self.device, self.dtype = param.device, param.dtype
+        self.tokenizer = tokenizer
+        self.model = model
         config = self.model.config
         model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = self._eos_ids()
-        self.model_path = path
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         elem = torch.empty((), dtype=self.dtype).element_size()
@@ -136,7 +145,10 @@ class HFEngine:
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
-        for tok in (self.tokenizer.eos_token, "<|im_end|>", "<|endoftext|>"):
+        names = (
+            (self.tokenizer.eos_token, "<|im_end|>", "<|endoftext|>") if self.tokenizer is not None else ()
+        )
+        for tok in names:
             if tok is None:
                 continue
             tid = self.tokenizer.convert_tokens_to_ids(tok)
