@@ -2,7 +2,8 @@
 # agentserve developer entry point. Sets up .venv (once) and then:
 #   ./run.sh serve [flags]      serve the embedded model on http://127.0.0.1:8000 (OpenAI API)
 #   ./run.sh test [pytest args] run the test suite
-#   ./run.sh bench [args]       run a benchmark script (see benchmarks/README.md)
+#   ./run.sh bench NAME [args]  a benchmark comparison (agentserve bench; see benchmarks/README.md)
+#   ./run.sh bench FILE.py      a benchmark script, e.g. benchmarks/session_ttft.py
 #   ./run.sh <cmd> [args]       any agentserve command (route, convert-model, ...)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -12,6 +13,10 @@ cmd=${1:-serve}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   test) exec .venv/bin/python -m pytest "$@" ;;
-  bench) exec .venv/bin/python "$@" ;;
+  bench)
+    case "${1:-}" in
+      *.py) exec .venv/bin/python "$@" ;;
+      *) exec .venv/bin/agentserve bench "$@" ;;
+    esac ;;
   *) exec .venv/bin/agentserve "$cmd" "$@" ;;
 esac
