@@ -6,10 +6,7 @@ error; the sessions of the dead worker continue on the other one.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,25 +15,16 @@ import httpx
 import psutil
 import pytest
 
-from server.routing.cluster import free_port
-from tests.routing.conftest import ROOT, wait_http
+from tests.routing.conftest import real_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 SESSIONS, TURNS = 8, 6
 
 
 def test_killing_a_worker_mid_run_loses_nothing_silently(embedded_model_dir):
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AGENTSERVE_ROUTING__HEALTH_INTERVAL_S": "0.5"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--workers", "2", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
     outcomes: list[tuple[int, int, int, float, str]] = []  # session, turn, status, seconds, error code
     killed = threading.Event()
-    try:
-        wait_http(url + "/health", timeout_s=240, proc=proc)
+    with real_cluster(2, health_interval_s=0.5) as (url, proc):
 
         def run_session(s: int) -> None:
             msgs = [{"role": "system", "content": f"Agent {s}. Keep answers to three words."}]
@@ -44,9 +32,16 @@ def test_killing_a_worker_mid_run_loses_nothing_silently(embedded_model_dir):
                 for t in range(TURNS):
                     msgs.append({"role": "user", "content": f"step {t}"})
                     t0 = time.monotonic()
-                    r = client.post(url + "/v1/chat/completions", json={
-                        "model": "smollm2-135m-instruct", "messages": msgs, "max_tokens": 3,
-                        "temperature": 0, "prompt_cache_key": f"fault-{s}"})
+                    r = client.post(
+                        url + "/v1/chat/completions",
+                        json={
+                            "model": "smollm2-135m-instruct",
+                            "messages": msgs,
+                            "max_tokens": 3,
+                            "temperature": 0,
+                            "prompt_cache_key": f"fault-{s}",
+                        },
+                    )
                     code = "" if r.status_code == 200 else r.json()["error"]["code"]
                     outcomes.append((s, t, r.status_code, time.monotonic() - t0, code))
                     reply = r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else ""
@@ -59,14 +54,7 @@ def test_killing_a_worker_mid_run_loses_nothing_silently(embedded_model_dir):
         with ThreadPoolExecutor(SESSIONS) as pool:
             list(pool.map(run_session, range(SESSIONS)))
         assert killed.is_set()
-        health = httpx.get(url + "/health", timeout=5).json()
-        assert health["healthy"] == 1
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        assert httpx.get(url + "/health", timeout=5).json()["healthy"] == 1
     assert len(outcomes) == SESSIONS * TURNS  # every request came back (none hung)
     failures = [o for o in outcomes if o[2] != 200]
     assert all(o[2] in (502, 503) and o[4] for o in failures), failures  # clear, OpenAI-shaped
@@ -74,5 +62,7 @@ def test_killing_a_worker_mid_run_loses_nothing_silently(embedded_model_dir):
     last_turns = [o for o in outcomes if o[1] == TURNS - 1]
     assert all(o[2] == 200 for o in last_turns), last_turns  # every session continued
     assert max(o[3] for o in outcomes) < 120
-    print(f"fault: {len(outcomes)} requests, {len(failures)} failed with clear errors "
-          f"{sorted({o[4] for o in failures})}, sessions continued on the surviving worker")
+    print(
+        f"fault: {len(outcomes)} requests, {len(failures)} failed with clear errors "
+        f"{sorted({o[4] for o in failures})}, sessions continued on the surviving worker"
+    )

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -70,8 +71,15 @@ def spawn_fake_workers(n: int, prefix: str = "w", **kw: object) -> list[FakeWork
     socks = [listening_socket() for _ in range(n)]
     workers = []
     for i, sock in enumerate(socks):
-        argv = [sys.executable, "-m", "server.routing.fake_worker", "--id", f"{prefix}{i}",
-                "--fd", str(sock.fileno())]
+        argv = [
+            sys.executable,
+            "-m",
+            "server.routing.fake_worker",
+            "--id",
+            f"{prefix}{i}",
+            "--fd",
+            str(sock.fileno()),
+        ]
         argv += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
         proc = subprocess.Popen(argv, pass_fds=[sock.fileno()], cwd=ROOT)
         workers.append(FakeWorker(f"{prefix}{i}", f"http://127.0.0.1:{sock.getsockname()[1]}", proc))
@@ -99,8 +107,12 @@ def stop_fake_workers(workers: list[FakeWorker]) -> None:
 
 def test_settings(**routing: object) -> Settings:
     base: dict[str, object] = dict(
-        health_interval_s=0.2, health_timeout_s=1.0, health_failures=1, connect_timeout_s=1.0,
-        read_timeout_s=10.0, load_floor=1,
+        health_interval_s=0.2,
+        health_timeout_s=1.0,
+        health_failures=1,
+        connect_timeout_s=1.0,
+        read_timeout_s=10.0,
+        load_floor=1,
     )
     base.update(routing)
     return Settings(routing=RoutingSettings(**base))
@@ -168,3 +180,35 @@ def make_router() -> Iterator:
     yield make
     for r in started:
         r.stop()
+
+
+@contextmanager
+def real_cluster(workers: int, health_interval_s: float, start_timeout_s: float = 240) -> Iterator[tuple]:
+    """`agentserve serve --workers N` on the embedded model; yields (url, process); stops it with SIGTERM."""
+    from server.routing.cluster import free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "AGENTSERVE_ROUTING__HEALTH_INTERVAL_S": str(health_interval_s),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--workers", str(workers), "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", timeout_s=start_timeout_s, proc=proc)
+        yield url, proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -2,49 +2,45 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from server.routing.cluster import free_port
-from tests.routing.conftest import ROOT, wait_http
+from tests.routing.conftest import real_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 SESSIONS, TURNS = 20, 5
-SYSTEM = ("You are a terse assistant inside an agent loop. Answer in at most five words. "
-          "Never explain. Never apologise. Keep every answer short and plain. ") * 2
+SYSTEM = (
+    "You are a terse assistant inside an agent loop. Answer in at most five words. "
+    "Never explain. Never apologise. Keep every answer short and plain. "
+) * 2
 
 
 def test_sessions_stay_on_one_real_worker_and_hit_its_cache(embedded_model_dir):
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AGENTSERVE_ROUTING__HEALTH_INTERVAL_S": "2"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--workers", "3", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", timeout_s=240, proc=proc)
+    with real_cluster(3, health_interval_s=2) as (url, proc):
         assert httpx.get(url + "/health", timeout=5).json()["healthy"] == 3
         history = {s: [{"role": "system", "content": SYSTEM}] for s in range(SESSIONS)}
         seen: dict[int, list[tuple[str, int]]] = {s: [] for s in range(SESSIONS)}
 
         def turn(client: httpx.Client, s: int, t: int) -> None:
             history[s].append({"role": "user", "content": f"Session {s}, step {t}: say ok."})
-            resp = client.post(url + "/v1/chat/completions", json={
-                "model": "smollm2-135m-instruct", "messages": history[s], "max_tokens": 3,
-                "temperature": 0, "prompt_cache_key": f"e2e-route-{s}",
-            })
+            resp = client.post(
+                url + "/v1/chat/completions",
+                json={
+                    "model": "smollm2-135m-instruct",
+                    "messages": history[s],
+                    "max_tokens": 3,
+                    "temperature": 0,
+                    "prompt_cache_key": f"e2e-route-{s}",
+                },
+            )
             assert resp.status_code == 200, resp.text
             body = resp.json()
-            seen[s].append((resp.headers["x-agentserve-worker"],
-                            body["usage"]["prompt_tokens_details"]["cached_tokens"]))
+            seen[s].append(
+                (resp.headers["x-agentserve-worker"], body["usage"]["prompt_tokens_details"]["cached_tokens"])
+            )
             history[s].append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
 
         # 3 requests at a time: never above routing.load_floor in flight on one worker, so no
@@ -61,12 +57,5 @@ def test_sessions_stay_on_one_real_worker_and_hit_its_cache(embedded_model_dir):
         assert 'agentserve_router_affinity_total{outcome="kept"} 100.0' in metrics
         worker_metrics = httpx.get(url + "/metrics/worker/0", timeout=10)
         assert worker_metrics.status_code == 200 and worker_metrics.headers["x-agentserve-worker"] == "w0"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
     err = proc.stderr.read()
     assert "workers stopped" in err, err[-2000:]
