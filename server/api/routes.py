@@ -80,14 +80,16 @@ async def _serve(request: Request, prepare: Callable[[], Prepared]) -> Response:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     service = _service(request)
     tenant = request.state.tenant
-    return await _serve(request, lambda: service.prepare_chat(body, request.headers, tenant))
+    raw = await request.json()  # already parsed by FastAPI (cached): the session key uses the body as sent
+    return await _serve(request, lambda: service.prepare_chat(body, request.headers, tenant, raw))
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     service = _service(request)
     tenant = request.state.tenant
-    return await _serve(request, lambda: service.prepare_completion(body, request.headers, tenant))
+    raw = await request.json()
+    return await _serve(request, lambda: service.prepare_completion(body, request.headers, tenant, raw))
 
 
 @router.get("/v1/models")

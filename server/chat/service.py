@@ -162,12 +162,23 @@ class ChatService:
         except StateMachineError as exc:
             raise InvalidRequest(str(exc), param="tool_state_machine") from None
 
-    def _session(self, body: SamplingFields, headers: Mapping[str, str], tenant: str) -> SessionKey:
-        key = session_key(body.model_dump(exclude_none=True), headers)
+    def _session(
+        self, req: SamplingFields, raw_body: Mapping[str, Any] | None, headers: Mapping[str, str], tenant: str
+    ) -> SessionKey:
+        """The session key from the JSON body as sent (as the router computes it), tenant-prefixed.
+
+        Callers without an HTTP body (in-process use) pass None: the parsed request stands in.
+        """
+        body = raw_body if raw_body is not None else req.model_dump(exclude_none=True)
+        key = session_key(body, headers)
         return SessionKey(namespaced_session(tenant, key.key), key.source)
 
     def prepare_chat(
-        self, req: ChatCompletionRequest, headers: Mapping[str, str], tenant: str = ""
+        self,
+        req: ChatCompletionRequest,
+        headers: Mapping[str, str],
+        tenant: str = "",
+        raw_body: Mapping[str, Any] | None = None,
     ) -> Prepared:
         self._check_common(req)
         if req.response_format is not None and req.response_format.type != "text":
@@ -195,7 +206,7 @@ class ChatService:
             created=int(time.time()),
             prompt_ids=prompt_ids,
             session_prompt=SessionPrompt(array("l", ids), offsets, rendered),
-            session=self._session(req, headers, tenant),
+            session=self._session(req, raw_body, headers, tenant),
             sampling=sampling,
             stops=req.stop_list(),
             stream=req.stream,
@@ -207,7 +218,11 @@ class ChatService:
         )
 
     def prepare_completion(
-        self, req: CompletionRequest, headers: Mapping[str, str], tenant: str = ""
+        self,
+        req: CompletionRequest,
+        headers: Mapping[str, str],
+        tenant: str = "",
+        raw_body: Mapping[str, Any] | None = None,
     ) -> Prepared:
         self._check_common(req)
         prompt = req.prompt
@@ -239,7 +254,7 @@ class ChatService:
             created=int(time.time()),
             prompt_ids=ids,
             session_prompt=SessionPrompt(array("l", ids), offsets, rendered),
-            session=self._session(req, headers, tenant),
+            session=self._session(req, raw_body, headers, tenant),
             sampling=self._sampling(req, len(ids)),
             stops=req.stop_list(),
             stream=req.stream,

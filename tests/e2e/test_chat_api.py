@@ -140,3 +140,31 @@ def test_openai_client_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert e.value.body["code"] == "model_not_found"
+
+
+def test_worker_session_key_is_the_routers(hf_engine):
+    """No prompt_cache_key: the worker derives the same fallback key as the router, from the body as sent."""
+    from server.chat.service import ChatService
+    from server.metrics import Metrics
+    from server.protocol import ChatCompletionRequest
+    from server.session_key import session_key
+
+    raw = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": "S", "name": None}, {"role": "user", "content": "u"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "description": None,
+                    "strict": True,
+                    "parameters": {"type": "object"},
+                },
+            }
+        ],
+    }
+    service = ChatService(hf_engine, hf_engine.settings, Metrics())
+    prepared = service.prepare_chat(ChatCompletionRequest(**raw), {}, raw_body=raw)
+    assert prepared.session == session_key(raw, {})  # what server/routing computes for this body
+    assert prepared.session.source == "prefix_hash"
