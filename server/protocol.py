@@ -1,7 +1,8 @@
-"""Request and response types: OpenAI Chat Completions / Completions shapes plus our extensions.
+"""Request types: OpenAI Chat Completions / Completions shapes plus our extensions.
 
 Unknown top-level fields are ignored (clients send many); wrong types are 400s.
-Extensions: ``tool_state_machine`` (request), ``cache`` (response).
+Extension: ``tool_state_machine``. Responses (with the ``cache`` and ``tool_state``
+extensions) are built in server/chat/service.py.
 """
 
 from __future__ import annotations
@@ -104,23 +105,3 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     echo: bool = False
 
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-class CacheReport(BaseModel):
-    """Extension: how much of the prompt came from cache; if the session's prefix broke, where and why."""
-
-    cached_tokens: int
-    prompt_tokens: int
-    session_key_source: str  # prompt_cache_key | header | user | prefix_hash
-    diverged_at_token: int | None = None
-    reason: str | None = None

@@ -16,14 +16,14 @@ import time
 import uuid
 from array import array
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_report import CacheExplanation, SessionPrompt, SessionTable, explain
 from server.chat.envelope import load_envelope
 from server.chat.template import RenderedPrompt, Segment, render_chat
-from server.chat.toolcalls import CallDelta, ContentDelta, ParsedOutput, StreamingToolCallParser
+from server.chat.toolcalls import CallDelta, ContentDelta, StreamingToolCallParser
 from server.config import Settings
 from server.engines.base import Engine, GenerationRequest, SamplingParams, TokenConstraint
 from server.errors import ContextLengthExceeded, GenerationError, InvalidRequest, ModelNotFound
@@ -61,8 +61,6 @@ class Outcome:
     cached_tokens: int = 0
     first_token_at: float | None = None
     explanation: CacheExplanation | None = None
-    parsed: ParsedOutput | None = None
-    events: list[Any] = field(default_factory=list)
 
 
 class ChatService:

@@ -11,7 +11,6 @@ cancels it at the next step.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import queue
 import threading
@@ -124,14 +123,10 @@ class HFEngine:
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = self._eos_ids()
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        elem = torch.empty((), dtype=self.dtype).element_size()
         self.prefill_chunk = settings.prefill_chunk_tokens or (
             PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK
         )
         self._masks = MaskApplier(self.vocab_size)
-        self.kv_bytes_per_token = config.num_hidden_layers * 2 * kv_heads * head_dim * elem
         pc = settings.prefix_cache
         self.cache = PrefixCache(pc.block_size, pc.memory_mb * 2**20, enabled=pc.enabled)
         self._inbox: queue.SimpleQueue[_Sequence] = queue.SimpleQueue()
@@ -140,7 +135,6 @@ class HFEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats = EngineStats()
-        self._ids = itertools.count()
         self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
 
     def _eos_ids(self) -> tuple[int, ...]:
