@@ -12,6 +12,14 @@ from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+# Property tests draw the same examples in every clone and on every run (CI must be
+# deterministic): derandomize (examples derived from the test itself), no example database.
+# HYPOTHESIS_PROFILE=explore draws new examples locally, to hunt for bugs.
+_hypothesis_settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True)
+_hypothesis_settings.register_profile("explore", derandomize=False)
+_hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
 @pytest.fixture(scope="session")

@@ -170,4 +170,6 @@ def test_every_tool_of_a_subset_is_reachable(factory, tokenizer, hermes, subset,
         assert all(constraint.accept_token(t) for t in tokenizer.encode("<tool_call>\n"))
         plan = type(plan)(plan.mode, plan.allowed, plan.parallel, "<tool_call>\n")
     greedy(constraint, len(tokenizer), 14, name_bias(tokenizer, hermes, plan, name))
-    assert constraint.phase == Phase.ARGS and constraint.trie.names[constraint.tool] == name
+    # a tool with no required arguments may finish its call within the step budget (AFTER)
+    assert constraint.phase in (Phase.ARGS, Phase.AFTER), constraint.error
+    assert constraint.trie.names[constraint.tool] == name
