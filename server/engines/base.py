@@ -50,6 +50,7 @@ class GenerationRequest:
     sampling: SamplingParams
     constraint: TokenConstraint | None = None
     cache_salt: str = ""  # namespace of the prefix cache (tenant); "" = shared
+    session_key: str = ""  # the session (prefix-cache retention, cache reports); "" = none
 
 
 @dataclass

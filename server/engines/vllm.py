@@ -167,8 +167,11 @@ class VllmEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
 
             if vllm.__version__.split("+")[0] != PINNED_VLLM:
-                log.warning("vllm %s is installed; agentserve's engine and processor were written against %s",
-                            vllm.__version__, PINNED_VLLM)
+                log.warning(
+                    "vllm %s is installed; agentserve's engine and processor were written against %s",
+                    vllm.__version__,
+                    PINNED_VLLM,
+                )
             args = self.engine_args()
             if self.on_cpu:
                 self._cpu_env()
@@ -180,9 +183,14 @@ class VllmEngine:
             self.vocab_size = int(mc.get_vocab_size())
             self.eos_token_ids = self._eos_ids(mc.hf_config)
             self._llm = llm
-            log.info("vllm %s engine up in %.1f s: %s, max_model_len %d, prefix caching %s",
-                     vllm.__version__, self.start_seconds, self.model_path, self.max_model_len,
-                     args.enable_prefix_caching)
+            log.info(
+                "vllm %s engine up in %.1f s: %s, max_model_len %d, prefix caching %s",
+                vllm.__version__,
+                self.start_seconds,
+                self.model_path,
+                self.max_model_len,
+                args.enable_prefix_caching,
+            )
 
     def _eos_ids(self, hf_config: Any) -> tuple[int, ...]:
         """The tokenizer's EOS, ChatML's end tokens, the model config's EOS (as the hf engine)."""
@@ -272,7 +280,8 @@ class VllmEngine:
         if n_prompt >= self.max_model_len:
             raise ContextLengthExceeded(
                 f"the prompt is {n_prompt} tokens but the context window is {self.max_model_len}: "
-                f"shorten it (nothing was truncated)", param="messages"
+                f"shorten it (nothing was truncated)",
+                param="messages",
             )
         params = self.sampling_params(request)
         from vllm.inputs.engine import tokens_input
