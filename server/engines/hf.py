@@ -166,7 +166,9 @@ class HFEngine:
             seq.cancelled = True
             self._wake.set()
 
-    def prefill_logits(self, prompt_ids: list[int], cache_salt: str = "") -> tuple[torch.Tensor, int]:
+    def prefill_logits(
+        self, prompt_ids: list[int], cache_salt: str = "", session_key: str = ""
+    ) -> tuple[torch.Tensor, int]:
         """Next-token logits of a prompt and how many of its tokens came from cache.
 
         For tests and in-process benchmarks: runs on the calling thread, so call it only
@@ -175,7 +177,9 @@ class HFEngine:
         from server.engines.base import SamplingParams
 
         seq = _Sequence(
-            GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt), None, None
+            GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt, session_key),
+            None,
+            None,
         )  # type: ignore[arg-type]
         with torch.no_grad():
             self._prefill(seq)

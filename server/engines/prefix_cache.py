@@ -184,10 +184,12 @@ class PrefixCache:
             tier2_tokens = 0
             parent = self.root(salt)
             pos = 0
+            missed = b""
             while pos + bs <= limit:
                 h = chain_key(parent, token_ids[pos : pos + bs])
                 payload, restored = self._take(h, keys)
                 if payload is None:
+                    missed = h
                     break
                 keys.append(h)
                 lengths.append(bs)
@@ -199,6 +201,8 @@ class PrefixCache:
             rest = token_ids[pos:limit]
             best, best_n = None, 0
             for child in self._children.get(parent, ()):
+                if child == missed:
+                    continue  # asked for in full just now: not restorable
                 n = _lcp(self._blocks[child].tokens, rest)
                 if n > best_n:
                     best, best_n = child, n
