@@ -38,28 +38,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
-from server.engines.kv_retention import PERSON, Sessions, SessionState, session_eviction_order
+from server.engines.kv_retention import session_eviction_order
+from server.engines.kv_sessions import CacheCounters, LookupReport, SessionBook, cache_metrics
 from server.engines.kv_tier2 import CostModel, Tier2Store, chain_key
 
 POLICIES = ("lru", "session")
-
-
-@dataclass(frozen=True)
-class LookupReport:
-    """One lookup of a session's prompt, for cache-miss diagnostics (``PrefixCache.last_lookup``)."""
-
-    session_key: str
-    prompt_tokens: int
-    cached_tokens: int
-    tier2_tokens: int  # of cached_tokens, restored from tier 2
-    kept_tokens: int  # tokens of the session's previous prompt + reply that still prefix this prompt
-    evicted_tokens: int  # of kept_tokens (up to the last prompt token), gone from both tiers
-    state: str  # what the session was doing when this request came: new | running | tool | person | done
-    waiting_on: tuple[str, ...]  # tool names it waited on; ("person",) after a text reply
-    waited_s: float | None  # seconds since its last reply ended (None: new or still running)
 
 
 @dataclass(frozen=True)
@@ -85,21 +72,6 @@ class _Block:
     nbytes: int
     payload: Any = None  # None while the block is in tier 2
     tier: int = 1
-
-
-@dataclass
-class CacheCounters:
-    hit_tokens_tier1: int = 0
-    hit_tokens_tier2: int = 0
-    tail_hit_tokens: int = 0  # tokens served from partial blocks (tails and partly matching blocks)
-    blocks_restored: int = 0
-    bytes_to_tier2: int = 0
-    bytes_from_tier2: int = 0
-    restores_skipped: int = 0  # tier-2 hits not restored: recomputing was measured cheaper
-    tier2_faults: int = 0  # corrupted or missing tier-2 blocks (treated as misses)
-    sessions_back_intact: int = 0  # sessions back from a pause with their whole prefix cached
-    sessions_back_evicted: int = 0  # ... with part of it evicted (or served from tier 2)
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -135,14 +107,14 @@ class PrefixCache:
         self.tier2 = tier2 if tier2 is not None and tier2.enabled else None
         self.cost = cost or CostModel()
         self.clock = clock
-        self.sessions = Sessions(max_sessions, session_cap_s)
         self.counters = CacheCounters()
+        self.book = SessionBook(max_sessions, session_cap_s, block_size, self.counters)
+        self.sessions = self.book.sessions
         self._blocks: dict[bytes, _Block] = {}  # both tiers
         self._lru: OrderedDict[bytes, None] = OrderedDict()  # tier-1 keys, least recently used first
         self._children: dict[bytes, dict[bytes, None]] = {}
         self._bytes = 0
         self._lock = threading.RLock()
-        self._reports: OrderedDict[str, LookupReport] = OrderedDict()
         self.evictions = 0
 
     # -- keys -----------------------------------------------------------------
@@ -177,7 +149,8 @@ class PrefixCache:
             limit = min(limit, max_blocks * self.block_size)
         bs = self.block_size
         with self._lock:
-            pre = self._session_begin(session, salt, token_ids) if session else None
+            hashes = partial(self.block_hashes, salt=salt)
+            pre = self.book.begin(session, token_ids, hashes, self.clock()) if session else None
             keys: list[bytes] = []
             lengths: list[int] = []
             payloads: list[Any] = []
@@ -314,7 +287,7 @@ class PrefixCache:
                     self._lru.move_to_end(h)
             if session:
                 last = tuple(token_ids[(len(kept) - 1) * bs : covered]) if kept else ()
-                self._set_chain(session, kept, covered, last)
+                self.book.set_chain(session, kept, covered, last)
             self._evict_locked()
         return added
 
@@ -389,77 +362,21 @@ class PrefixCache:
             self._forget(k)
 
     # -- sessions -----------------------------------------------------------------
-    def _set_chain(self, session: str, kept: list[bytes], covered: int, tail: tuple[int, ...]) -> None:
-        s, _ = self.sessions.touch(session)
-        s.chain, s.chain_tokens, s.tail_tokens = list(kept), covered, tail
-
-    def _session_begin(self, session: str, salt: str, token_ids: Sequence[int]) -> tuple:
-        """What the session was doing before this request (learns its pause); marks it running."""
-        now = self.clock()
-        s = self.sessions.get(session)
-        if s is None:
-            pre: tuple = ("new", (), None, 0)
-        else:
-            state = "done" if s.state != "running" and self.sessions.expired(s, now) else s.state
-            waited = None if s.state == "running" else now - s.since
-            pre = (state, s.waiting_on, waited, self._kept_tokens(s, token_ids, salt))
-            if s.state in ("tool", "person"):
-                self.sessions.pauses.observe(s.waiting_on, now - s.since)
-        s, _ = self.sessions.touch(session)
-        s.state, s.waiting_on, s.since = "running", (), now
-        return pre
-
-    def _session_report(
-        self, session: str, pre: tuple, token_ids: Sequence[int], cached: int, tier2_tokens: int
-    ) -> LookupReport:
-        state, waiting_on, waited, kept = pre
-        evicted = max(0, min(kept, len(token_ids) - 1) - cached)
-        if state in ("tool", "person", "done") and kept:
-            if evicted or tier2_tokens:
-                self.counters.sessions_back_evicted += 1
-            else:
-                self.counters.sessions_back_intact += 1
-        report = LookupReport(
-            session, len(token_ids), cached, tier2_tokens, kept, evicted, state, waiting_on, waited
-        )
-        self._reports[session] = report
-        self._reports.move_to_end(session)
-        while len(self._reports) > self.sessions.capacity:
-            self._reports.popitem(last=False)
-        return report
-
-    def _kept_tokens(self, s: SessionState, token_ids: Sequence[int], salt: str) -> int:
-        """Tokens of the session's previous prompt + reply that ``token_ids`` still starts with."""
-        bs = self.block_size
-        n_full = s.chain_tokens // bs
-        hashes = self.block_hashes(token_ids[: n_full * bs], salt)
-        for i in range(n_full):
-            if i >= len(hashes) or i >= len(s.chain) or hashes[i] != s.chain[i]:
-                return i * bs
-        rest = s.chain_tokens - n_full * bs
-        return n_full * bs + (_lcp(s.tail_tokens[:rest], token_ids[n_full * bs :]) if rest else 0)
-
     def reply_finished(self, session: str, tool_names: Sequence[str] = ()) -> None:
         """The session's reply ended: it now waits on ``tool_names`` (or on a person if none)."""
-        if not session or not self.enabled:
-            return
-        with self._lock:
-            s, _ = self.sessions.touch(session)
-            s.state = "tool" if tool_names else "person"
-            s.waiting_on = tuple(tool_names) if tool_names else (PERSON,)
-            s.since = self.clock()
+        if session and self.enabled:
+            with self._lock:
+                self.book.reply_finished(session, tool_names, self.clock())
 
     def end_session(self, session: str) -> None:
         """The session is over: its blocks are the first to go."""
         with self._lock:
-            s = self.sessions.get(session)
-            if s is not None:
-                s.state, s.chain = "done", []
+            self.book.end(session)
 
     def last_lookup(self, session: str) -> LookupReport | None:
-        """The report of the session's latest lookup (diagnostics read it after a request)."""
+        """The report of the session's latest lookup (see kv_sessions; diagnostics read it)."""
         with self._lock:
-            return self._reports.get(session)
+            return self.book.last(session)
 
     # -- introspection ----------------------------------------------------------
     @property
@@ -475,26 +392,16 @@ class PrefixCache:
         return None if blk is None else blk.tier
 
     def stats(self) -> dict[str, float]:
-        """Counters and gauges for /metrics (names become ``agentserve_engine_prefix_cache_*``)."""
-        c = self.counters
-        out = {
-            "bytes": self._bytes,
-            "blocks": len(self._lru),
-            "evictions": self.evictions,
-            "tier2_bytes": self.tier2_bytes,
-            "tier2_blocks": len(self._blocks) - len(self._lru),
-            "hit_tokens_tier1": c.hit_tokens_tier1,
-            "hit_tokens_tier2": c.hit_tokens_tier2,
-            "tail_hit_tokens": c.tail_hit_tokens,
-            "blocks_restored": c.blocks_restored,
-            "bytes_to_tier2": c.bytes_to_tier2,
-            "bytes_from_tier2": c.bytes_from_tier2,
-            "restores_skipped": c.restores_skipped,
-            "tier2_faults": c.tier2_faults,
-            "sessions_back_intact": c.sessions_back_intact,
-            "sessions_back_evicted": c.sessions_back_evicted,
-        }
-        return {f"prefix_cache_{k}": float(v) for k, v in out.items()}
+        """Counters and gauges for /metrics (``agentserve_engine_prefix_cache_*``; see kv_sessions)."""
+        with self._lock:
+            return cache_metrics(
+                self.counters,
+                self._bytes,
+                len(self._lru),
+                self.evictions,
+                len(self._blocks),
+                self.tier2_bytes,
+            )
 
     def __len__(self) -> int:
         return len(self._lru)
