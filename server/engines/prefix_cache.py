@@ -194,7 +194,7 @@ class PrefixCache:
             self.counters.hit_tokens_tier1 += cached - tier2_tokens
             self.counters.hit_tokens_tier2 += tier2_tokens
             report = (
-                self._session_report(session, pre, token_ids, cached, tier2_tokens)
+                self.book.report(session, pre, len(token_ids), cached, tier2_tokens)
                 if pre is not None
                 else None
             )
