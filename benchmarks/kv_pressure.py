@@ -131,13 +131,16 @@ def schedule(sessions: list[list[Turn]], stagger_s: float, seed: int) -> list[Re
 
 
 def working_set_tokens(sessions: list[list[Turn]], reqs: list[Request]) -> float:
+    """Time-average of the live sessions' latest prompt + reply, their shared prefix counted once."""
+    firsts = [s[0].prompt for s in sessions]
+    shared = min(_lcp(firsts[0], f) for f in firsts)
     last = {i: len(s) - 1 for i, s in enumerate(sessions)}
     live: dict[int, int] = {}
     total = []
     for r in reqs:
         turn = sessions[r.session][r.turn]
-        live[r.session] = len(turn.prompt) + len(turn.reply)
-        total.append(sum(live.values()))
+        live[r.session] = len(turn.prompt) + len(turn.reply) - shared
+        total.append(sum(live.values()) + shared)
         if r.turn == last[r.session]:
             del live[r.session]
     return statistics.fmean(total)

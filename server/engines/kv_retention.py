@@ -14,8 +14,9 @@ Eviction order (``session`` policy), first evicted first:
 2. blocks of sessions by expected time to return, latest first, each chain from its
    tail. A block shared by several sessions counts for the one that returns soonest.
 
-Expected time to return = the learned pause of what the session waits on (per tool
-name; "person" for a text reply), minus how long it has waited already, never below 0.
+Distance to the expected return = |learned pause of what the session waits on (per tool
+name; "person" for a text reply) - how long it has waited|: a session about to be back
+is kept first; one that is overdue drifts down (heavy tails, abandoned sessions).
 Pauses are learned from what the server sees (the time between a reply and the
 session's next request), as an exponential moving average per tool, capped at
 ``cap_s``. A session idle for longer than ``min(cap_s, EXPIRE_FACTOR x its expected
@@ -111,10 +112,15 @@ class Sessions:
         return now - s.since > limit
 
     def time_to_return(self, s: SessionState, now: float) -> float:
-        """Seconds until the session is expected back (0 when overdue, -1 while running)."""
+        """How far the session is from its expected return (-1 while running).
+
+        Before the expected pause is over: the time left. After it: the time it is overdue.
+        Pauses are heavy-tailed (a build that is late is likely to be much later; a session
+        may be abandoned), so an overdue session becomes less likely to be back soon.
+        """
         if s.state == "running":
             return -1.0
-        return max(0.0, s.since + self.pauses.expected(s.waiting_on) - now)
+        return abs(s.since + self.pauses.expected(s.waiting_on) - now)
 
     def __len__(self) -> int:
         return len(self._items)

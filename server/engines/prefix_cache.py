@@ -36,12 +36,12 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from server.engines.kv_index import Block, BlockIndex
 from server.engines.kv_retention import session_eviction_order
 from server.engines.kv_sessions import CacheCounters, LookupReport, SessionBook, cache_metrics
 from server.engines.kv_tier2 import CostModel, Tier2Store, chain_key
@@ -65,24 +65,7 @@ class MatchResult:
         return sum(self.lengths) if self.lengths else len(self.blocks) * self.block_size
 
 
-@dataclass
-class _Block:
-    parent: bytes
-    tokens: tuple[int, ...]
-    nbytes: int
-    payload: Any = None  # None while the block is in tier 2
-    tier: int = 1
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-class PrefixCache:
+class PrefixCache(BlockIndex):
     def __init__(
         self,
         block_size: int,
@@ -110,10 +93,7 @@ class PrefixCache:
         self.counters = CacheCounters()
         self.book = SessionBook(max_sessions, session_cap_s, block_size, self.counters)
         self.sessions = self.book.sessions
-        self._blocks: dict[bytes, _Block] = {}  # both tiers
-        self._lru: OrderedDict[bytes, None] = OrderedDict()  # tier-1 keys, least recently used first
-        self._children: dict[bytes, dict[bytes, None]] = {}
-        self._bytes = 0
+        super().__init__()
         self._lock = threading.RLock()
         self.evictions = 0
 
@@ -171,14 +151,7 @@ class PrefixCache:
                 parent = h
                 pos += bs
             # token-granular: the cached child of the last hit that shares the most tokens
-            rest = token_ids[pos:limit]
-            best, best_n = None, 0
-            for child in self._children.get(parent, ()):
-                if child == missed:
-                    continue  # asked for in full just now: not restorable
-                n = _lcp(self._blocks[child].tokens, rest)
-                if n > best_n:
-                    best, best_n = child, n
+            best, best_n = self._best_child(parent, token_ids[pos:limit], skip=missed)
             if best is not None:
                 payload, restored = self._take(best, keys)
                 if payload is not None:
@@ -187,9 +160,7 @@ class PrefixCache:
                     payloads.append(payload)
                     tier2_tokens += best_n if restored else 0
                     self.counters.tail_hit_tokens += best_n
-            for h in reversed(keys):  # tail first, so the head ends most recently used
-                if h in self._lru:
-                    self._lru.move_to_end(h)
+            self._touch(keys)
             cached = sum(lengths)
             self.counters.hit_tokens_tier1 += cached - tier2_tokens
             self.counters.hit_tokens_tier2 += tier2_tokens
@@ -282,47 +253,21 @@ class PrefixCache:
                 kept.append(h)
                 covered += len(tokens)
                 parent = h
-            for h in reversed(kept):
-                if h in self._lru:
-                    self._lru.move_to_end(h)
+            self._touch(kept)
             if session:
                 last = tuple(token_ids[(len(kept) - 1) * bs : covered]) if kept else ()
                 self.book.set_chain(session, kept, covered, last)
             self._evict_locked()
         return added
 
-    def _covering_sibling(self, parent: bytes, tokens: tuple[int, ...]) -> bytes | None:
-        for child in self._children.get(parent, ()):
-            ct = self._blocks[child].tokens
-            if len(ct) >= len(tokens) and ct[: len(tokens)] == tokens:
-                return child
-        return None
-
-    def _add(self, h: bytes, parent: bytes, tokens: tuple[int, ...], payload: Any, nbytes: int) -> _Block:
-        # a partial sibling whose tokens this block starts with is now a duplicate
-        for child in list(self._children.get(parent, ())):
-            ct = self._blocks[child].tokens
-            if len(ct) < len(tokens) and tokens[: len(ct)] == ct:
-                self._forget(child)
-        blk = self._blocks[h] = _Block(parent, tokens, nbytes, payload)
-        self._children.setdefault(parent, {})[h] = None
-        self._lru[h] = None
-        self._bytes += nbytes
-        return blk
+    def _add(self, h: bytes, parent: bytes, tokens: tuple[int, ...], payload: Any, nbytes: int) -> Block:
+        for dup in self._duplicates_of(parent, tokens):
+            self._forget(dup)
+        return self._link(h, parent, tokens, payload, nbytes)
 
     def _forget(self, h: bytes) -> None:
-        blk = self._blocks.pop(h, None)
-        if blk is None:
-            return
-        kids = self._children.get(blk.parent)
-        if kids is not None:
-            kids.pop(h, None)
-            if not kids:
-                del self._children[blk.parent]
-        if blk.tier == 1:
-            self._lru.pop(h, None)
-            self._bytes -= blk.nbytes
-        elif self.tier2 is not None:
+        blk = self._unlink(h)
+        if blk is not None and blk.tier == 2 and self.tier2 is not None:
             self.tier2.discard(h)
 
     # -- eviction ---------------------------------------------------------------
@@ -380,16 +325,8 @@ class PrefixCache:
 
     # -- introspection ----------------------------------------------------------
     @property
-    def used_bytes(self) -> int:
-        return self._bytes
-
-    @property
     def tier2_bytes(self) -> int:
         return self.tier2.used_bytes if self.tier2 is not None else 0
-
-    def tier_of(self, block_hash: bytes) -> int | None:
-        blk = self._blocks.get(block_hash)
-        return None if blk is None else blk.tier
 
     def stats(self) -> dict[str, float]:
         """Counters and gauges for /metrics (``agentserve_engine_prefix_cache_*``; see kv_sessions)."""
@@ -403,31 +340,8 @@ class PrefixCache:
                 self.tier2_bytes,
             )
 
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def __contains__(self, block_hash: bytes) -> bool:
-        return block_hash in self._lru
-
-    def snapshot(self) -> Any:
-        """The tier-1 contents, for ``restore`` (paired benchmark runs; tier 2 is not included)."""
-        with self._lock:
-            blocks = {h: replace(b) for h, b in self._blocks.items() if b.tier == 1}
-            kids = {p: dict(c) for p, c in self._children.items()}
-            return blocks, self._lru.copy(), kids, self._bytes
-
-    def restore(self, snap: Any) -> None:
-        blocks, lru, kids, nbytes = snap
-        with self._lock:
-            self._blocks = {h: replace(b) for h, b in blocks.items()}
-            self._lru, self._bytes = lru.copy(), nbytes
-            self._children = {p: {h: None for h in c if h in self._blocks} for p, c in kids.items()}
-
     def clear(self) -> None:
         with self._lock:
-            self._blocks.clear()
-            self._lru.clear()
-            self._children.clear()
-            self._bytes = 0
+            self._clear_index()
             if self.tier2 is not None:
                 self.tier2.clear()
