@@ -88,31 +88,39 @@ def draw_pause(rng: random.Random, waits_on: list[str]) -> float:
     return best
 
 
-def build_sessions(tokenizer: Any, n: int, steps: int, context: int, seed: int) -> list[list[Turn]]:
-    from benchmarks.tokens import prompt_counter, render_ids
-    from benchmarks.trace_gen import generate_session
+def to_turns(tokenizer: Any, s: Any, rng: random.Random) -> list[Turn]:
+    """A trace_gen / swe_traces Session as token-level turns (prompt, reply as rendered, pause)."""
+    from benchmarks.tokens import render_ids
 
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turns: list[Turn] = []
+    for k, t in enumerate(s.turns):
+        prompt = render_ids(tokenizer, s.messages[: t.end], s.tools)
+        after = render_ids(tokenizer, s.messages[: t.end + 1], s.tools)
+        start = _lcp(prompt, after)
+        end = after.index(im_end, start) if im_end in after[start:] else len(after)
+        reply_msg = s.messages[t.end]
+        tools = tuple(c["function"]["name"] for c in reply_msg.get("tool_calls") or [])
+        nxt_end = s.turns[k + 1].end if k + 1 < len(s.turns) else len(s.messages)
+        person = any(m["role"] == "user" for m in s.messages[t.end + 1 : nxt_end])
+        waits = list(tools) + (["person"] if person else [])
+        turns.append(Turn(prompt, after[start:end], tools, draw_pause(rng, waits or ["person"])))
+    return turns
+
+
+def build_sessions(tokenizer: Any, n: int, steps: int, context: int, seed: int) -> list[list[Turn]]:
+    from benchmarks.tokens import prompt_counter
+    from benchmarks.trace_gen import generate_session
+
     counter = prompt_counter(tokenizer)
-    out = []
-    for i in range(n):
-        s = generate_session(seed, i, context=context, steps=steps, prompt_tokens=counter)
-        rng = random.Random(f"pause:{seed}:{i}")
-        turns: list[Turn] = []
-        for k, t in enumerate(s.turns):
-            prompt = render_ids(tokenizer, s.messages[: t.end], s.tools)
-            after = render_ids(tokenizer, s.messages[: t.end + 1], s.tools)
-            start = _lcp(prompt, after)
-            end = after.index(im_end, start) if im_end in after[start:] else len(after)
-            reply_msg = s.messages[t.end]
-            tools = tuple(c["function"]["name"] for c in reply_msg.get("tool_calls") or [])
-            nxt_end = s.turns[k + 1].end if k + 1 < len(s.turns) else len(s.messages)
-            waits = list(tools) + (
-                ["person"] if any(m["role"] == "user" for m in s.messages[t.end + 1 : nxt_end]) else []
-            )
-            turns.append(Turn(prompt, after[start:end], tools, draw_pause(rng, waits or ["person"])))
-        out.append(turns)
-    return out
+    return [
+        to_turns(
+            tokenizer,
+            generate_session(seed, i, context=context, steps=steps, prompt_tokens=counter),
+            random.Random(f"pause:{seed}:{i}"),
+        )
+        for i in range(n)
+    ]
 
 
 def schedule(sessions: list[list[Turn]], stagger_s: float, seed: int) -> list[Request]:
@@ -221,6 +229,15 @@ def run_arm(name, eng, clock, sessions, reqs) -> dict[str, Any]:
     }
 
 
+def unbounded_arms(model: Any, tok: Any, sessions, reqs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The unbounded cache (the ideal) and the old engine's reuse (full prompt blocks only)."""
+    eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
+    unbounded = run_arm("unbounded", eng, clock, sessions, reqs)
+    eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
+    eng._retain = lambda seq: None  # type: ignore[method-assign]
+    return unbounded, run_arm("unbounded_prompt_blocks_only", eng, clock, sessions, reqs)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -238,7 +255,7 @@ def summarize(arm: dict[str, Any], ideal: list[int], sessions, reqs, bytes_per_t
     # completion tokens of turn k served from cache in turn k+1
     index = {(r.session, r.turn): i for i, r in enumerate(reqs)}
     reused = total = 0
-    for (s, k), i in index.items():
+    for s, k in index:
         j = index.get((s, k + 1))
         if j is None:
             continue
@@ -331,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a shared box: 1)")
     ap.add_argument("--arms", nargs="+", default=["lru", "session", "session+tier2", "lru+tier2"])
     ap.add_argument("--out", default=str(RESULTS / "kv_pressure"))
+    ap.add_argument("--swe", action="store_true", help="also: tail + reply reuse on the SWE-agent traces")
     args = ap.parse_args(argv)
 
     from benchmarks.inproc import random_model
@@ -343,31 +361,52 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     sessions = build_sessions(tok, args.sessions, args.steps, args.context, args.seed)
     reqs = schedule(sessions, args.stagger_s, args.seed)
-    print(f"{len(reqs)} requests from {len(sessions)} sessions, built in {time.perf_counter() - t0:.0f} s",
-          file=sys.stderr)
+    print(
+        f"{len(reqs)} requests from {len(sessions)} sessions, built in {time.perf_counter() - t0:.0f} s",
+        file=sys.stderr,
+    )
     model = random_model("tiny", len(tok), device="cpu", dtype=torch.float32, max_positions=args.context + 64)
     probe, _ = make_engine(model, tok, "lru", None, 0, Path("."))
     kv = probe.model.config
     bytes_per_token = 2 * kv.num_hidden_layers * kv.num_key_value_heads * kv.head_dim * 4
     ws_tokens = working_set_tokens(sessions, reqs)
     ideal = ideal_tokens(sessions, reqs)
-    eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
-    unbounded = run_arm("unbounded", eng, clock, sessions, reqs)
-    rows = [{"ratio": 0, **summarize(unbounded, ideal, sessions, reqs, bytes_per_token)}]
-    print(json.dumps(rows[-1]), file=sys.stderr)
-    # the old engine: full blocks of the prompt only (no tail, no reply KV), unbounded
-    eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
-    eng._retain = lambda seq: None  # type: ignore[method-assign]
-    blocks_only = run_arm("unbounded_prompt_blocks_only", eng, clock, sessions, reqs)
-    rows.append({"ratio": 0, **summarize(blocks_only, ideal, sessions, reqs, bytes_per_token)})
-    print(json.dumps(rows[-1]), file=sys.stderr)
+    unbounded, blocks_only = unbounded_arms(model, tok, sessions, reqs)
+    rows = [
+        {"ratio": 0, **summarize(unbounded, ideal, sessions, reqs, bytes_per_token)},
+        {"ratio": 0, **summarize(blocks_only, ideal, sessions, reqs, bytes_per_token)},
+    ]
+    print(json.dumps(rows[:2]), file=sys.stderr)
+    swe: dict[str, Any] = {}
+    if args.swe:
+        from benchmarks.swe_traces import load_traces
+        from benchmarks.tokens import prompt_counter
+
+        traces = load_traces(context=args.context, prompt_tokens=prompt_counter(tok))
+        swe_sessions = [to_turns(tok, t, random.Random(f"swe:{i}")) for i, t in enumerate(traces)]
+        swe_reqs = schedule(swe_sessions, args.stagger_s, args.seed)
+        swe_ideal = ideal_tokens(swe_sessions, swe_reqs)
+        u, b = unbounded_arms(model, tok, swe_sessions, swe_reqs)
+        su = summarize(u, swe_ideal, swe_sessions, swe_reqs, bytes_per_token)
+        sb = summarize(b, swe_ideal, swe_sessions, swe_reqs, bytes_per_token)
+        swe = {
+            "swe_requests": len(swe_reqs),
+            "swe_unbounded_vs_token_ideal": su["hit_rate"],
+            "swe_blocks_only_vs_token_ideal": sb["hit_rate"],
+            "swe_completion_reused": su["completion_reused"],
+        }
+        print(json.dumps(swe), file=sys.stderr)
     for ratio in args.ratios:
         t1 = int(ws_tokens * bytes_per_token / ratio)
         for arm in args.arms:
             policy, _, t2 = arm.partition("+")
-            eng, clock = make_engine(model, tok, policy, t1, int(t1 * args.tier2_factor) if t2 else 0, Path("."))
+            eng, clock = make_engine(
+                model, tok, policy, t1, int(t1 * args.tier2_factor) if t2 else 0, Path(".")
+            )
             res = run_arm(arm, eng, clock, sessions, reqs)
-            rows.append({"ratio": ratio, **summarize(res, unbounded["cached"], sessions, reqs, bytes_per_token)})
+            rows.append(
+                {"ratio": ratio, **summarize(res, unbounded["cached"], sessions, reqs, bytes_per_token)}
+            )
             print(json.dumps(rows[-1]), file=sys.stderr)
     meta = {
         "commit": git_commit(),
@@ -383,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         "ideal_hit_of_prompt": sum(ideal) / sum(len(sessions[r.session][r.turn].prompt) for r in reqs),
         "unbounded_vs_token_ideal": sum(unbounded["cached"]) / max(1, sum(ideal)),
         "blocks_only_vs_token_ideal": sum(blocks_only["cached"]) / max(1, sum(ideal)),
+        **swe,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -404,7 +444,15 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "are token-exact, `ttft` is the tiny model's, `8b` TTFT is modeled (see the script).",
         "",
         f"Unbounded cache vs the token-exact ideal: {100 * meta['unbounded_vs_token_ideal']:.2f}% "
-        f"(prompt full blocks only, the old engine: {100 * meta['blocks_only_vs_token_ideal']:.2f}%).",
+        f"(prompt full blocks only, the old engine: {100 * meta['blocks_only_vs_token_ideal']:.2f}%)."
+        + (
+            f" SWE-agent traces ({meta['swe_requests']} requests): "
+            f"{100 * meta['swe_unbounded_vs_token_ideal']:.2f}% vs "
+            f"{100 * meta['swe_blocks_only_vs_token_ideal']:.2f}%, "
+            f"completion tokens reused {100 * meta['swe_completion_reused']:.1f}%."
+            if "swe_requests" in meta
+            else ""
+        ),
         "",
         "| tier 1 | arm | hit rate | reply reused | ttft p50/p95 ms | 8b ttft p50/p95 ms | MiB to/from t2 "
         "| 8b GiB moved | back intact/evicted |",
