@@ -86,6 +86,7 @@ class Tier2Store:
         self.capacity_bytes = capacity_bytes
         self.enabled = capacity_bytes > 0
         self._sizes: OrderedDict[bytes, int] = OrderedDict()  # least recently used first
+        self._devices: dict[bytes, torch.device] = {}  # where each block lived in tier 1 (it goes back there)
         self.used_bytes = 0
         self.bytes_written = 0
         self.bytes_read = 0
@@ -104,24 +105,29 @@ class Tier2Store:
         dropped: list[bytes] = []
         while self.used_bytes + nbytes > self.capacity_bytes and self._sizes:
             old, size = self._sizes.popitem(last=False)
+            self._devices.pop(old, None)
             self._delete(old)
             self.used_bytes -= size
             dropped.append(old)
         if not self._write(key, parent, tokens, payload):
             return [*dropped, key]
         self._sizes[key] = nbytes
+        self._devices[key] = payload.device
         self.used_bytes += nbytes
         self.bytes_written += nbytes
         return dropped
 
     def get(self, key: bytes, parent: bytes, tokens: Sequence[int]) -> torch.Tensor | None:
-        """The block, removed from this tier (it goes back to tier 1); None (and dropped) on any fault."""
+        """The block, removed from this tier, on its tier-1 device; None (and dropped) on any fault."""
         size = self._sizes.pop(key, None)
         if size is None:
             return None
         self.used_bytes -= size
+        device = self._devices.pop(key, None)
         try:
             payload = self._read(key, parent, tokens)
+            if payload is not None and device is not None:
+                payload = payload.to(device)
         except Exception as exc:  # a damaged block is a miss, never an error
             log.warning("tier-2 block %s unreadable (%s): treated as a miss", key.hex(), exc)
             payload = None
@@ -132,6 +138,7 @@ class Tier2Store:
 
     def discard(self, key: bytes) -> None:
         size = self._sizes.pop(key, None)
+        self._devices.pop(key, None)
         if size is not None:
             self.used_bytes -= size
             self._delete(key)
