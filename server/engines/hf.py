@@ -308,6 +308,11 @@ class HFEngine:
         """The service says what the session's reply ended with: tool calls (named) or text."""
         self.cache.reply_finished(session_key, tuple(tool_names))
 
+    @property
+    def cache_tiers(self) -> tuple[str, ...]:
+        """The prefix cache's tiers, first to last (for cache-miss reasons)."""
+        return self.cache.tier_names(self.device.type)
+
     def lookup_report(self, session_key: str) -> LookupReport | None:
         """The prefix-cache lookup of the session's latest request (for cache-miss reasons)."""
         return self.cache.last_lookup(session_key)

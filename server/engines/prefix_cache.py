@@ -328,6 +328,14 @@ class PrefixCache(BlockIndex):
     def tier2_bytes(self) -> int:
         return self.tier2.used_bytes if self.tier2 is not None else 0
 
+    def tier_names(self, device_type: str) -> tuple[str, ...]:
+        """Where blocks live, tier 1 first (cache-miss reasons name the last as where blocks were lost)."""
+        names = [f"tier 1 ({device_type} memory)"]
+        if self.tier2 is not None:
+            where = getattr(self.tier2, "path", None)
+            names.append(f"tier 2 (disk folder {where})" if where else "tier 2 (host RAM)")
+        return tuple(names)
+
     def stats(self) -> dict[str, float]:
         """Counters and gauges for /metrics (``agentserve_engine_prefix_cache_*``; see kv_sessions)."""
         with self._lock:

@@ -74,6 +74,7 @@ def test_block_restored_from_tier2_gives_scratch_logits(model, tmp_path, where):
     tier2 = {"memory_mb": 16, "restore": "always", "path": str(tmp_path) if where == "disk" else None}
     eng = engine(model, tier2)
     assert eng.cache.tier2 is not None and eng.cache.tier2.kind == where
+    assert eng.cache_tiers[0] == "tier 1 (cpu memory)" and eng.cache_tiers[-1].startswith("tier 2 (")
     a = ids_of(1, 70)
     reply = run_turn(eng, a, "a")
     push_out(eng, a)
