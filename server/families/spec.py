@@ -95,6 +95,7 @@ class Family:
     version: str | None = None
     versions: tuple[str, ...] = ()
     call_id: dict[str, Any] = field(default_factory=dict)  # how our replies' call ids look
+    test_model: dict[str, Any] = field(default_factory=dict)  # make-test-model: {vocab: llama3|tekken|qwen}
 
     @property
     def ref(self) -> str:
@@ -180,4 +181,5 @@ def load_family(ref: str) -> Family:
         version=version or None,
         versions=tuple(sorted(versions)),
         call_id=dict(data.get("call_id") or {}),
+        test_model=dict(data.get("test_model") or {}),
     )
