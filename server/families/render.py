@@ -334,7 +334,9 @@ class FamilyRenderer:
                 parts.append(_template(layout.user).render(**{**ctx, **_own_tools_turn(tools_block)}))
             i += 1
         if place == "own_user_turn" and tool_ctx and first_system < 0:
-            parts.insert(1, _template(layout.user).render(**{**base, "m": None, **_own_tools_turn(tools_block)}))
+            parts.insert(
+                1, _template(layout.user).render(**{**base, "m": None, **_own_tools_turn(tools_block)})
+            )
         if add_generation_prompt:
             parts.append(layout.generation_prompt)
         names = tuple(str(t.get("function", {}).get("name", "")) for t in tools or [])

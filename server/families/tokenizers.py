@@ -78,7 +78,14 @@ QWEN_SPECIALS = [
     "<think>",
     "</think>",
 ]
-QWEN_NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
+QWEN_NOT_SPECIAL = {
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+}
 
 
 def llama3_vocab_file() -> Path:
@@ -114,7 +121,9 @@ def _tiktoken(vocab: Path, pattern: str, specials: list[str], not_special: set[s
 @cache
 def llama3_tokenizer() -> Any:
     tok = _tiktoken(llama3_vocab_file(), LLAMA3_PATTERN, LLAMA3_SPECIALS)
-    return _fast(tok, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", pad_token="<|finetune_right_pad_id|>")
+    return _fast(
+        tok, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", pad_token="<|finetune_right_pad_id|>"
+    )
 
 
 @cache

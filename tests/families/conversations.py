@@ -38,7 +38,10 @@ BROWSER = {
         "description": "Open a URL; returns the page text (möglich: Umlaute).",
         "parameters": {
             "type": "object",
-            "properties": {"url": {"type": "string"}, "opts": {"type": "object", "properties": {"wait": {"type": "integer"}}}},
+            "properties": {
+                "url": {"type": "string"},
+                "opts": {"type": "object", "properties": {"wait": {"type": "integer"}}},
+            },
         },
     },
 }
@@ -49,7 +52,7 @@ _ARGS = [
     ("shell_exec", {"cmd": "ls -la /tmp && echo 'done'"}),
     ("browser_open", {"url": "https://example.org/ü?q=1", "opts": {"wait": 3}}),
     ("get_weather", {"city": "Zürich"}),
-    ("shell_exec", {"cmd": "python -c \"print(1)\""}),
+    ("shell_exec", {"cmd": 'python -c "print(1)"'}),
 ]
 _RESULTS = ['{"temp": 21, "sky": "clear"}', "total 0\ndone", "<html>Hallo Welt</html>", "22", "1"]
 _USER = [
@@ -73,7 +76,9 @@ def _assistant_calls(k: int, n: int, counter: list[int]) -> tuple[dict[str, Any]
         name, args = _ARGS[(k + j) % len(_ARGS)]
         counter[0] += 1
         cid = call_id(counter[0])
-        calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}})
+        calls.append(
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        )
         results.append({"role": "tool", "tool_call_id": cid, "content": _RESULTS[(k + j) % len(_RESULTS)]})
     return {"role": "assistant", "content": None, "tool_calls": calls}, results
 
@@ -86,7 +91,12 @@ def conversations() -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
         counter = [k * 10]
         msgs: list[dict[str, Any]] = []
         if k % 3 != 2:
-            msgs.append({"role": "system", "content": "You are a careful agent. Réponds brièvement." if k % 2 else "Be brief."})
+            msgs.append(
+                {
+                    "role": "system",
+                    "content": "You are a careful agent. Réponds brièvement." if k % 2 else "Be brief.",
+                }
+            )
         turns = 1 + k % 4
         for t in range(turns):
             msgs.append({"role": "user", "content": _USER[(k + t) % len(_USER)]})

@@ -45,15 +45,14 @@ def _official_messages(messages: list[dict], tools: list[dict]) -> list[RawMessa
     first_system = messages[0]["content"] if messages[0]["role"] == "system" else DEFAULT_SYSTEM
     rest = messages[1:] if messages[0]["role"] == "system" else messages
     if tools:
-        system = (
-            f"Environment: ipython\n\nCutting Knowledge Date: December 2023\nToday Date: {DATE}\n\n{first_system}\n"
-        )
+        system = f"Environment: ipython\n\nCutting Knowledge Date: December 2023\nToday Date: {DATE}\n\n{first_system}\n"
     else:
         system = first_system
     raw = [RawMessage(role="system", content=system)]
     if tools:
         listing = "\n".join(
-            json.dumps({"type": "function", "function": canonical_function(t)}, indent=4, ensure_ascii=False) for t in tools
+            json.dumps({"type": "function", "function": canonical_function(t)}, indent=4, ensure_ascii=False)
+            for t in tools
         )
         raw.append(
             RawMessage(
@@ -66,11 +65,19 @@ def _official_messages(messages: list[dict], tools: list[dict]) -> list[RawMessa
     for m in rest:
         if m["role"] == "assistant":
             calls = [
-                ToolCall(call_id=c["id"], tool_name=c["function"]["name"], arguments=sorted_args(c["function"]["arguments"]))
+                ToolCall(
+                    call_id=c["id"],
+                    tool_name=c["function"]["name"],
+                    arguments=sorted_args(c["function"]["arguments"]),
+                )
                 for c in m.get("tool_calls") or []
             ]
             stop = StopReason.end_of_message if calls else StopReason.end_of_turn
-            raw.append(RawMessage(role="assistant", content=m.get("content") or "", tool_calls=calls, stop_reason=stop))
+            raw.append(
+                RawMessage(
+                    role="assistant", content=m.get("content") or "", tool_calls=calls, stop_reason=stop
+                )
+            )
         else:
             raw.append(RawMessage(role=m["role"], content=m["content"]))
     return raw
@@ -93,7 +100,9 @@ def test_corpus_covers_the_features() -> None:
     n_calls = [sum(len(m.get("tool_calls") or []) for m in msgs) for msgs, _ in CASES]
     multi = [any(len(m.get("tool_calls") or []) > 1 for m in msgs) for msgs, _ in CASES]
     assert len(CASES) >= 20
-    assert any(msgs[0]["role"] == "system" for msgs, _ in CASES) and any(msgs[0]["role"] == "user" for msgs, _ in CASES)
+    assert any(msgs[0]["role"] == "system" for msgs, _ in CASES) and any(
+        msgs[0]["role"] == "user" for msgs, _ in CASES
+    )
     assert any(t for _, t in CASES) and any(not t for _, t in CASES)
     assert any(n == 1 for n in n_calls) and any(multi)
     assert any(sum(m["role"] == "user" for m in msgs) >= 3 for msgs, _ in CASES)
@@ -105,4 +114,6 @@ def test_date_is_pinned_not_the_clock() -> None:
     messages, tools = CASES[0]
     msgs = [ChatMessage(**m) for m in messages]
     assert "Today Date: 26 Jul 2024" in FamilyRenderer("llama3_json").render(msgs, tools).text
-    assert "Today Date: 1 Jan 2030" in FamilyRenderer("llama3_json", date="1 Jan 2030").render(msgs, tools).text
+    assert (
+        "Today Date: 1 Jan 2030" in FamilyRenderer("llama3_json", date="1 Jan 2030").render(msgs, tools).text
+    )

@@ -34,12 +34,35 @@ def _tekken(version: str, folder: Path) -> Path:
     data["config"]["version"] = version
     data.pop("image", None)
     if version in ("v11", "v13"):
-        names = [
-            "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
-            "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]",
-            "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]",
-        ] + [f"<SPECIAL_{i}>" for i in range(20, 32)] + ["[ARGS]", "[CALL_ID]"]
-        data["special_tokens"] = [{"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(names)]
+        names = (
+            [
+                "<unk>",
+                "<s>",
+                "</s>",
+                "[INST]",
+                "[/INST]",
+                "[AVAILABLE_TOOLS]",
+                "[/AVAILABLE_TOOLS]",
+                "[TOOL_RESULTS]",
+                "[/TOOL_RESULTS]",
+                "[TOOL_CALLS]",
+                "[IMG]",
+                "<pad>",
+                "[IMG_BREAK]",
+                "[IMG_END]",
+                "[PREFIX]",
+                "[MIDDLE]",
+                "[SUFFIX]",
+                "[SYSTEM_PROMPT]",
+                "[/SYSTEM_PROMPT]",
+                "[TOOL_CONTENT]",
+            ]
+            + [f"<SPECIAL_{i}>" for i in range(20, 32)]
+            + ["[ARGS]", "[CALL_ID]"]
+        )
+        data["special_tokens"] = [
+            {"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(names)
+        ]
     path = folder / f"tekken_{version}.json"
     path.write_text(json.dumps(data))
     return path
@@ -70,7 +93,13 @@ def _official_request(messages: list[dict], tools: list[dict]) -> ChatCompletion
         if m.get("tool_calls"):
             m["content"] = None
             m["tool_calls"] = [
-                {**c, "function": {**c["function"], "arguments": json.dumps(sorted_args(c["function"]["arguments"]))}}
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.dumps(sorted_args(c["function"]["arguments"])),
+                    },
+                }
                 for c in m["tool_calls"]
             ]
         msgs.append(m)
