@@ -45,7 +45,8 @@ def _official_messages(messages: list[dict], tools: list[dict]) -> list[RawMessa
     first_system = messages[0]["content"] if messages[0]["role"] == "system" else DEFAULT_SYSTEM
     rest = messages[1:] if messages[0]["role"] == "system" else messages
     if tools:
-        system = f"Environment: ipython\n\nCutting Knowledge Date: December 2023\nToday Date: {DATE}\n\n{first_system}\n"
+        header = f"Environment: ipython\n\nCutting Knowledge Date: December 2023\nToday Date: {DATE}\n\n"
+        system = f"{header}{first_system}\n"
     else:
         system = first_system
     raw = [RawMessage(role="system", content=system)]
@@ -59,7 +60,8 @@ def _official_messages(messages: list[dict], tools: list[dict]) -> list[RawMessa
                 role="user",
                 content="Answer the user's question by making use of the following functions if needed.\n"
                 "If none of the function can be used, please say so.\n"
-                f"Here is a list of functions in JSON format:\n{listing}\n\nReturn function calls in JSON format.",
+                f"Here is a list of functions in JSON format:\n{listing}\n\n"
+                "Return function calls in JSON format.",
             )
         )
     for m in rest:
