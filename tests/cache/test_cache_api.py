@@ -1,4 +1,4 @@
-"""Over HTTP with the openai client (embedded model): the report's type, cost and fix; comparisons; metrics."""
+"""Over HTTP with the openai client (embedded model): type, cost and fix; comparisons; metrics."""
 
 from __future__ import annotations
 
