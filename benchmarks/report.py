@@ -159,6 +159,9 @@ def summarize(records: list[dict[str, Any]], at_turn: int = 30) -> list[dict[str
     return rows
 
 
+_NO_MISS = ("cache off", "tail")
+
+
 def loss_by_type(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Per label: tokens of the ideal that were not served, by the miss type the server reported."""
     out: dict[str, dict[str, int]] = {}
@@ -166,7 +169,8 @@ def loss_by_type(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
         if r.get("error") or not r.get("ideal"):
             continue
         lost = max(0, r["ideal"] - (r["cached_tokens"] or 0))
-        kind = (r.get("cache") or {}).get("type") or "tail"
+        cache = r.get("cache") or {}
+        kind = cache.get("type") or ("cache off" if "cache is off" in (cache.get("reason") or "") else "tail")
         by = out.setdefault(r["label"], {})
         by[kind] = by.get(kind, 0) + lost
     return out
@@ -175,7 +179,9 @@ def loss_by_type(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
 def loss_lines(records: list[dict[str, Any]]) -> list[str]:
     """A markdown table: each variant's hit-rate loss (share of its ideal) per miss type."""
     losses = loss_by_type(records)
-    kinds = sorted({k for by in losses.values() for k, v in by.items() if v}, key=lambda k: (k == "tail", k))
+    kinds = sorted(
+        {k for by in losses.values() for k, v in by.items() if v}, key=lambda k: (k in _NO_MISS, k)
+    )
     if not kinds:
         return []
     ideal = defaultdict(int)
@@ -183,7 +189,7 @@ def loss_lines(records: list[dict[str, Any]]) -> list[str]:
         if not r.get("error") and r.get("ideal"):
             ideal[r["label"]] += r["ideal"]
     lines = [
-        "Hit-rate loss by miss type (share of the ideal; tail = partial last block, not a miss):",
+        "Hit-rate loss by miss type (share of the ideal; tail = the partial last block, not a miss):",
         "",
         "| variant | " + " | ".join(kinds) + " |",
         "|---|" + "---|" * len(kinds),

@@ -40,6 +40,7 @@ REASON_TYPES = (
     "unavailable",
 )
 SNIPPET = 24  # characters shown on each side of the first difference
+CACHE_OFF = "prefix cache is off (prefix_cache.enabled: false): nothing is reused, no miss is counted"
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ def diagnose(prev: Prompt, cur: Prompt, state: CacheState, idle_s: float | None 
     if namespace and missed:
         return _miss("settings_changed", missed, diverged, fixes.settings(namespace), {"settings": namespace})
     where = _where(prev, cur, lcp) if diverged is not None else None
+    if not state.enabled:
+        return _none(diverged, CACHE_OFF)
     if not missed:
         return _none(diverged, where[2] if where else None)
     kept = (min(lcp, limit) // g) * g
@@ -211,8 +214,12 @@ def _change(prev: Prompt, cur: Prompt, lcp: int, where: tuple[int, bool, str], m
             return Diagnosis(
                 "settings_changed", missed, lcp, f"{reason}; {text}", fix, {"settings": settings}
             )
-        seg = cfp.segment_at_token(lcp) or pfp.segment_at_token(lcp)
-        detail = {"segment": seg.label if seg else None, "character": at}
+        seg = next((g for g in cfp.segments if g.char_start <= at < g.char_end), None)
+        seg = seg or cfp.segment_at_token(lcp) or pfp.segment_at_token(lcp)
+        detail = {
+            "segment": seg.label if seg else None,
+            "character": max(0, at - seg.char_start) if seg else at,
+        }
         return Diagnosis(
             "template_rewrote_history",
             missed,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from server.cache_diag import CacheState, Prompt, diagnose
 from server.cache_diag.fingerprint import BLOCK, common_prefix, hashed_common_prefix
-from tests.cache.helpers import ENV, SETTINGS, hashed, prompt, run, tool
+from tests.cache.helpers import SETTINGS, hashed, prompt, run, tool
 
 LONG = "Rules: be precise, cite files, run the tests before you answer. " * 12
 SYSTEM = {"role": "system", "content": "Time: 10:41:07. You are an agent. " + LONG}
@@ -123,11 +121,11 @@ def test_template_rewrite_settings_and_model(tokenizer):
     cur_shown = [*shown, {"role": "assistant", "content": "ok"}, TAIL]
     d = run(base, prompt(tokenizer, cur_msgs, TOOLS, rendered_messages=cur_shown))
     assert d.type == "template_rewrote_history" and d.detail["segment"] == "message 2 (assistant)"
+    assert d.detail["character"] == 0
     assert d.fix and "template" in d.fix
     # the same rendering change while the family setting changed: settings_changed
-    env = dataclasses.replace(ENV, tools_preamble=ENV.tools_preamble + " ")
     other = {**SETTINGS, "envelope": "other"}
-    d = run(base, prompt(tokenizer, cur_msgs, TOOLS, settings=other, envelope=env))
+    d = run(base, prompt(tokenizer, cur_msgs, TOOLS, settings=other, rendered_messages=cur_shown))
     assert d.type == "settings_changed" and d.detail["settings"] == ["envelope"]
     # a new cache namespace misses even with identical tokens
     ns = {**SETTINGS, "cache_namespace": "tenant-b"}
@@ -148,6 +146,7 @@ def test_eviction_and_expiry_say_tier_and_idle_time(tokenizer):
     assert run(a, b, cached=0, idle=100.0, retention_s=300.0).type == "evicted"
     off = run(a, b, cached=0, enabled=False)
     assert off.type is None and off.missed_tokens == 0  # nothing is expected from a cache that is off
+    assert "prefix cache is off" in off.reason
 
 
 def test_change_and_eviction_together_take_the_larger(tokenizer):
