@@ -35,6 +35,13 @@ def _json(value: Any, indent: int | None = None, ascii: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ascii, indent=indent, separators=None if indent else (", ", ": "))
 
 
+def _pyval(value: Any, json: bool = True) -> str:
+    """A value as Jinja's ``| string`` writes it (True, 3, 1.5), JSON for objects and arrays."""
+    if json and isinstance(value, (dict, list)):
+        return _json(value)
+    return str(value)
+
+
 def _seg(label: str, text: Any) -> str:
     text = str(text)
     return f"{_OPEN}{label}{_MID}{text}{_CLOSE}" if text else ""
@@ -46,6 +53,7 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
     )
     env.filters["json"] = _json
+    env.filters["pyval"] = _pyval
     env.globals["seg"] = _seg
     return env
 
@@ -212,7 +220,7 @@ class FamilyRenderer:
             else:
                 open_ids, open_count = {}, 0
 
-    def _normalise(self, msgs: list[_Msg]) -> tuple[list[_Msg], str]:
+    def _normalise(self, msgs: list[_Msg], has_tools: bool) -> tuple[list[_Msg], str]:
         layout = self.family.layout
         system_text = ""
         if layout.system_placement == "last_user":
@@ -243,6 +251,7 @@ class FamilyRenderer:
         elif (
             layout.system_placement == "turn"
             and self.family.default_system
+            and (has_tools or not layout.default_system_only_with_tools)
             and (not merged or merged[0].role != "system")
         ):
             merged.insert(0, _Msg(-1, "system", self.family.default_system))
@@ -274,7 +283,7 @@ class FamilyRenderer:
         fam, layout = self.family, self.family.layout
         msgs = self._messages(messages)
         self._check(msgs)
-        turns, system_text = self._normalise(msgs)
+        turns, system_text = self._normalise(msgs, bool(tools))
         tool_ctx = self._tools(list(tools or []))
         base = {"date": self.date, "tools": tool_ctx, "default_system": fam.default_system}
         tools_block = _template(layout.tools_block).render(**base) if tool_ctx else ""
