@@ -13,9 +13,11 @@ data or config), never read from the clock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Sequence
+import string
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -415,6 +417,20 @@ def _extract(marked: str, tool_names: tuple[str, ...]) -> RenderedPrompt:
         length += len(body)
         pos = end + 1
     return RenderedPrompt("".join(text), tuple(segments), tool_names)
+
+
+def call_id(style: Mapping[str, Any], request_id: str, index: int) -> str:
+    """The id of our reply's ``index``-th tool call, in the family's format (family ``call_id``).
+
+    ``{length: 9, alphabet: alnum}`` (Mistral: 9 letters/digits, derived from the request id);
+    else ``{prefix}`` + the request id's tail + ``_index`` (OpenAI-like).
+    """
+    length = int(style.get("length", 0))
+    if length:
+        digest = hashlib.sha256(f"{request_id}/{index}".encode()).digest()
+        alphabet = string.ascii_letters + string.digits
+        return "".join(alphabet[b % len(alphabet)] for b in digest[:length])
+    return f"{style.get('prefix', 'call_')}{request_id[-12:]}_{index}"
 
 
 @cache

@@ -96,6 +96,7 @@ class Family:
     version: str | None = None
     versions: tuple[str, ...] = ()
     call_id: dict[str, Any] = field(default_factory=dict)  # how our replies' call ids look
+    version_detect: tuple[dict[str, Any], ...] = ()  # [{version, special_tokens, template_contains}]
     test_model: dict[str, Any] = field(default_factory=dict)  # make-test-model: {vocab: llama3|tekken|qwen}
 
     @property
@@ -182,5 +183,6 @@ def load_family(ref: str) -> Family:
         version=version or None,
         versions=tuple(sorted(versions)),
         call_id=dict(data.get("call_id") or {}),
+        version_detect=tuple(data.get("version_detect") or ()),
         test_model=dict(data.get("test_model") or {}),
     )
