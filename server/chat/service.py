@@ -22,14 +22,14 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_report import CacheExplanation, SessionPrompt, SessionTable, explain
-from server.chat.family_choice import choose_family, envelope_name
+from server.chat.family_choice import choose_family, envelope_name, make_renderer
 from server.chat.template import render_chat
 from server.chat.toolcalls import CallDelta, ContentDelta, StreamingToolCallParser
 from server.config import Settings
 from server.engines.base import Engine, GenerationRequest, SamplingParams
 from server.errors import ContextLengthExceeded, GenerationError, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
-from server.families.render import FamilyRenderer, call_id
+from server.families.render import call_id
 from server.families.rendered import RenderedPrompt, Segment
 from server.masking.constraint import ConstraintFactory
 from server.masking.interface import TokenConstraint
@@ -78,7 +78,7 @@ class ChatService:
         self.metrics = metrics
         self.family_selection = choose_family(settings, engine.tokenizer)
         self.family = self.family_selection.family
-        self.renderer = FamilyRenderer(self.family)
+        self.renderer = make_renderer(settings, self.family_selection, engine.tokenizer)
         envelope = envelope_name(settings, self.family_selection)
         self.envelope = load_envelope(envelope)
         how = self.family_selection.how

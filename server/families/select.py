@@ -16,7 +16,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.families.spec import Detect, Family, FamilyError, family_choices, family_names, load_family
+from server.families.spec import (
+    Detect,
+    Family,
+    FamilyError,
+    Layout,
+    Rules,
+    family_choices,
+    family_names,
+    load_family,
+)
+
+MODEL_TEMPLATE = "model"  # model_family: model = the model folder's own chat template
+MODEL_FAMILY = Family(
+    name=MODEL_TEMPLATE,
+    envelope="hermes",
+    description="the model folder's own Jinja chat template (server/families/model_template.py)",
+    models=(),
+    default_system="",
+    date=None,
+    detect=Detect(),
+    rules=Rules(),
+    layout=Layout(),
+)
 
 
 @dataclass(frozen=True)
@@ -113,6 +135,8 @@ def detect_family(facts: ModelFacts) -> Selection | None:
 
 def select_family(model_family: str, folder: Path | None, tokenizer: Any = None) -> Selection:
     """The family for this deployment; FamilyError (names the choices) when none fits."""
+    if model_family == MODEL_TEMPLATE:
+        return Selection(MODEL_FAMILY, "config model_family: the model's own chat template")
     if model_family and model_family != "auto":
         return Selection(load_family(model_family), "config model_family")
     facts = model_facts(folder, tokenizer)
@@ -121,8 +145,11 @@ def select_family(model_family: str, folder: Path | None, tokenizer: Any = None)
     found = detect_family(facts)
     if found is not None:
         return found
+    if facts.chat_template.strip():
+        return Selection(MODEL_FAMILY, "no family file matches: the model's own chat template")
     raise FamilyError(
         f"no model family matches the model at {folder} (model_type {facts.model_type!r}; none of the "
-        f"families' special tokens / chat template markers found): set model_family in the config to one of "
-        f"{family_choices()}"
+        f"families' special tokens / chat template markers found, and the folder has no chat template): "
+        f"set model_family in the config to one of {family_choices()}, or add the model's "
+        f"chat_template.jinja and use model_family: model"
     )
