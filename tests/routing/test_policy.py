@@ -145,7 +145,7 @@ def test_least_loaded_picks_fewest_in_flight_and_rotates_ties():
 
 
 def test_registry_builds_the_configured_policy():
-    assert policy_names() == ["affinity", "least_loaded", "round_robin"]
+    assert policy_names() == ["affinity", "least_loaded", "prefix", "prefix_affinity", "round_robin"]
     p = make_policy(RoutingSettings(policy="affinity", load_epsilon=0.5, load_floor=2))
     assert isinstance(p, RendezvousPolicy) and (p.load_epsilon, p.load_floor) == (0.5, 2)
     assert make_policy(RoutingSettings(policy="round_robin")).name == "round_robin"
