@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             from server.routing.router import serve_router
 
             if not args.worker and not args.workers_dns:
-                raise ConfigError("no workers: pass --worker URL (repeat per worker) or --workers-dns NAME:PORT")
+                raise ConfigError(
+                    "no workers: pass --worker URL (repeat per worker) or --workers-dns NAME:PORT"
+                )
             if args.workers_dns:
                 serve_router(settings, args.worker, workers_dns=args.workers_dns)
             else:

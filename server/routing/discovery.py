@@ -52,8 +52,10 @@ class DnsDiscovery:
     def parse(cls, target: str, interval_s: float, resolver: Resolver = system_resolver) -> DnsDiscovery:
         name, sep, port = target.rpartition(":")
         if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"--workers-dns {target!r}: expected NAME:PORT, e.g. "
-                             "agentserve-workers.default.svc.cluster.local:8000")
+            raise ValueError(
+                f"--workers-dns {target!r}: expected NAME:PORT, e.g. "
+                "agentserve-workers.default.svc.cluster.local:8000"
+            )
         return cls(name, int(port), interval_s, resolver)
 
     async def refresh(self, pool: WorkerPool) -> bool:

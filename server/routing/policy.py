@@ -51,8 +51,12 @@ class Selection:
 class RoutingPolicy(Protocol):
     name: str
 
-    def select_worker(self, key: str, workers: Sequence[WorkerLoad], prefix: str | None = None,
-                      ) -> Selection | None:
+    def select_worker(
+        self,
+        key: str,
+        workers: Sequence[WorkerLoad],
+        prefix: str | None = None,
+    ) -> Selection | None:
         """The selection for session ``key`` (``prefix``: its prefix hash, for policies that
         place by it); None when no worker is healthy."""
         ...

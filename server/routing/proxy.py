@@ -21,12 +21,12 @@ Request lifecycle
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
 
-import anyio
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.auth import TENANT_HEADER, TOKEN_HEADER, authenticate_key, cache_salt, namespaced_session
 from server.auth import router_headers as tenant_headers
@@ -40,8 +40,17 @@ if TYPE_CHECKING:
 
 WORKER_HEADER = "x-agentserve-worker"
 _DROP = {
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
-    b"transfer-encoding", b"upgrade", b"host", b"content-length", TENANT_HEADER.encode(),
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailers",
+    b"transfer-encoding",
+    b"upgrade",
+    b"host",
+    b"content-length",
+    TENANT_HEADER.encode(),
     TOKEN_HEADER.encode(),
 }
 
@@ -94,8 +103,9 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"request body is over {limit} bytes (limits.max_request_bytes): "
-                                  "send a shorter conversation")
+            raise PayloadTooLarge(
+                f"request body is over {limit} bytes (limits.max_request_bytes): send a shorter conversation"
+            )
         parts.append(chunk)
         if not message.get("more_body", False):
             break
@@ -122,25 +132,49 @@ class _Retry(Exception):
 class ProxyCall:
     """One proxied request; watches for the client disconnect while it runs."""
 
-    def __init__(self, router: Router, method: str, target: str, headers: list[tuple[bytes, bytes]],
-                 body: bytes, key: str | None, prefix: str | None, t0: float) -> None:
+    def __init__(
+        self,
+        router: Router,
+        method: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        key: str | None,
+        prefix: str | None,
+        t0: float,
+    ) -> None:
         self.router, self.method, self.target, self.headers = router, method, target, headers
         self.body, self.key, self.prefix, self.t0 = body, key, prefix, t0
 
     async def __call__(self, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as tg:
+        task = asyncio.current_task()
+        assert task is not None
+        state = {"gone": False, "finished": False}
 
-            async def watch_disconnect() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
-                tg.cancel_scope.cancel()  # closes the upstream connection: the worker stops
-
-            tg.start_soon(watch_disconnect)
-            try:
-                await self._run(send)
-            except OSError:  # the client went away while we were sending
+        async def watch_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
                 pass
-            tg.cancel_scope.cancel()
+            if not state["finished"]:
+                state["gone"] = True
+                task.cancel()  # closes the upstream connection: the worker stops
+
+        async def tracked_send(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["finished"] = True  # from here on a "disconnect" is just the end of the response
+
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        try:
+            await self._run(tracked_send)
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            task.uncancel()
+        except OSError:  # the client went away while we were sending
+            pass
+        finally:
+            state["finished"] = True
+            watcher.cancel()
 
     async def _run(self, send: Send) -> None:
         m = self.router.metrics
@@ -162,7 +196,9 @@ class ProxyCall:
             except _Retry as exc:
                 failures.append(f"{worker.id}: {exc}")
                 m.failovers.labels(worker.id).inc()
-        exc = UpstreamUnavailable("no worker could take the request (" + "; ".join(failures) + "); retry shortly")
+        exc = UpstreamUnavailable(
+            "no worker could take the request (" + "; ".join(failures) + "); retry shortly"
+        )
         await send_json(send, exc.status, exc.body())
 
     async def _attempt(self, worker: Worker, send: Send) -> None:
@@ -172,7 +208,9 @@ class ProxyCall:
         try:
             t_forward = time.perf_counter()
             try:
-                resp = await router.upstream.send(worker.url, self.method, self.target, self.headers, self.body)
+                resp = await router.upstream.send(
+                    worker.url, self.method, self.target, self.headers, self.body
+                )
             except UpstreamConnectError as exc:  # refused / unreachable: the worker is gone
                 router.pool.mark_down(worker, f"connect failed: {exc}")
                 m.upstream_errors.labels(worker.id, "connect").inc()
@@ -189,7 +227,9 @@ class ProxyCall:
                 headers.append((WORKER_HEADER.encode(), worker.id.encode()))
                 if resp.status >= 500:
                     m.upstream_errors.labels(worker.id, "status_5xx").inc()
-                is_stream = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+                is_stream = any(
+                    k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
+                )
                 chunks = resp.chunks()
                 try:
                     first = await anext(chunks, b"") if is_stream else b"".join([c async for c in chunks])
@@ -217,10 +257,12 @@ class ProxyCall:
                     m.upstream_errors.labels(worker.id, "midstream").inc()
                     status = "midstream_error"
                     what = "stopped answering" if isinstance(exc, UpstreamTimeout) else "failed"
-                    await relay.fail(UpstreamUnavailable(
-                        f"worker {worker.id} {what} mid-stream ({exc}); the answer is incomplete: "
-                        "retry the request"
-                    ))
+                    await relay.fail(
+                        UpstreamUnavailable(
+                            f"worker {worker.id} {what} mid-stream ({exc}); the answer is incomplete: "
+                            "retry the request"
+                        )
+                    )
                     return
                 await relay.finish()
             finally:

@@ -55,8 +55,11 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if exc is None and self.headers_done and not any(
-                k in (b"content-length", b"transfer-encoding") for k, _ in self.headers):
+        if (
+            exc is None
+            and self.headers_done
+            and not any(k in (b"content-length", b"transfer-encoding") for k, _ in self.headers)
+        ):
             self.complete = True  # a body delimited by the end of the connection
         if not self.complete and self.error is None:
             self.error = UpstreamLost("the worker closed the connection")
@@ -158,8 +161,10 @@ class RawUpstream:
         if addr is None:
             u = urlsplit(base_url)
             if u.scheme != "http" or not u.hostname:
-                raise UpstreamConnectError(f"the raw upstream speaks plain http only, not {base_url!r}: "
-                                           "set routing.upstream: httpx for https workers")
+                raise UpstreamConnectError(
+                    f"the raw upstream speaks plain http only, not {base_url!r}: "
+                    "set routing.upstream: httpx for https workers"
+                )
             port = u.port or 80
             addr = self._addr[base_url] = (u.hostname, port, f"{u.hostname}:{port}".encode())
         return addr
@@ -168,8 +173,9 @@ class RawUpstream:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Conn(loop), host, port), self.connect_timeout_s)
-        except asyncio.TimeoutError:
+                loop.create_connection(lambda: _Conn(loop), host, port), self.connect_timeout_s
+            )
+        except TimeoutError:
             raise UpstreamTimeout("connect timed out") from None
         except OSError as exc:
             raise UpstreamConnectError(f"{exc.strerror or exc}") from None
@@ -185,12 +191,24 @@ class RawUpstream:
             conn._close()
         return None
 
-    async def send(self, base_url: str, method: str, target: str, headers: Headers, body: bytes,
-                   ) -> RawResponse:
+    async def send(
+        self,
+        base_url: str,
+        method: str,
+        target: str,
+        headers: Headers,
+        body: bytes,
+    ) -> RawResponse:
         host, port, host_header = self._parse(base_url)
         key = (host, port)
-        head = [f"{method} {target} HTTP/1.1\r\n".encode(), b"host: ", host_header,
-                b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+        head = [
+            f"{method} {target} HTTP/1.1\r\n".encode(),
+            b"host: ",
+            host_header,
+            b"\r\ncontent-length: ",
+            str(len(body)).encode(),
+            b"\r\n",
+        ]
         for k, v in headers:
             head += [k, b": ", v, b"\r\n"]
         head.append(b"\r\n")

@@ -75,7 +75,7 @@ def banded_order(prefix: str, key: str, worker_ids: Sequence[str], spread: int) 
     out: list[int] = []
     start, size = 0, spread
     while start < len(ranked):
-        band = ranked[start:start + size]
+        band = ranked[start : start + size]
         out += sorted(band, key=lambda i: (-score(key, worker_ids[i]), worker_ids[i]))
         start, size = start + size, size * 2
     return out
@@ -88,8 +88,9 @@ def load_cap(in_flight: Sequence[int], epsilon: float, floor: int = 1) -> int:
     return max(floor, bound)
 
 
-def bounded_pick(ranked: Sequence[int], workers: Sequence[WorkerLoad], epsilon: float,
-                 floor: int) -> Selection | None:
+def bounded_pick(
+    ranked: Sequence[int], workers: Sequence[WorkerLoad], epsilon: float, floor: int
+) -> Selection | None:
     """Walk ``ranked`` (an order over every worker) under the load bound."""
     healthy = [i for i in ranked if workers[i].healthy]
     if not healthy:
@@ -119,8 +120,12 @@ class RendezvousPolicy:
     def order(self, key: str, prefix: str | None, worker_ids: Sequence[str]) -> Sequence[int]:
         return _order(key, tuple(worker_ids))
 
-    def select_worker(self, key: str, workers: Sequence[WorkerLoad], prefix: str | None = None,
-                      ) -> Selection | None:
+    def select_worker(
+        self,
+        key: str,
+        workers: Sequence[WorkerLoad],
+        prefix: str | None = None,
+    ) -> Selection | None:
         ranked = self.order(key, prefix, [w.id for w in workers])
         return bounded_pick(ranked, workers, self.load_epsilon, self.load_floor)
 

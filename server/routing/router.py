@@ -32,8 +32,9 @@ log = logging.getLogger("agentserve.routing")
 class Router:
     """Workers, policy, metrics and the upstream client of one router process."""
 
-    def __init__(self, settings: Settings, specs: Sequence[WorkerSpec],
-                 discovery: DnsDiscovery | None = None) -> None:
+    def __init__(
+        self, settings: Settings, specs: Sequence[WorkerSpec], discovery: DnsDiscovery | None = None
+    ) -> None:
         self.settings = settings
         rs = settings.routing
         self.pool = WorkerPool(specs, rs)
@@ -47,8 +48,13 @@ class Router:
         if self.discovery is not None:
             await self.discovery.start(self.pool)
         await self.pool.start()
-        log.info("router: policy %s over %d workers (%d healthy), upstream %s", self.policy.name,
-                 len(self.pool.workers), self.pool.healthy_count(), self.settings.routing.upstream)
+        log.info(
+            "router: policy %s over %d workers (%d healthy), upstream %s",
+            self.policy.name,
+            len(self.pool.workers),
+            self.pool.healthy_count(),
+            self.settings.routing.upstream,
+        )
 
     async def close(self) -> None:
         if self.discovery is not None:
@@ -69,14 +75,16 @@ class Router:
         if not order:
             errors = "; ".join(f"{w.id}: {w.last_error or 'not checked yet'}" for w in workers)
             raise UpstreamUnavailable(
-                f"no healthy worker: all {len(workers)} workers are out of rotation ({errors or 'none found'}); "
+                f"no healthy worker: all {len(workers)} workers are out of rotation "
+                f"({errors or 'none found'}); "
                 "check that the workers run and answer GET /health"
             )
         return order[: 1 + self.settings.routing.max_failovers], outcome
 
 
-def create_router_app(settings: Settings, workers: Sequence[str | WorkerSpec],
-                      discovery: DnsDiscovery | None = None) -> FastAPI:
+def create_router_app(
+    settings: Settings, workers: Sequence[str | WorkerSpec], discovery: DnsDiscovery | None = None
+) -> FastAPI:
     """The router ASGI app over ``workers`` (URLs, ``ID=URL`` strings or WorkerSpecs) and/or the
     workers a DNS name resolves to."""
     specs = [w if isinstance(w, WorkerSpec) else parse_worker_specs([w])[0] for w in workers]
@@ -91,8 +99,9 @@ def create_router_app(settings: Settings, workers: Sequence[str | WorkerSpec],
         yield
         await router.close()
 
-    app = FastAPI(title="agentserve router", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(
+        title="agentserve router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.router = router
     app.add_middleware(LeanPath, router=router)
 
@@ -130,11 +139,15 @@ def create_router_app(settings: Settings, workers: Sequence[str | WorkerSpec],
         if worker is None:
             last = len(router.pool.workers) - 1
             raise NotFound(f"no worker {ref!r}: use an index 0..{last} or an id from /workers")
-        headers = [(b"authorization", request.headers["authorization"].encode())] \
-            if "authorization" in request.headers else []
+        headers = (
+            [(b"authorization", request.headers["authorization"].encode())]
+            if "authorization" in request.headers
+            else []
+        )
         try:
-            resp = await router.upstream.send(worker.url, "GET", "/metrics",
-                                              headers + router_headers(tenant, auth), b"")
+            resp = await router.upstream.send(
+                worker.url, "GET", "/metrics", headers + router_headers(tenant, auth), b""
+            )
             try:
                 content = b"".join([c async for c in resp.chunks()])
             finally:
@@ -142,13 +155,18 @@ def create_router_app(settings: Settings, workers: Sequence[str | WorkerSpec],
         except UpstreamError as exc:
             raise UpstreamUnavailable(f"worker {worker.id}: metrics unavailable ({exc})") from None
         media = next((v.decode() for k, v in resp.headers if k == b"content-type"), CONTENT_TYPE_LATEST)
-        return Response(content, status_code=resp.status, media_type=media, headers={WORKER_HEADER: worker.id})
+        return Response(
+            content, status_code=resp.status, media_type=media, headers={WORKER_HEADER: worker.id}
+        )
 
     return app
 
 
-def serve_router(settings: Settings, worker_urls: Sequence[str | WorkerSpec], workers_dns: str | None = None,
-                 ) -> None:
+def serve_router(
+    settings: Settings,
+    worker_urls: Sequence[str | WorkerSpec],
+    workers_dns: str | None = None,
+) -> None:
     """Run the router on settings.host:settings.port until SIGINT/SIGTERM."""
     import uvicorn
 
@@ -157,4 +175,13 @@ def serve_router(settings: Settings, worker_urls: Sequence[str | WorkerSpec], wo
         app = create_router_app(settings, worker_urls, discovery)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    uvicorn.run(app, host=settings.host, port=settings.port, access_log=False, log_level="info")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        access_log=False,
+        log_level="info",
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+    )

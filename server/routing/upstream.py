@@ -51,8 +51,14 @@ class UpstreamResponse(Protocol):
 
 
 class Upstream(Protocol):
-    async def send(self, base_url: str, method: str, target: str, headers: Headers, body: bytes,
-                   ) -> UpstreamResponse: ...
+    async def send(
+        self,
+        base_url: str,
+        method: str,
+        target: str,
+        headers: Headers,
+        body: bytes,
+    ) -> UpstreamResponse: ...
 
     async def close(self) -> None: ...
 
@@ -91,8 +97,9 @@ class _HttpxUpstream:
         import httpx
 
         self._httpx = httpx
-        timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s,
-                                pool=connect_timeout_s)
+        timeout = httpx.Timeout(
+            connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s
+        )
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
 
@@ -106,8 +113,14 @@ class _HttpxUpstream:
             return UpstreamLost(type(exc).__name__)
         raise exc
 
-    async def send(self, base_url: str, method: str, target: str, headers: Headers, body: bytes,
-                   ) -> _HttpxResponse:
+    async def send(
+        self,
+        base_url: str,
+        method: str,
+        target: str,
+        headers: Headers,
+        body: bytes,
+    ) -> _HttpxResponse:
         request = self._client.build_request(method, base_url + target, headers=list(headers), content=body)
         try:
             resp = await self._client.send(request, stream=True)
@@ -141,8 +154,7 @@ class _AiohttpUpstream:
         import aiohttp
 
         self._aiohttp = aiohttp
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s,
-                                              sock_read=read_timeout_s)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     def _map(self, exc: Exception) -> UpstreamError:
@@ -157,18 +169,29 @@ class _AiohttpUpstream:
             return UpstreamLost(type(exc).__name__)
         raise exc
 
-    async def send(self, base_url: str, method: str, target: str, headers: Headers, body: bytes,
-                   ) -> _AiohttpResponse:
+    async def send(
+        self,
+        base_url: str,
+        method: str,
+        target: str,
+        headers: Headers,
+        body: bytes,
+    ) -> _AiohttpResponse:
         aiohttp = self._aiohttp
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
-                                                  cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
-                                                  skip_auto_headers=("User-Agent", "Accept-Encoding"))
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            )
         hdrs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         try:
-            resp = await self._session.request(method, base_url + target, headers=hdrs, data=body,
-                                               allow_redirects=False)
+            resp = await self._session.request(
+                method, base_url + target, headers=hdrs, data=body, allow_redirects=False
+            )
         except Exception as exc:
             raise self._map(exc) from None
         return _AiohttpResponse(resp, self._map)

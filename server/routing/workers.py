@@ -60,8 +60,11 @@ class Worker:
 
     def info(self) -> dict[str, object]:
         return {
-            "id": self.id, "url": self.url, "healthy": self.healthy,
-            "in_flight": self.in_flight, "last_error": self.last_error,
+            "id": self.id,
+            "url": self.url,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "last_error": self.last_error,
         }
 
 
