@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from server.chat.envelope import Envelope
+from server.families.envelope import Envelope
 from server.session_key import canonical_json
 
 

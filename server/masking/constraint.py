@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from server.chat.envelope import Envelope
+from server.families.envelope import Envelope
 from server.masking.arguments import make_backend, tool_schema
 from server.masking.tag_watch import TagWatch
 from server.masking.tool_choice import ToolPlan, tool_names
