@@ -63,19 +63,15 @@ def main(argv: list[str] | None = None) -> int:
 
     route = sub.add_parser("route", help="route sessions to workers that run elsewhere")
     _add_settings_flags(route)
-    route.add_argument(
-        "--worker",
-        action="append",
-        required=True,
-        metavar="URL",
-        help="worker base URL, or ID=URL (the id feeds the session hash: give every "
-        "router replica the same ids); repeat per worker",
-    )
-    route.add_argument(
-        "--policy",
-        choices=["affinity", "round_robin", "least_loaded"],
-        help="routing policy (default: routing.policy in the config, else affinity)",
-    )
+    route.add_argument("--worker", action="append", default=[], metavar="URL",
+                       help="worker base URL, or ID=URL (the id feeds the session hash: give every "
+                       "router replica the same ids); repeat per worker")
+    route.add_argument("--workers-dns", metavar="NAME:PORT",
+                       help="discover workers from DNS (e.g. a Kubernetes headless Service), "
+                       "re-resolved every routing.dns_interval_s")
+    route.add_argument("--policy", choices=["prefix_affinity", "affinity", "prefix", "round_robin",
+                                            "least_loaded"],
+                       help="routing policy (default: routing.policy in the config, else prefix_affinity)")
     route.add_argument("--load-epsilon", type=float, help="affinity: spill above (1+eps) x mean in-flight")
 
     sub.add_parser(
@@ -91,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "make-test-model",
         help="a tiny random-weight model folder with a family's real tokenizer (serve it with --model OUT)",
     )
-    make.add_argument(
-        "--family", required=True, help="hermes, llama3_json, mistral[:v3|v7|v11|v13], qwen3_coder"
-    )
+    make.add_argument("--family", required=True, help="hermes, llama3_json, mistral[:v3..v13], qwen3_coder")
     make.add_argument("out", help="folder to write (replaced if it exists)")
     make.add_argument("--layers", type=int, default=2)
     make.add_argument("--hidden", type=int, default=64)
@@ -119,15 +113,19 @@ def main(argv: list[str] | None = None) -> int:
                 serve_worker(settings)
         elif args.command == "route":
             # only the flags given: nested settings merge with the YAML's routing section
-            routing = {
-                k: v
-                for k, v in (("policy", args.policy), ("load_epsilon", args.load_epsilon))
-                if v is not None
-            }
+            routing = {k: v for k, v in (("policy", args.policy), ("load_epsilon", args.load_epsilon))
+                       if v is not None}
             settings = _settings(args, routing=routing or None)
             from server.routing.router import serve_router
 
-            serve_router(settings, args.worker)
+            if not args.worker and not args.workers_dns:
+                raise ConfigError(
+                    "no workers: pass --worker URL (repeat per worker) or --workers-dns NAME:PORT"
+                )
+            if args.workers_dns:
+                serve_router(settings, args.worker, workers_dns=args.workers_dns)
+            else:
+                serve_router(settings, args.worker)
         elif args.command == "make-test-model":
             from server.families.spec import FamilyError
             from server.families.test_model import make_test_model
