@@ -39,6 +39,7 @@ REASON_TYPES = (
     "first_request",
     "unavailable",
 )
+REWRITE = "template_rewrote_history"
 SNIPPET = 24  # characters shown on each side of the first difference
 CACHE_OFF = "prefix cache is off (prefix_cache.enabled: false): nothing is reused, no miss is counted"
 
@@ -209,17 +210,21 @@ def _change(prev: Prompt, cur: Prompt, lcp: int, where: tuple[int, bool, str], m
     change = _pick(structural_changes(pfp, cfp, len(cur.text or "")), at)
     if change is None:
         settings = changed_settings(pfp, cfp)
-        if settings:
+        flagged = REWRITE in cfp.notes  # the renderer saw its template change an earlier turn
+        if settings and not flagged:
             reason, fix = fixes.settings(settings)
             return Diagnosis(
                 "settings_changed", missed, lcp, f"{reason}; {text}", fix, {"settings": settings}
             )
-        seg = next((g for g in cfp.segments if g.char_start <= at < g.char_end), None)
-        seg = seg or cfp.segment_at_token(lcp) or pfp.segment_at_token(lcp)
+        # the earlier turn as the baseline rendered it (characters before ``at`` are the same in both)
+        seg = next((g for g in (*pfp.segments, *cfp.segments) if g.char_start <= at < g.char_end), None)
+        seg = seg or pfp.segment_at_token(lcp) or cfp.segment_at_token(lcp)
         detail = {
             "segment": seg.label if seg else None,
             "character": max(0, at - seg.char_start) if seg else at,
         }
+        if flagged:
+            detail["renderer"] = [n for n in cfp.notes if n != REWRITE]
         return Diagnosis(
             "template_rewrote_history",
             missed,

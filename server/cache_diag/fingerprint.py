@@ -65,6 +65,7 @@ class Fingerprint:
     marks: array  # 'H': per-token mark
     segments: tuple[SegmentMark, ...]
     structured: bool = True  # False for raw completions prompts (no messages / tools)
+    notes: tuple[str, ...] = ()  # what the renderer noticed (e.g. "template_rewrote_history")
 
     def setting(self, name: str) -> str | None:
         return dict(self.settings).get(name)
@@ -186,4 +187,5 @@ def fingerprint(
         marks=marks,
         segments=tuple(segs),
         structured=messages is not None,
+        notes=tuple(getattr(rendered, "notes", ())),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from server.cache_diag import CacheState, Prompt, diagnose
 from server.cache_diag.fingerprint import BLOCK, common_prefix, hashed_common_prefix
 from tests.cache.helpers import SETTINGS, hashed, prompt, run, tool
@@ -197,3 +199,50 @@ def test_raw_completion_prompt(tokenizer):
 
 def _call(name):
     return {"id": "c", "type": "function", "function": {"name": name, "arguments": '{"x": "1"}'}}
+
+
+def test_renderer_note_names_a_template_rewrite_even_when_a_setting_changed(tokenizer):
+    reply = {"role": "assistant", "content": "<think>long plan</think>Answer."}
+    base = prompt(tokenizer, turns(reply, TAIL), TOOLS)
+    msgs = [*turns(reply, TAIL), {"role": "assistant", "content": "ok"}, TAIL]
+    shown = [*turns(dict(reply, content="Answer."), TAIL), {"role": "assistant", "content": "ok"}, TAIL]
+    cur = prompt(
+        tokenizer, msgs, TOOLS, settings={**SETTINGS, "tool_state_machine": "off"}, rendered_messages=shown
+    )
+    assert run(base, cur).type == "settings_changed"  # nothing else explains it
+    noted = dataclasses.replace(cur.fp, notes=("template_rewrote_history", "rewritten before message 2"))
+    d = run(base, Prompt(noted, cur.ids, cur.text, cur.offsets))
+    assert d.type == "template_rewrote_history" and d.detail["renderer"] == ["rewritten before message 2"]
+
+
+def test_a_model_template_that_drops_reasoning_is_named(tokenizer):
+    """famrender's model-template renderer (Qwen3-style) + our diagnosis, end to end on the tokenizer."""
+    from array import array
+
+    from server.cache_diag import fingerprint
+    from server.families.model_template import ModelTemplateRenderer
+    from server.protocol import ChatMessage
+    from tests.families.test_model_template import DROPS_THINKING
+
+    r = ModelTemplateRenderer(DROPS_THINKING)
+
+    def render(msgs):
+        out = r.render([ChatMessage(**m) for m in msgs], None)
+        enc = tokenizer(out.text, add_special_tokens=False, return_offsets_mapping=True)
+        offs = array("l", (s for s, _ in enc["offset_mapping"]))
+        fp = fingerprint(
+            model="m", settings=SETTINGS, ids=enc["input_ids"], offsets=offs, rendered=out, messages=msgs
+        )
+        return Prompt(fp, enc["input_ids"], out.text, offs)
+
+    u1 = {"role": "user", "content": TASK["content"]}
+    a1 = {
+        "role": "assistant",
+        "content": "<think>" + "I should read the file first. " * 12 + "</think>Reading.",
+    }
+    t1 = {"role": "tool", "content": "file contents " * 40}
+    prev = render([u1, a1, t1])
+    cur = render([u1, a1, t1, {"role": "assistant", "content": "Done."}, TAIL])
+    d = run(prev, cur)
+    assert d.type == "template_rewrote_history" and d.detail["segment"] == "message 1 (assistant)"
+    assert d.detail["renderer"] == ["rewritten before message 1"] and "template" in d.fix
