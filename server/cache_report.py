@@ -16,7 +16,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from server.chat.template import RenderedPrompt
+from server.families.rendered import RenderedPrompt
 
 SNIPPET = 24  # characters shown on each side of the first difference
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 from array import array
 
 from server.cache_report import SessionPrompt, SessionTable, common_prefix, explain
-from server.chat.envelope import load_envelope
 from server.chat.template import render_chat
+from server.families.envelope import load_envelope
 from server.protocol import ChatMessage
 
 ENV = load_envelope("hermes")

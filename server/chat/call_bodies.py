@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from server.chat.envelope import Envelope
+from server.families.envelope import Envelope
 from server.families.xml_arguments import parse_xml_arguments
 from server.session_key import canonical_json
 
@@ -98,6 +98,6 @@ def _as_object(args: Any) -> dict | None:
 
 def parse_call_body(body: str) -> ParsedCall | None:
     """A Hermes call body (``{"name": …, "arguments": …}``); kept for callers of the old API."""
-    from server.chat.envelope import load_envelope
+    from server.families.envelope import load_envelope
 
     return BodyParser(load_envelope("hermes")).json_text(body)

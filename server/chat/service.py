@@ -21,13 +21,15 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_report import CacheExplanation, SessionPrompt, SessionTable, explain
-from server.chat.envelope import load_envelope
-from server.chat.template import RenderedPrompt, Segment, render_chat
+from server.chat.template import render_chat
 from server.chat.toolcalls import CallDelta, ContentDelta, StreamingToolCallParser
 from server.config import Settings
-from server.engines.base import Engine, GenerationRequest, SamplingParams, TokenConstraint
+from server.engines.base import Engine, GenerationRequest, SamplingParams
 from server.errors import ContextLengthExceeded, GenerationError, InvalidRequest, ModelNotFound
+from server.families.envelope import load_envelope
+from server.families.rendered import RenderedPrompt, Segment
 from server.masking.constraint import ConstraintFactory
+from server.masking.interface import TokenConstraint
 from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.masking.tool_choice import ToolPlan, plan_tools
 from server.metrics import Metrics

@@ -14,37 +14,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from server.chat.envelope import Envelope
 from server.errors import InvalidRequest
+from server.families.envelope import Envelope
+from server.families.rendered import RenderedPrompt, Segment
 from server.protocol import ChatMessage
 from server.session_key import canonical_json
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 GENERATION_PROMPT = f"{IM_START}assistant\n"
-
-
-@dataclass(frozen=True)
-class Segment:
-    start: int  # character offsets in the rendered text, end exclusive
-    end: int
-    label: str  # "system message", "tools block", "message 3 (user)", ...
-
-
-@dataclass(frozen=True)
-class RenderedPrompt:
-    text: str
-    segments: tuple[Segment, ...]
-    tool_names: tuple[str, ...]
-
-    def segment_at(self, char: int) -> Segment | None:
-        for seg in self.segments:
-            if seg.start <= char < seg.end:
-                return seg
-        return None
 
 
 def canonical_arguments(arguments: str) -> str:

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 
 from server.chat.call_bodies import BodyParser, ParsedCall, parse_call_body
-from server.chat.envelope import Envelope
+from server.families.envelope import Envelope
 
 __all__ = [
     "CallDelta",

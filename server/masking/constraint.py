@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from server.chat.envelope import Envelope
+from server.families.envelope import Envelope
 from server.masking.arguments import make_backend, sorted_properties, tool_schema
 from server.masking.envelope_masks import EnvelopeMasks
 from server.masking.tool_choice import ToolPlan, tool_names

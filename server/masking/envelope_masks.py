@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from server.chat.envelope import Envelope
+from server.families.envelope import Envelope
 from server.masking.tag_watch import TagWatch
 from server.masking.trie import NameTrie, compile_trie
 from server.masking.vocab import TokenVocab

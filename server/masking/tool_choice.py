@@ -35,8 +35,8 @@ import unicodedata
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from server.chat.envelope import Envelope
 from server.errors import InvalidRequest
+from server.families.envelope import Envelope
 
 if TYPE_CHECKING:
     from server.masking.state_machine import StateMachine

@@ -39,7 +39,7 @@ def prefixed_tools() -> list[dict]:
 
 @pytest.fixture(scope="session")
 def hermes():
-    from server.chat.envelope import load_envelope
+    from server.families.envelope import load_envelope
 
     return load_envelope("hermes")
 

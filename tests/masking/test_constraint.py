@@ -189,7 +189,7 @@ def test_to_extra_args_round_trips_through_json(tokenizer):
     """vLLM's engine core rebuilds the constraint from this spec: it must be JSON and complete."""
     import json as _json
 
-    from server.chat.envelope import load_envelope
+    from server.families.envelope import load_envelope
     from server.masking.constraint import ConstraintFactory
     from server.masking.tool_choice import ToolPlan, plan_tools
 

@@ -1,0 +1,25 @@
+"""A rendered prompt: its text plus labelled character segments (to explain a cache miss)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: int  # character offsets in the rendered text, end exclusive
+    end: int
+    label: str  # "system message", "tools block", "message 3 (user)", ...
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    text: str
+    segments: tuple[Segment, ...]
+    tool_names: tuple[str, ...]
+
+    def segment_at(self, char: int) -> Segment | None:
+        for seg in self.segments:
+            if seg.start <= char < seg.end:
+                return seg
+        return None
