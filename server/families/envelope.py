@@ -73,7 +73,9 @@ class Envelope:
         if (self.call_id is None) != ("{call_id}" not in self.call_end):
             raise ValueError(f"{where}: call_id and a '{{call_id}}' in call_end go together")
         if self.trigger == "token" and self.trigger_token is None:
-            raise ValueError(f"{where}: trigger 'token' needs calls_open or call_start to begin with a special token")
+            raise ValueError(
+                f"{where}: trigger 'token' needs calls_open or call_start to begin with a special token"
+            )
         if self.trigger == "text" and not self.opening.startswith(self.call_tag):
             raise ValueError(f"{where}: the call tag {self.call_tag!r} must open the call")
         if not self.name_close:
@@ -134,7 +136,9 @@ class Envelope:
         parts = []
         for name, args, call_id in calls:
             body = render_xml_arguments(args) if self.arguments == "xml_parameters" else args
-            parts.append(self.call_start + self.name_open + name + self.name_close + body + self.end_text(call_id))
+            parts.append(
+                self.call_start + self.name_open + name + self.name_close + body + self.end_text(call_id)
+            )
         text = self.calls_open + self.call_separator.join(parts) + self.calls_close if parts else ""
         return content + text
 

@@ -38,7 +38,9 @@ def cache_dir() -> Path:
 
 def _byte_encoder() -> dict[int, str]:
     """GPT-2's reversible byte → printable character map (byte-level BPE)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    bs = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -77,8 +79,15 @@ def _bpe_json(
         "truncation": None,
         "padding": None,
         "added_tokens": [
-            {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": sp}
+            {
+                "id": i,
+                "content": c,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": sp,
+            }
             for i, c, sp in added
         ],  # fmt: skip
         "normalizer": {"type": "NFC"} if nfc else None,
@@ -90,7 +99,12 @@ def _bpe_json(
             ],
         },
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": False,
+        },
         "model": {
             "type": "BPE",
             "dropout": None,
@@ -113,7 +127,11 @@ def _llama3() -> tuple[dict[str, Any], dict[str, Any]]:
     tok = Tokenizer(path)
     ranks = tok.model._mergeable_ranks
     added = [(i, t, True) for t, i in sorted(tok.special_tokens.items(), key=lambda kv: kv[1])]
-    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|finetune_right_pad_id|>"}
+    config = {
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|eot_id|>",
+        "pad_token": "<|finetune_right_pad_id|>",
+    }
     return _bpe_json(ranks, 0, Tokenizer.pat_str, added), config
 
 
@@ -144,7 +162,14 @@ QWEN_ADDED = (
     "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
     "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
 )  # fmt: skip
-QWEN_NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
+QWEN_NOT_SPECIAL = {
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+}
 
 
 def _qwen() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -180,7 +205,13 @@ def official_tokenizer_dir(name: str) -> Path:
         tmp = out / "tokenizer.json.tmp"
         tmp.write_text(json.dumps(tok_json, ensure_ascii=False))
         (out / "tokenizer_config.json").write_text(
-            json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **config})
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "clean_up_tokenization_spaces": False,
+                    **config,
+                }
+            )
         )
         tmp.replace(out / "tokenizer.json")
     return out

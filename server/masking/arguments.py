@@ -50,8 +50,15 @@ class ArgumentsBackend(Protocol):
     name: str
 
     def compile(
-        self, tool: str, schema: dict | None, prefix: str, suffix: str, *, style: str = "json",
-        call_id: str | None = None, tails: tuple[str, ...] = (),
+        self,
+        tool: str,
+        schema: dict | None,
+        prefix: str,
+        suffix: str,
+        *,
+        style: str = "json",
+        call_id: str | None = None,
+        tails: tuple[str, ...] = (),
     ) -> Any: ...
 
     def matcher(self, compiled: Any) -> ArgumentsMatcher: ...
@@ -93,7 +100,9 @@ def sorted_properties(schema: Any) -> Any:
         return schema
     out = {k: sorted_properties(v) for k, v in schema.items()}
     if isinstance(schema.get("properties"), dict):
-        out["properties"] = {k: sorted_properties(schema["properties"][k]) for k in sorted(schema["properties"])}
+        out["properties"] = {
+            k: sorted_properties(schema["properties"][k]) for k in sorted(schema["properties"])
+        }
     return out
 
 
@@ -196,7 +205,9 @@ class XGrammarBackend:
         elif suffix:
             tail = [literal(suffix)]
         if tails:  # one of these ends the call (Mistral v3: "]" or ", " before the next call)
-            tail.append(xgr.Grammar.union(*[literal(t) for t in tails]) if len(tails) > 1 else literal(tails[0]))
+            tail.append(
+                xgr.Grammar.union(*[literal(t) for t in tails]) if len(tails) > 1 else literal(tails[0])
+            )
         pieces = ([literal(prefix)] if prefix else []) + [args] + tail
         return self.compiler.compile_grammar(xgr.Grammar.concat(*pieces) if len(pieces) > 1 else args)
 

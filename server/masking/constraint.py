@@ -108,7 +108,12 @@ class ConstraintFactory:
                 if env.key_order == "sorted":
                     schema = sorted_properties(schema)
                 compiled[names.index(name)] = self.backend.compile(
-                    name, schema, self.close_rest, env.call_end, style=env.arguments, call_id=env.call_id,
+                    name,
+                    schema,
+                    self.close_rest,
+                    env.call_end,
+                    style=env.arguments,
+                    call_id=env.call_id,
                     tails=tails,
                 )
         constraint = ToolConstraint(self, plan, tries, subset, compiled, eos)
@@ -305,7 +310,9 @@ class ToolConstraint:
         if tid in self.m.start_clash_set:
             if self.trie is None:
                 return self._no_call(tid)
-            return self._reject(f"token {self._what(tid)} opens a tool call that cannot continue to an allowed tool")
+            return self._reject(
+                f"token {self._what(tid)} opens a tool call that cannot continue to an allowed tool"
+            )
         return True
 
     def _accept_after(self, tid: int) -> bool:
@@ -325,7 +332,9 @@ class ToolConstraint:
                     self.trie = self.next_trie
                     return self._advance(st)
         more = " or another tool call" if self.parallel else ""
-        return self._reject(f"token {self._what(tid)} is not allowed after a tool call: only end of sequence{more}")
+        return self._reject(
+            f"token {self._what(tid)} is not allowed after a tool call: only end of sequence{more}"
+        )
 
     def _advance(self, st) -> bool:
         if st.node >= 0:

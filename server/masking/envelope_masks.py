@@ -73,13 +73,19 @@ class EnvelopeMasks:
     def _special_id(self, token: str, tokenizer: Any) -> int:
         tid = tokenizer.convert_tokens_to_ids(token) if tokenizer is not None else None
         unk = getattr(tokenizer, "unk_token_id", None)
-        if not isinstance(tid, int) or tid < 0 or (tid == unk and token != getattr(tokenizer, "unk_token", None)):
+        if (
+            not isinstance(tid, int)
+            or tid < 0
+            or (tid == unk and token != getattr(tokenizer, "unk_token", None))
+        ):
             raise ValueError(
                 f"envelope {self.envelope.name!r} needs the special token {token!r}, which this tokenizer "
                 f"does not have: pick the envelope of this model's family (model_family / envelope)"
             )
         if tid not in self.vocab.special_ids:
-            raise ValueError(f"envelope {self.envelope.name!r}: {token!r} (id {tid}) is not a special token here")
+            raise ValueError(
+                f"envelope {self.envelope.name!r}: {token!r} (id {tid}) is not a special token here"
+            )
         return tid
 
     def _start_clash(self, opening: bytes) -> np.ndarray:
@@ -128,7 +134,9 @@ class EnvelopeMasks:
             return self.cached(("text", eos), lambda: self._plain(eos))
 
         def make() -> np.ndarray:
-            start = self.first_node(trie, self.tag_prefix[len(self.first_offset) :]) if trie is not None else None
+            start = (
+                self.first_node(trie, self.tag_prefix[len(self.first_offset) :]) if trie is not None else None
+            )
             banned = [
                 tid
                 for tid, off in self.watch.complete[q].items()

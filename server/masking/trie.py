@@ -70,9 +70,8 @@ class NameTrie:
             raise ValueError("a name ended by a special token has no terminator bytes")
         for name in names:
             if not name or any(c in name for c in '"\\') or (term and term.decode() in name):
-                raise ValueError(
-                    f"tool name {name!r} cannot be masked: it is empty or contains '\"', '\\' or {term.decode()!r}"
-                )
+                bad = f"'\"', '\\' or {term.decode()!r}" if term else "'\"' or '\\'"
+                raise ValueError(f"tool name {name!r} cannot be masked: it is empty or contains {bad}")
         self.vocab, self.names, self.lead, self.term, self.close_rest = vocab, names, lead, term, close_rest
         self.term_token = term_token
         self.all_names = (1 << len(names)) - 1
