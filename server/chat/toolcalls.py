@@ -4,7 +4,9 @@ How a call looks is the envelope's (``server/families/envelope.py``); the text i
 decoded reply *with* special tokens (``[TOOL_CALLS]``, ``[ARGS]`` appear as text):
 
 * trigger ``text`` (Hermes, Qwen3-Coder): a block from the call tag to the close tag
-  (``<tool_call>`` … ``</tool_call>``) holds one call; text around blocks is content;
+  (``<tool_call>`` … ``</tool_call>``) holds one call; text around blocks is content. The
+  block ends at the first close tag after which its body parses (an argument may hold the
+  text ``</tool_call>``), so a block that never parses stays open until ``finish``;
 * trigger ``token`` (Mistral): after ``[TOOL_CALLS]`` either one JSON array of calls
   (v3, ``calls_open`` ``[TOOL_CALLS][``) or ``NAME[ARGS]{…}`` (v13), one per trigger;
 * trigger ``start`` (Llama 3): the reply is a call when it begins with the opening
@@ -143,14 +145,18 @@ class StreamingToolCallParser:
         return True
 
     def _tagged_block(self, events: Events) -> bool:
+        """The shortest block up to a close tag whose body parses: a value may hold the tag itself."""
         end = self._buf.find(self.close_tag, len(self.open_tag))
-        if end < 0:
-            return False
-        block = self._buf[: end + len(self.close_tag)]
-        self._buf = self._buf[end + len(self.close_tag) :]
-        self._in_call = False
-        self._add(self.body.tagged_body(block[len(self.open_tag) : end]), block, events)
-        return True
+        while end >= 0:
+            call = self.body.tagged_body(self._buf[len(self.open_tag) : end])
+            if call is not None:
+                block = self._buf[: end + len(self.close_tag)]
+                self._buf = self._buf[end + len(self.close_tag) :]
+                self._in_call = False
+                self._add(call, block, events)
+                return True
+            end = self._buf.find(self.close_tag, end + 1)
+        return False  # not complete yet (or never: finish() keeps the text)
 
     def _json_call(self, text: str, at: int, events: Events) -> bool:
         """One JSON object call at ``text[at:]`` (Llama 3: the whole reply)."""

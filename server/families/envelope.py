@@ -20,6 +20,8 @@ is rendered back into the next prompt are the same text. A reply holding calls i
   says ``{call_id}`` (Mistral v3: 9 alphanumerics); the parser returns it as the call id.
 * ``key_order`` — ``schema`` (properties in the schema's order) or ``sorted`` (sorted,
   as the server's canonical JSON renders arguments back into the history).
+* ``call_after_text`` — false when a reply with calls holds nothing else (Mistral v3:
+  the trigger token only as the reply's first token).
 * ``end_tokens`` — special tokens that may end a reply (the engine must stop on them).
 """
 
@@ -51,6 +53,7 @@ class Envelope:
     parallel: bool = True
     key_order: str = "schema"
     call_id: str | None = None
+    call_after_text: bool = True  # False: a reply with calls holds nothing else (trigger only at its start)
     special_tokens: tuple[str, ...] = ()
     end_tokens: tuple[str, ...] = ()
     description: str = ""
@@ -78,6 +81,10 @@ class Envelope:
             )
         if self.trigger == "text" and not self.opening.startswith(self.call_tag):
             raise ValueError(f"{where}: the call tag {self.call_tag!r} must open the call")
+        if not self.call_after_text and self.trigger != "token":
+            raise ValueError(
+                f"{where}: call_after_text false is for trigger 'token' (trigger 'start' implies it)"
+            )
         if not self.name_close:
             raise ValueError(f"{where}: name_close is empty: the masks need to know where a name ends")
 

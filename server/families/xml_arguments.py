@@ -17,7 +17,8 @@ import json
 import re
 from typing import Any
 
-PARAM_RE = re.compile(r"<parameter=([^>\n]*)>\n?(.*?)\n?</parameter>\n?", re.DOTALL)
+STRICT_RE = re.compile(r"<parameter=([^>\n]*)>\n(.*?)\n</parameter>\n", re.DOTALL)
+LENIENT_RE = re.compile(r"<parameter=([^>\n]*)>\n?(.*?)\n?</parameter>\n?", re.DOTALL)
 _PY_WORDS = {"True": True, "False": False, "None": None}
 
 
@@ -68,15 +69,20 @@ def type_value(raw: str, schema: dict | None) -> Any:
 
 
 def parse_xml_arguments(body: str, schema: dict | None = None) -> dict[str, Any] | None:
-    """The arguments dict of a parameters block, or None when the block holds other text."""
+    """The arguments dict of a parameters block, or None when the block holds other text.
+
+    The template's exact form first (a value ends at the first ``\\n</parameter>\\n``, which
+    the masks guarantee), then a lenient reading for unmasked output (no newlines)."""
     props = (schema or {}).get("properties") or {}
-    out: dict[str, Any] = {}
-    pos = 0
-    for m in PARAM_RE.finditer(body):
-        if body[pos : m.start()].strip():
-            return None
-        out[m.group(1)] = type_value(m.group(2), props.get(m.group(1)))
-        pos = m.end()
-    if body[pos:].strip():
-        return None
-    return out
+    for pattern in (STRICT_RE, LENIENT_RE):
+        out: dict[str, Any] = {}
+        pos = 0
+        for m in pattern.finditer(body):
+            if body[pos : m.start()].strip():
+                break
+            out[m.group(1)] = type_value(m.group(2), props.get(m.group(1)))
+            pos = m.end()
+        else:
+            if not body[pos:].strip():
+                return out
+    return None

@@ -138,7 +138,9 @@ class ToolConstraint:
         self.calls: list[str] = []  # names of the calls written so far
         self.q, self.node, self.tool, self.matcher, self.tail = 0, 0, -1, None, b""
         self.parallel = plan.parallel and factory.envelope.parallel
-        self.at_start = self.m.trigger == "start"  # nothing written yet (a call may begin only here)
+        self.at_start = (
+            True  # nothing written yet (trigger "start", call_after_text false: calls begin only here)
+        )
         self._bm: Any = None
         self._arr: Any = None
         if plan.mode == "required" or plan.prefill:
@@ -179,10 +181,10 @@ class ToolConstraint:
         if ph == Phase.CALL:
             row = self.trie.mask_row(self.node, self.subset)
         elif ph == Phase.TEXT:
-            if self.at_start:
+            if self.at_start and m.trigger == "start":
                 row = m.start_row(self.first_trie, self.subset, self.eos)
             else:
-                row = m.text_row(self.q, self.first_trie, self.subset, self.eos)
+                row = m.text_row(self.q, self._call_trie(), self.subset, self.eos)
         elif ph == Phase.ARGS:
             self.matcher.fill(bitmask, index)  # opaque tokens are never in its rows
             return
@@ -245,15 +247,16 @@ class ToolConstraint:
                 self.phase = Phase.DONE
                 return True
             if m.trigger == "token" and tid == m.trigger_id:
-                if self.trie is None:
+                if self._call_trie() is None:
                     return self._no_call(tid)
                 self.phase, self.node = Phase.CALL, self.m.first_node(self.trie)
                 return True
             if not text:
                 return self._reject(f"special token {self._what(tid)} is not allowed in the text of a reply")
-            if m.trigger == "start":
-                return self._accept_start(tid)
+            if m.trigger == "start":  # a call can begin only with the first token of the reply
+                return self._accept_start(tid) if self.at_start else True
             if m.trigger == "token":
+                self.at_start = False
                 return True
             q, off = m.watch.step(self.q, tid)
             if off < 0:
@@ -299,6 +302,12 @@ class ToolConstraint:
         if ph == Phase.AFTER:
             return self._accept_after(tid)
         return self._reject(f"token {self._what(tid)} came after the end of the reply")
+
+    def _call_trie(self):
+        """The first call's trie if a call may begin here, else None."""
+        if self.m.trigger == "token" and not self.f.envelope.call_after_text and not self.at_start:
+            return None
+        return self.first_trie
 
     def _accept_start(self, tid: int) -> bool:
         """The first token of a reply whose calls have no marker (trigger ``start``)."""

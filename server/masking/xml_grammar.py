@@ -5,8 +5,9 @@ schema (``server/families/xml_arguments.py``): properties in the schema's order 
 factory sorts them for ``key_order: sorted``), each ``<parameter=KEY>\\nVALUE\\n</parameter>\\n``,
 required ones always, the others optionally. VALUE by the property's schema:
 
-* string (no enum): any text not containing ``\\n</parameter>\\n`` (a structural-tag
-  ``tag`` whose content is ``any_text``: xgrammar ends the value at the end string);
+* string (no enum): any text not containing ``\\n</parameter>`` (a structural-tag ``tag``
+  whose content is ``any_text``; excluding the end tag alone would let a value *end* with
+  ``\\n</parameter>``, and ``V\\n</parameter>\\n`` would then read as a shorter value);
   ``enum`` / ``const`` strings: one of them, raw;
 * integer / number: a JSON number (Python's ``str`` of it is the same text);
 * boolean: ``True`` / ``False`` and null: ``None`` (Jinja's ``|string`` of the value);
@@ -85,7 +86,8 @@ def _parameter(key: str, schema: dict, any_whitespace: bool) -> Any:
     if value is None:
         from xgrammar.structural_tag import AnyTextFormat, StructuralTag, TagFormat
 
-        tag = TagFormat(begin=begin, content=AnyTextFormat(), end=end)
+        # no "\n</parameter>" inside: a value ending with it would make the text ambiguous
+        tag = TagFormat(begin=begin, content=AnyTextFormat(excludes=[end.rstrip("\n")]), end=end)
         return xgr.Grammar.from_structural_tag(StructuralTag(format=tag))
     return xgr.Grammar.concat(_literal(begin), value, _literal(end))
 
