@@ -12,6 +12,7 @@ Lifecycle of one request (see README "Request lifecycle"):
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from array import array
@@ -21,12 +22,14 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_report import CacheExplanation, SessionPrompt, SessionTable, explain
+from server.chat.family_choice import choose_family, envelope_name, make_renderer
 from server.chat.template import render_chat
 from server.chat.toolcalls import CallDelta, ContentDelta, StreamingToolCallParser
 from server.config import Settings
 from server.engines.base import Engine, GenerationRequest, SamplingParams
 from server.errors import ContextLengthExceeded, GenerationError, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
+from server.families.render import call_id
 from server.families.rendered import RenderedPrompt, Segment
 from server.masking.constraint import ConstraintFactory
 from server.masking.interface import TokenConstraint
@@ -35,6 +38,8 @@ from server.masking.tool_choice import ToolPlan, plan_tools
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.session_key import SessionKey, canonical_json, session_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Prepared:
     plan: ToolPlan | None = None
     constraint: TokenConstraint | None = None
     cache_salt: str = ""
+    call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
 
 
 @dataclass
@@ -70,7 +76,13 @@ class ChatService:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
-        self.envelope = load_envelope(settings.envelope)
+        self.family_selection = choose_family(settings, engine.tokenizer)
+        self.family = self.family_selection.family
+        self.renderer = make_renderer(settings, self.family_selection, engine.tokenizer)
+        envelope = envelope_name(settings, self.family_selection)
+        self.envelope = load_envelope(envelope)
+        how = self.family_selection.how
+        log.info("model family %s (%s); tool-call envelope %s", self.family.ref, how, envelope)
         self.sessions = SessionTable(settings.session_table_size)
         self.default_machine = (
             load_state_machine(settings.tool_state_machine) if settings.tool_state_machine else None
@@ -80,7 +92,7 @@ class ChatService:
             engine.vocab_size,
             self.envelope,
             backend=settings.grammar_backend,
-            envelope_ref=settings.envelope,
+            envelope_ref=envelope,
         )
         self.block_size = settings.prefix_cache.block_size
 
@@ -189,7 +201,7 @@ class ChatService:
             )
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self._check_tools(tools)
-        rendered = render_chat(req.messages, tools, self.envelope)
+        rendered = render_chat(req.messages, tools, self.renderer)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         machine = self._machine(req.tool_state_machine)
         plan = plan_tools(tools, req.tool_choice, messages, req.parallel_tool_calls, machine, self.envelope)
@@ -215,6 +227,7 @@ class ChatService:
             plan=plan,
             constraint=constraint,
             cache_salt=cache_salt(tenant, self.settings.auth),
+            call_id_style=self.family.call_id,
         )
 
     def prepare_completion(
@@ -433,7 +446,7 @@ class ChatService:
 
 def _call_json(p: Prepared, index: int, call: Any) -> dict[str, Any]:
     return {
-        "id": f"call_{p.request_id[-12:]}_{index}",
+        "id": call_id(p.call_id_style or {}, p.request_id, index),
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }

@@ -140,6 +140,50 @@ def qwen_tokenizer() -> Any:
     return _fast(tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
+TEKKEN_V11_SPECIALS = (
+    [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+        "[TOOL_CALLS]",
+        "[IMG]",
+        "<pad>",
+        "[IMG_BREAK]",
+        "[IMG_END]",
+        "[PREFIX]",
+        "[MIDDLE]",
+        "[SUFFIX]",
+        "[SYSTEM_PROMPT]",
+        "[/SYSTEM_PROMPT]",
+        "[TOOL_CONTENT]",
+    ]
+    + [f"<SPECIAL_{i}>" for i in range(20, 32)]
+    + ["[ARGS]", "[CALL_ID]"]
+)
+
+
+def write_tekken(version: str, path: Path) -> Path:
+    """The bundled tekken vocabulary labelled as tokenizer ``version`` (v11+ list their special
+    tokens, with [ARGS] = 32 and [CALL_ID] = 33 as Mistral's own v11/v13 tekken.json files do)."""
+    import json
+
+    data = json.loads(tekken_file().read_text())
+    data["config"]["version"] = version
+    data.pop("image", None)
+    if version not in ("v3", "v7"):
+        data["special_tokens"] = [
+            {"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(TEKKEN_V11_SPECIALS)
+        ]
+    path.write_text(json.dumps(data))
+    return path
+
+
 BUILDERS = {"llama3": llama3_tokenizer, "tekken": tekken_tokenizer, "qwen": qwen_tokenizer}
 
 
