@@ -287,7 +287,12 @@ class FamilyRenderer:
         self._check(msgs)
         turns, system_text = self._normalise(msgs, bool(tools))
         tool_ctx = self._tools(list(tools or []))
-        base = {"date": self.date, "tools": tool_ctx, "default_system": fam.default_system}
+        base = {
+            "date": self.date,
+            "tools": tool_ctx,
+            "default_system": fam.default_system,
+            "sp": layout.chunk_prefix,
+        }
         tools_block = _template(layout.tools_block).render(**base) if tool_ctx else ""
         users = [i for i, t in enumerate(turns) if t.role == "user"]
         first_user, last_user = (users[0], users[-1]) if users else (-1, -1)

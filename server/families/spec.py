@@ -79,6 +79,7 @@ class Layout:
     tool_results: str = ""  # used when group_tool_results: the whole group
     tools_block: str = ""
     tool_result_content: str = "text"  # "text" | "json_or_text" (parse JSON, dump it again)
+    chunk_prefix: str = ""  # `sp` in the snippets: text before each separately encoded chunk
     arguments_json: str = "canonical"  # "canonical" | "ascii" (json.dumps default escaping)
 
 

@@ -184,7 +184,25 @@ def write_tekken(version: str, path: Path) -> Path:
     return path
 
 
-BUILDERS = {"llama3": llama3_tokenizer, "tekken": tekken_tokenizer, "qwen": qwen_tokenizer}
+@cache
+def mistral_spm_tokenizer(name: str = "mistral_instruct_tokenizer_240323.model.v3") -> Any:
+    """Mistral's SentencePiece v3 vocabulary (32,768 ids) from mistral-common; needs protobuf."""
+    import shutil
+    import tempfile
+
+    from transformers import LlamaTokenizer
+
+    folder = Path(tempfile.mkdtemp(prefix="agentserve-spm-"))
+    shutil.copy(_package_dir("mistral_common") / "data" / name, folder / "tokenizer.model")
+    return LlamaTokenizer.from_pretrained(folder, add_bos_token=False, add_eos_token=False, legacy=False)
+
+
+BUILDERS = {
+    "llama3": llama3_tokenizer,
+    "tekken": tekken_tokenizer,
+    "qwen": qwen_tokenizer,
+    "mistral_spm": mistral_spm_tokenizer,
+}
 
 
 def build_tokenizer(vocab: str) -> Any:

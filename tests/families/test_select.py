@@ -63,4 +63,4 @@ def test_every_family_names_an_envelope_and_test_vocab() -> None:
             "mistral_name_args",
             "qwen3_coder",
         }
-        assert fam.test_model.get("vocab") in {"embedded", "llama3", "tekken", "qwen"}
+        assert fam.test_model.get("vocab") in {"embedded", "llama3", "tekken", "qwen", "mistral_spm"}
