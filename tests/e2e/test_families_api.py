@@ -60,12 +60,14 @@ def family_url(request, tmp_path_factory):
 
 
 def chat(url: str, messages: list[dict], **extra) -> dict:
+    # one call per reply: a random-weight model would otherwise add parallel calls until max_tokens
     body = {
         "model": MODEL,
         "messages": messages,
         "tools": TOOLS,
         "temperature": 0,
         "max_tokens": 160,
+        "parallel_tool_calls": False,
         **extra,
     }
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
@@ -131,6 +133,7 @@ def test_stream_equals_non_stream(family_url) -> None:
         "temperature": 0,
         "max_tokens": 160,
         "tool_choice": "required",
+        "parallel_tool_calls": False,
         "stream": True,
     }
     calls: dict[int, dict] = {}
