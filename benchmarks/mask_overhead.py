@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import xgrammar as xgr  # noqa: E402
 
-from server.chat.envelope import load_envelope  # noqa: E402
+from server.families.envelope import load_envelope  # noqa: E402
 from server.masking.arguments import tool_schema  # noqa: E402
 from server.masking.constraint import ConstraintFactory, Phase  # noqa: E402
 from server.masking.tool_choice import plan_tools  # noqa: E402

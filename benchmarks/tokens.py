@@ -28,8 +28,8 @@ def token_counter(tokenizer: Any):
 
 def prompt_counter(tokenizer: Any, envelope: str = "hermes"):
     """``(messages, tools) -> tokens`` of the prompt as the server renders it (+ generation header)."""
-    from server.chat.envelope import load_envelope
     from server.chat.template import render_chat
+    from server.families.envelope import load_envelope
     from server.protocol import ChatMessage
 
     env = load_envelope(envelope)
@@ -45,8 +45,8 @@ def render_ids(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], envelope: str = "hermes"
 ) -> list[int]:
     """Token ids of the prompt as the server renders it (used by the in-process GPU bench)."""
-    from server.chat.envelope import load_envelope
     from server.chat.template import render_chat
+    from server.families.envelope import load_envelope
     from server.protocol import ChatMessage
 
     text = render_chat([ChatMessage(**m) for m in messages], tools, load_envelope(envelope)).text

@@ -12,26 +12,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
-
-@runtime_checkable
-class TokenConstraint(Protocol):
-    """Per-request decode-time constraint (implemented in server/masking; no engine imports there).
-
-    The bitmask is xgrammar's format: int32 tensor [batch, ceil(vocab/32)], bit j of word i
-    set = token 32*i+j allowed. ``fill_next_token_bitmask`` writes row ``index`` in full.
-    ``accept_token`` never raises inside the decode loop: it returns False and sets
-    ``error`` when the token is not allowed.
-    """
-
-    error: str | None
-
-    def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None: ...
-
-    def accept_token(self, token_id: int) -> bool: ...
-
-    def is_terminated(self) -> bool: ...
+from server.masking.interface import TokenConstraint
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
-from server.engines.base import TokenConstraint
+from server.masking.interface import TokenConstraint
 
 
 class MaskApplier:

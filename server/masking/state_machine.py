@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from server.chat.envelope import GRAMMARS_DIR
+from server.families.envelope import GRAMMARS_DIR
 
 MODES = ("none", "auto", "required")
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -78,7 +78,7 @@ def check_spec(spec: Any) -> None:
     eos = spec.get("eos_token_ids")
     if eos is not None and (not isinstance(eos, list) or not all(isinstance(t, int) and t >= 0 for t in eos)):
         raise ValueError(f"{where}.eos_token_ids must be a list of token ids, got {eos!r}")
-    from server.chat.envelope import load_envelope
+    from server.families.envelope import load_envelope
     from server.masking.tool_choice import ToolPlan
 
     load_envelope(spec.get("envelope", "hermes"))  # ValueError names the known envelopes
@@ -219,7 +219,7 @@ class AgentserveLogitsProcessor(LogitsProcessor):
         key = (envelope, backend)
         factory = self._factories.get(key)
         if factory is None:
-            from server.chat.envelope import load_envelope
+            from server.families.envelope import load_envelope
             from server.masking.constraint import ConstraintFactory
 
             env = load_envelope(envelope)

@@ -59,8 +59,8 @@ def test_shuffled_keys_change_the_strings_but_not_the_json(session):
 
 def test_shuffled_keys_render_identically_on_this_server(session):
     """agentserve renders arguments canonically: the 'bad' variant is not bad here (a feature)."""
-    from server.chat.envelope import load_envelope
     from server.chat.template import render_chat
+    from server.families.envelope import load_envelope
     from server.protocol import ChatMessage
 
     env = load_envelope("hermes")

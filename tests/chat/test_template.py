@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from server.chat.envelope import load_envelope
 from server.chat.template import GENERATION_PROMPT, render_chat
 from server.errors import InvalidRequest
+from server.families.envelope import load_envelope
 from server.protocol import ChatMessage
 
 ENV = load_envelope("hermes")

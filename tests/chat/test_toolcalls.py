@@ -5,8 +5,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.chat.envelope import load_envelope
 from server.chat.toolcalls import CallDelta, ContentDelta, StreamingToolCallParser, parse_tool_calls
+from server.families.envelope import load_envelope
 
 ENV = load_envelope("hermes")
 CALL = '<tool_call>\n{"name": "browser_open", "arguments": {"url": "https://a.b", "tab": 1}}\n</tool_call>'

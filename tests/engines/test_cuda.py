@@ -94,9 +94,9 @@ def test_cached_logits_equal_scratch_on_cuda(cuda_engine):
 
 
 def test_masked_tool_call_on_cuda(cuda_engine):
-    from server.chat.envelope import load_envelope
     from server.chat.toolcalls import parse_tool_calls
     from server.engines.base import GenerationRequest, SamplingParams
+    from server.families.envelope import load_envelope
     from server.masking.constraint import ConstraintFactory
     from server.masking.tool_choice import plan_tools
 

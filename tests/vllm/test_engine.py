@@ -21,12 +21,12 @@ pytest.importorskip("vllm", reason="vllm is not installed: run scripts/install_v
 
 import jsonschema  # noqa: E402
 
-from server.chat.envelope import load_envelope  # noqa: E402
 from server.chat.template import render_chat  # noqa: E402
 from server.chat.toolcalls import parse_tool_calls  # noqa: E402
 from server.config import load_settings  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.errors import ContextLengthExceeded, InvalidRequest  # noqa: E402
+from server.families.envelope import load_envelope  # noqa: E402
 from server.masking.constraint import ConstraintFactory  # noqa: E402
 from server.masking.tool_choice import plan_tools  # noqa: E402
 from server.protocol import ChatMessage  # noqa: E402

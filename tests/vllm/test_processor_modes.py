@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality  # noqa: E402
 
-from server.chat.envelope import load_envelope  # noqa: E402
+from server.families.envelope import load_envelope  # noqa: E402
 from server.masking.constraint import ConstraintFactory  # noqa: E402
 from server.masking.tool_choice import plan_tools  # noqa: E402
 from server.masking.vllm_processor import AgentserveLogitsProcessor  # noqa: E402
