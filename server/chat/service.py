@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from array import array
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,7 +323,9 @@ class ChatService:
         ids: list[int] = []
         emitted = 0
         hold = max((len(s) for s in p.stops), default=1) - 1
-        request = GenerationRequest(p.request_id, p.prompt_ids, p.sampling, p.constraint, p.cache_salt)
+        request = GenerationRequest(
+            p.request_id, p.prompt_ids, p.sampling, p.constraint, p.cache_salt, p.session.key
+        )
         self.metrics.running.inc()
         gen = self.engine.generate(request)
         try:
@@ -378,6 +380,12 @@ class ChatService:
         m.generation_tokens.inc(out.completion_tokens)
         m.observe_cache(report.diagnosis.type, report.diagnosis.missed_tokens)
 
+    def _reply_finished(self, p: Prepared, calls: Sequence[Any]) -> None:
+        """Tell the engine's cache what the session now waits on: these tool calls, or a person."""
+        hook = getattr(self.engine, "reply_finished", None)
+        if hook is not None:
+            hook(p.session.key, [c.name for c in calls])
+
     def _usage(self, p: Prepared, out: Outcome) -> dict[str, Any]:
         n = len(p.prompt_ids)
         return {
@@ -408,6 +416,7 @@ class ChatService:
             pass
         self._finish_accounting(p, out)
         if p.kind == "text":
+            self._reply_finished(p, ())
             choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
             obj = "text_completion"
         else:
@@ -415,6 +424,7 @@ class ChatService:
             parser.feed(p.prefill + out.text)
             parser.finish()
             parsed = parser.result()
+            self._reply_finished(p, parsed.tool_calls)
             message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             finish = out.finish_reason
             if parsed.tool_calls:
@@ -482,6 +492,7 @@ class ChatService:
                 yield c
             if parser.calls and finish == "stop":
                 finish = "tool_calls"
+        self._reply_finished(p, parser.calls if parser is not None else ())
         self._finish_accounting(p, out)
         final = chunk({} if chat else "", finish)
         final.update(self._extensions(p, out))

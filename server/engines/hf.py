@@ -98,6 +98,7 @@ class HFEngine:
         self._masks = MaskApplier(self.vocab_size)
         pc = settings.prefix_cache
         self.cache = cache_from_settings(pc, self.device.type)
+        self.cache_block_size = 1  # reuse is token-granular (tails, the reply): the cache report's unit
         self._inbox: queue.SimpleQueue[_Sequence] = queue.SimpleQueue()
         self._running: list[_Sequence] = []
         self._wake = threading.Event()
