@@ -371,7 +371,8 @@ class ChatService:
             prompt=p.session_prompt,
             cached_tokens=out.cached_tokens,
             compare_with=p.compare_with,
-            block_size=getattr(self.engine, "cache_block_size", None),
+            block_size=getattr(self.engine, "block_size", None)
+            or getattr(self.engine, "cache_block_size", None),
         )
         m = self.metrics
         m.prefix_queries.inc(len(p.prompt_ids))
