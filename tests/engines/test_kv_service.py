@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "smollm2-135m-instruct"
 TOOLS = [
@@ -21,6 +21,7 @@ TOOLS = [
 
 
 def test_tool_call_reply_sent_back_is_reused_and_the_session_waits_on_the_tool(client, hf_engine):
+    client = client.with_options(timeout=600)  # a tool schema's first grammar compile on a busy machine
     key = "kv-e2e-tool-wait"
     msgs = [
         {"role": "system", "content": "You are a coding agent. " * 20},
