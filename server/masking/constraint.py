@@ -1,4 +1,4 @@
-"""The per-request tool constraint (``server.engines.base.TokenConstraint``) and its factory.
+"""The per-request tool constraint (``server.masking.interface.TokenConstraint``) and its factory.
 
 Request lifecycle: the chat service calls ``plan_tools`` (mode, allowed names, prefill),
 appends the prefill after the assistant header, and asks ``ConstraintFactory.build``
@@ -66,12 +66,9 @@ class ConstraintFactory:
         *,
         any_whitespace: bool = False,
         vocab: TokenVocab | None = None,
-        envelope_ref: str | None = None,
     ) -> None:
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size)
         self.envelope = envelope
-        # how another process (vLLM's engine core) loads the same envelope and backend
-        self.envelope_ref = envelope_ref or envelope.name
         self.backend_name = backend
         tag = envelope.call_tag if envelope.call_start.startswith(envelope.call_tag) else envelope.call_start
         self.lead = (envelope.call_separator + envelope.call_start + envelope.name_open).encode()
@@ -101,9 +98,7 @@ class ConstraintFactory:
                 compiled[names.index(name)] = self.backend.compile(
                     name, tool_schema(by_name[name]), self.close_rest, self.envelope.call_end
                 )
-        constraint = ToolConstraint(self, plan, trie, subset, compiled, eos)
-        constraint.tools = list(tools or [])
-        return constraint
+        return ToolConstraint(self, plan, trie, subset, compiled, eos)
 
     # --- cached rows -------------------------------------------------------------------------
     def _cached(self, key: tuple, make) -> np.ndarray:
@@ -148,7 +143,6 @@ class ToolConstraint:
     def __init__(self, factory, plan: ToolPlan, trie, subset: int, compiled: dict, eos: tuple[int, ...]):
         self.f, self.plan, self.trie, self.subset, self.compiled = factory, plan, trie, subset, compiled
         self.eos, self.eos_set = eos, frozenset(eos)
-        self.tools: list[dict] = []  # set by ConstraintFactory.build (for to_extra_args)
         self.error: str | None = None
         self.calls: list[str] = []  # names of the calls written so far
         self.q, self.node, self.tool, self.matcher = 0, 0, -1, None
@@ -167,18 +161,6 @@ class ToolConstraint:
             self.phase = Phase.TEXT
 
     # --- TokenConstraint -------------------------------------------------------------------------
-    def to_extra_args(self) -> dict[str, Any]:
-        """The JSON-safe spec from which vLLM's processor rebuilds this constraint in its process."""
-        return {
-            "agentserve": {
-                "tools": self.tools,
-                "plan": self.plan.to_dict(),
-                "envelope": self.f.envelope_ref,
-                "backend": self.f.backend_name,
-                "eos_token_ids": list(self.eos),
-            }
-        }
-
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
         ph = self.phase
         if ph == Phase.CALL:
