@@ -52,6 +52,7 @@ POLICIES = (
 
 # ---------------------------------------------------------------- processes
 
+
 def _listening_socket() -> socket.socket:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -78,10 +79,22 @@ def start_fake_workers(n: int, prefill_s_per_token: float) -> tuple[list[str], l
     urls, procs = [], []
     for i in range(n):
         sock = _listening_socket()
-        procs.append(subprocess.Popen(
-            [PY, "-m", "server.routing.fake_worker", "--id", f"w{i}", "--fd", str(sock.fileno()),
-             f"--prefill-s-per-token={prefill_s_per_token}"],
-            pass_fds=[sock.fileno()], cwd=ROOT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    PY,
+                    "-m",
+                    "server.routing.fake_worker",
+                    "--id",
+                    f"w{i}",
+                    "--fd",
+                    str(sock.fileno()),
+                    f"--prefill-s-per-token={prefill_s_per_token}",
+                ],
+                pass_fds=[sock.fileno()],
+                cwd=ROOT,
+            )
+        )
         urls.append(f"http://127.0.0.1:{sock.getsockname()[1]}")
         sock.close()
     for url, proc in zip(urls, procs, strict=True):
@@ -89,16 +102,23 @@ def start_fake_workers(n: int, prefill_s_per_token: float) -> tuple[list[str], l
     return urls, procs
 
 
-def start_router(worker_urls: Sequence[str], policy: str, env: dict[str, str] | None = None,
-                 ) -> tuple[str, subprocess.Popen]:
+def start_router(
+    worker_urls: Sequence[str],
+    policy: str,
+    env: dict[str, str] | None = None,
+) -> tuple[str, subprocess.Popen]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [PY, "-m", "server.cli", "route", "--port", str(port), "--policy", policy]
     for i, u in enumerate(worker_urls):
         argv += ["--worker", f"w{i}={u}"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "AGENTSERVE_ROUTING__READ_TIMEOUT_S": "120", **(env or {})})
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "AGENTSERVE_ROUTING__READ_TIMEOUT_S": "120", **(env or {})},
+    )
     url = f"http://127.0.0.1:{port}"
     _wait(url, proc)
     return url, proc
@@ -126,21 +146,35 @@ def pct(values: Sequence[float], q: float) -> float:
 
 # ---------------------------------------------------------------- part 1: overhead
 
-def overhead(n: int, concurrency: int, seconds: float) -> None:
+
+def overhead(n: int, concurrency: int, seconds: float, upstream: str) -> None:
     (worker,), wprocs = start_fake_workers(1, 0.0)
-    router, rproc = start_router([worker], "affinity")
+    router, rproc = start_router([worker], "prefix_affinity", {"AGENTSERVE_ROUTING__UPSTREAM": upstream})
+    print(f"\n## Upstream client: {upstream}")
     try:
         bodies = {
-            "chat, 0.2 KB": {"model": "fake", "messages": [{"role": "user", "content": "hi"}],
-                             "prompt_cache_key": "s", "max_tokens": 8},
-            "chat, 32 KB": {"model": "fake", "messages": [{"role": "system", "content": "word " * 6500}],
-                            "max_tokens": 8},
-            "stream, 0.2 KB": {"model": "fake", "messages": [{"role": "user", "content": "hi"}],
-                               "prompt_cache_key": "s", "stream": True},
+            "chat, 0.2 KB": {
+                "model": "fake",
+                "messages": [{"role": "user", "content": "hi"}],
+                "prompt_cache_key": "s",
+                "max_tokens": 8,
+            },
+            "chat, 32 KB": {
+                "model": "fake",
+                "messages": [{"role": "system", "content": "word " * 6500}],
+                "max_tokens": 8,
+            },
+            "stream, 0.2 KB": {
+                "model": "fake",
+                "messages": [{"role": "user", "content": "hi"}],
+                "prompt_cache_key": "s",
+                "stream": True,
+            },
         }
         print(f"\n### Router overhead (fake worker, {n} sequential requests per row, interleaved)\n")
-        print("| request | direct p50 | via router p50 | added p50 | direct p99 | via router p99 "
-              "| added p99 |")
+        print(
+            "| request | direct p50 | via router p50 | added p50 | direct p99 | via router p99 | added p99 |"
+        )
         print("|---|---|---|---|---|---|---|")
         with httpx.Client(timeout=30, trust_env=False) as client:
             for name, body in bodies.items():
@@ -156,8 +190,10 @@ def overhead(n: int, concurrency: int, seconds: float) -> None:
                             lat[target].append(took * 1000)
                 d50, r50 = pct(lat["direct"], 0.5), pct(lat["router"], 0.5)
                 d99, r99 = pct(lat["direct"], 0.99), pct(lat["router"], 0.99)
-                print(f"| {name} | {d50:.2f} ms | {r50:.2f} ms | **{r50 - d50:.2f} ms** | {d99:.2f} ms | "
-                      f"{r99:.2f} ms | **{r99 - d99:.2f} ms** |")
+                print(
+                    f"| {name} | {d50:.2f} ms | {r50:.2f} ms | **{r50 - d50:.2f} ms** | {d99:.2f} ms | "
+                    f"{r99:.2f} ms | **{r99 - d99:.2f} ms** |"
+                )
             metrics = client.get(router + "/metrics").text
         s = c = 0.0
         for line in metrics.splitlines():
@@ -165,8 +201,10 @@ def overhead(n: int, concurrency: int, seconds: float) -> None:
                 s = float(line.split()[-1])
             if line.startswith("agentserve_router_added_latency_seconds_count"):
                 c = float(line.split()[-1])
-        print(f"\nRouter's own histogram (time spent in the router itself): mean {1000 * s / c:.3f} ms "
-              f"over {int(c)} requests")
+        print(
+            f"\nRouter's own histogram (time spent in the router itself): mean {1000 * s / c:.3f} ms "
+            f"over {int(c)} requests"
+        )
 
         async def load() -> tuple[int, float, float]:
             body = bodies["chat, 0.2 KB"]
@@ -187,8 +225,10 @@ def overhead(n: int, concurrency: int, seconds: float) -> None:
                 return done, time.perf_counter() - t0, cpu_seconds(rproc.pid) - cpu0
 
         done, wall, cpu = asyncio.run(load())
-        print(f"\n### Router throughput ({concurrency} concurrent clients, {seconds:.0f} s, client + "
-              f"router + worker sharing {os.cpu_count()} cores)\n")
+        print(
+            f"\n### Router throughput ({concurrency} concurrent clients, {seconds:.0f} s, client + "
+            f"router + worker sharing {os.cpu_count()} cores)\n"
+        )
         print("| requests | wall req/s | router CPU s | **req/s per router core** |")
         print("|---|---|---|---|")
         print(f"| {done} | {done / wall:.0f} | {cpu:.2f} | **{done / cpu:.0f}** |")
@@ -198,31 +238,41 @@ def overhead(n: int, concurrency: int, seconds: float) -> None:
 
 # ---------------------------------------------------------------- part 2: cache hits per policy
 
+
 def make_trace(sessions: int, turns: int, seed: int, salt: str, scale: float = 1.0) -> list[list[str]]:
     """Per session, the tool results of each turn (the system prompt + tools are shared)."""
     rng = random.Random(seed)
     vocab = [f"{salt}v{i}" for i in range(5000)]
     lo, hi = max(1, int(150 * scale)), max(2, int(700 * scale))
-    return [[" ".join(rng.choices(vocab, k=rng.randint(lo, hi))) for _ in range(turns)]
-            for _ in range(sessions)]
+    return [
+        [" ".join(rng.choices(vocab, k=rng.randint(lo, hi))) for _ in range(turns)] for _ in range(sessions)
+    ]
 
 
 def system_prompt(salt: str, scale: float = 1.0) -> str:
     rng = random.Random(7)
     words = ["open", "read", "click", "type", "list", "file", "page", "shell"]
-    tools = json.dumps([{"name": f"{p}_{i}", "description": " ".join(rng.choices(words, k=30))}
-                        for p in ("browser", "shell", "file") for i in range(max(1, int(10 * scale)))])
+    tools = json.dumps(
+        [
+            {"name": f"{p}_{i}", "description": " ".join(rng.choices(words, k=30))}
+            for p in ("browser", "shell", "file")
+            for i in range(max(1, int(10 * scale)))
+        ]
+    )
     return f"{salt} You are an agent. " + "Follow the rules. " * max(1, int(100 * scale)) + tools
 
 
-async def run_trace(router: str, trace: list[list[str]], concurrency: int, salt: str, real: bool,
-                    scale: float) -> dict:
+async def run_trace(
+    router: str, trace: list[list[str]], concurrency: int, salt: str, real: bool, scale: float
+) -> dict:
     sysmsg = system_prompt(salt, scale)
     ideal_engine = FakeEngine("ideal")
     stats = {"prompt": 0, "cached": 0, "ideal": 0, "shared": 0, "latency": [], "workers": {}}
     # cache hits every request can have anywhere: the full blocks of the shared system prompt
-    shared = FakeEngine("shared").block_size * (len(_prompt_text(
-        {"messages": [{"role": "system", "content": sysmsg}]}).split()) // FakeEngine("shared").block_size)
+    shared = FakeEngine("shared").block_size * (
+        len(_prompt_text({"messages": [{"role": "system", "content": sysmsg}]}).split())
+        // FakeEngine("shared").block_size
+    )
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=300, limits=limits, trust_env=False) as client:
@@ -230,12 +280,19 @@ async def run_trace(router: str, trace: list[list[str]], concurrency: int, salt:
 
         async def session(s: int, observations: list[str]) -> None:
             async with sem:
-                msgs = [{"role": "system", "content": sysmsg},
-                        {"role": "user", "content": f"task {salt} {s}"}]
+                msgs = [
+                    {"role": "system", "content": sysmsg},
+                    {"role": "user", "content": f"task {salt} {s}"},
+                ]
                 prev_total = 0
                 for t, obs in enumerate(observations):
-                    body = {"model": model, "messages": msgs, "max_tokens": 16, "temperature": 0,
-                            "prompt_cache_key": f"{salt}-session-{s}"}
+                    body = {
+                        "model": model,
+                        "messages": msgs,
+                        "max_tokens": 16,
+                        "temperature": 0,
+                        "prompt_cache_key": f"{salt}-session-{s}",
+                    }
                     t0 = time.perf_counter()
                     resp = await client.post(router + "/v1/chat/completions", json=body)
                     stats["latency"].append(time.perf_counter() - t0)
@@ -253,30 +310,46 @@ async def run_trace(router: str, trace: list[list[str]], concurrency: int, salt:
                     wid = resp.headers["x-agentserve-worker"]
                     stats["workers"].setdefault(s, set()).add(wid)
                     reply = out["choices"][0]["message"]["content"] or ""
-                    msgs = msgs + [{"role": "assistant", "content": reply},
-                                   {"role": "tool", "content": obs}]
+                    msgs = msgs + [{"role": "assistant", "content": reply}, {"role": "tool", "content": obs}]
 
         await asyncio.gather(*(session(s, obs) for s, obs in enumerate(trace)))
     return stats
 
 
-def cache(sessions: int, turns: int, concurrency: int, workers: int, prefill: float,
-          real_workers: Sequence[str], scale: float) -> None:
+def cache(
+    sessions: int,
+    turns: int,
+    concurrency: int,
+    workers: int,
+    prefill: float,
+    real_workers: Sequence[str],
+    scale: float,
+) -> None:
     real = bool(real_workers)
     if real:
         urls, wprocs = list(real_workers), []
     else:
         urls, wprocs = start_fake_workers(workers, prefill)
-    label = "real workers" if real else (f"SIMULATED workers (fake_worker: prefix cache of 16-token blocks, "
-                                         f"{prefill * 1e6:.0f} us prefill per uncached token)")
+    label = (
+        "real workers"
+        if real
+        else (
+            f"SIMULATED workers (fake_worker: prefix cache of 16-token blocks, "
+            f"{prefill * 1e6:.0f} us prefill per uncached token)"
+        )
+    )
     print(f"\n### Prompt tokens from cache per policy: {len(urls)} {label}\n")
-    print(f"Trace: {sessions} agent sessions x {turns} turns, {concurrency} sessions at a time, no tool time "
-          "between turns; a shared system prompt + tools; each turn appends the reply and a tool result "
-          f"of {int(150 * scale)}-{int(700 * scale)} words (scale {scale}). "
-          "*session part* leaves out the shared prefix (which every worker caches after its "
-          "first request), i.e. what only the session's own worker can have.\n")
-    print("| policy | prompt tokens | cached | cached / prompt | **cached / ideal** | session part: cached / "
-          "ideal | sessions on 1 worker | latency p50 | latency p99 | spills |")
+    print(
+        f"Trace: {sessions} agent sessions x {turns} turns, {concurrency} sessions at a time, no tool time "
+        "between turns; a shared system prompt + tools; each turn appends the reply and a tool result "
+        f"of {int(150 * scale)}-{int(700 * scale)} words (scale {scale}). "
+        "*session part* leaves out the shared prefix (which every worker caches after its "
+        "first request), i.e. what only the session's own worker can have.\n"
+    )
+    print(
+        "| policy | prompt tokens | cached | cached / prompt | **cached / ideal** | session part: cached / "
+        "ideal | sessions on 1 worker | latency p50 | latency p99 | spills |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     try:
         for label, policy, env in POLICIES:
@@ -289,16 +362,21 @@ def cache(sessions: int, turns: int, concurrency: int, workers: int, prefill: fl
                 trace = make_trace(sessions, turns, seed=1, salt=salt, scale=scale)
                 st = asyncio.run(run_trace(router, trace, concurrency, salt, real, scale))
                 metrics = httpx.get(router + "/metrics").text.splitlines()
-                spills = sum(float(line.split()[-1]) for line in metrics
-                             if line.startswith('agentserve_router_affinity_total{outcome="spilled"}'))
+                spills = sum(
+                    float(line.split()[-1])
+                    for line in metrics
+                    if line.startswith('agentserve_router_affinity_total{outcome="spilled"}')
+                )
             finally:
                 stop([rproc])
             one = sum(len(w) == 1 for w in st["workers"].values())
             lat = st["latency"]
             own = (st["cached"] - st["shared"]) / max(1, st["ideal"] - st["shared"])
-            print(f"| {label} | {st['prompt']:,} | {st['cached']:,} | {st['cached'] / st['prompt']:.1%} | "
-                  f"**{st['cached'] / max(1, st['ideal']):.1%}** | {own:.1%} | {one}/{sessions} | "
-                  f"{1000 * statistics.median(lat):.0f} ms | {1000 * pct(lat, 0.99):.0f} ms | {spills:.0f} |")
+            print(
+                f"| {label} | {st['prompt']:,} | {st['cached']:,} | {st['cached'] / st['prompt']:.1%} | "
+                f"**{st['cached'] / max(1, st['ideal']):.1%}** | {own:.1%} | {one}/{sessions} | "
+                f"{1000 * statistics.median(lat):.0f} ms | {1000 * pct(lat, 0.99):.0f} ms | {spills:.0f} |"
+            )
     finally:
         stop(wprocs)
 
@@ -309,21 +387,45 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=1000, help="overhead: sequential requests per row")
     p.add_argument("--concurrency", type=int, default=32, help="overhead: concurrent clients")
     p.add_argument("--seconds", type=float, default=5.0, help="overhead: throughput run length")
+    p.add_argument(
+        "--upstream",
+        action="append",
+        choices=["raw", "aiohttp", "httpx"],
+        help="overhead: the router's upstream client(s) to measure (default: all three)",
+    )
     p.add_argument("--sessions", type=int, default=32)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--session-concurrency", type=int, default=8)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--prefill-s-per-token", type=float, default=20e-6, help="simulated prefill cost")
-    p.add_argument("--scale", type=float, default=1.0,
-                   help="cache: prompt size factor (e.g. 0.05 for real workers on a CPU)")
-    p.add_argument("--real-worker", action="append", default=[], metavar="URL",
-                   help="run the cache part against these workers instead of simulated ones")
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="cache: prompt size factor (e.g. 0.05 for real workers on a CPU)",
+    )
+    p.add_argument(
+        "--real-worker",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="run the cache part against these workers instead of simulated ones",
+    )
     a = p.parse_args()
+    a.upstream = a.upstream or ["raw", "aiohttp", "httpx"]
     if a.part in ("all", "overhead"):
-        overhead(a.requests, a.concurrency, a.seconds)
+        for upstream in a.upstream:
+            overhead(a.requests, a.concurrency, a.seconds, upstream)
     if a.part in ("all", "cache"):
-        cache(a.sessions, a.turns, a.session_concurrency, a.workers, a.prefill_s_per_token, a.real_worker,
-              a.scale)
+        cache(
+            a.sessions,
+            a.turns,
+            a.session_concurrency,
+            a.workers,
+            a.prefill_s_per_token,
+            a.real_worker,
+            a.scale,
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,16 @@ request must send ``Authorization: Bearer KEY`` for one of them (401 otherwise);
 its tenant names the prefix-cache namespace and prefixes its session keys, so one
 tenant's prompt is never served from (or timed against) another tenant's cache.
 Keys are compared in constant time and never logged.
+
+Keys at the edge: the router authenticates too (the same ``auth`` settings), so a bad
+key is a 401 at the router and no worker sees the request. It then forwards the
+request with the client's Authorization header unchanged, and, when ``router_token``
+is set, adds ``X-Agentserve-Tenant: NAME`` and ``X-Agentserve-Router-Token: TOKEN``.
+A worker trusts the tenant header only together with that token (constant-time
+compare): then it needs no tenant keys of its own. Spoofing: the router strips both
+headers from what clients send; a worker that gets the tenant header without the
+right token answers 401 (it never falls back to trusting it); without ``router_token``
+the router sends no tenant header and each worker checks the forwarded key itself.
 """
 
 from __future__ import annotations
@@ -16,10 +26,20 @@ from server.config import AuthSettings
 from server.errors import Unauthorized
 
 ANONYMOUS = ""
+TENANT_HEADER = "x-agentserve-tenant"
+TOKEN_HEADER = "x-agentserve-router-token"
 
 
 def authenticate(headers: Mapping[str, str], auth: AuthSettings) -> str:
-    """The caller's tenant name; raises Unauthorized when keys are configured and none matches."""
+    """The caller's tenant name; raises Unauthorized when keys are configured and none matches,
+    or when a router's tenant header comes without the router token."""
+    if TOKEN_HEADER in headers or TENANT_HEADER in headers:
+        return _from_router(headers, auth)
+    return authenticate_key(headers, auth)
+
+
+def authenticate_key(headers: Mapping[str, str], auth: AuthSettings) -> str:
+    """The tenant of the request's API key (what the router checks at the edge)."""
     if not auth.api_keys:
         return ANONYMOUS
     header = headers.get("authorization", "")
@@ -29,14 +49,31 @@ def authenticate(headers: Mapping[str, str], auth: AuthSettings) -> str:
             "missing API key: send the header 'Authorization: Bearer YOUR_KEY' "
             "(with the openai client: OpenAI(api_key=...))"
         )
-    key = key.strip().encode()
+    key_bytes = key.strip().encode()
     tenant = None
     for name, expected in auth.api_keys.items():  # check all: no early exit to time
-        if hmac.compare_digest(key, expected.encode()):
+        if hmac.compare_digest(key_bytes, expected.encode()):
             tenant = name
     if tenant is None:
         raise Unauthorized("invalid API key: check the key you were given (keys are per tenant)")
     return tenant
+
+
+def _from_router(headers: Mapping[str, str], auth: AuthSettings) -> str:
+    token = headers.get(TOKEN_HEADER, "")
+    if not auth.router_token or not hmac.compare_digest(token.encode(), auth.router_token.encode()):
+        raise Unauthorized(
+            "X-Agentserve-Tenant is accepted only from the router, with the router token: call the "
+            "router (or drop the header); operators: set the same auth.router_token on router and workers"
+        )
+    return headers.get(TENANT_HEADER, ANONYMOUS)
+
+
+def router_headers(tenant: str, auth: AuthSettings) -> list[tuple[bytes, bytes]]:
+    """What the router adds to a proxied request (nothing without a router token)."""
+    if not auth.router_token:
+        return []
+    return [(TENANT_HEADER.encode(), tenant.encode()), (TOKEN_HEADER.encode(), auth.router_token.encode())]
 
 
 def cache_salt(tenant: str, auth: AuthSettings) -> str:

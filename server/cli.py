@@ -1,4 +1,4 @@
-"""Command line: agentserve serve | route | bench | convert-model."""
+"""Command line: agentserve serve | route | bench | convert-model | make-test-model."""
 
 from __future__ import annotations
 
@@ -63,11 +63,15 @@ def main(argv: list[str] | None = None) -> int:
 
     route = sub.add_parser("route", help="route sessions to workers that run elsewhere")
     _add_settings_flags(route)
-    route.add_argument("--worker", action="append", required=True, metavar="URL",
+    route.add_argument("--worker", action="append", default=[], metavar="URL",
                        help="worker base URL, or ID=URL (the id feeds the session hash: give every "
                        "router replica the same ids); repeat per worker")
-    route.add_argument("--policy", choices=["affinity", "round_robin", "least_loaded"],
-                       help="routing policy (default: routing.policy in the config, else affinity)")
+    route.add_argument("--workers-dns", metavar="NAME:PORT",
+                       help="discover workers from DNS (e.g. a Kubernetes headless Service), "
+                       "re-resolved every routing.dns_interval_s")
+    route.add_argument("--policy", choices=["prefix_affinity", "affinity", "prefix", "round_robin",
+                                            "least_loaded"],
+                       help="routing policy (default: routing.policy in the config, else prefix_affinity)")
     route.add_argument("--load-epsilon", type=float, help="affinity: spill above (1+eps) x mean in-flight")
 
     sub.add_parser(
@@ -78,6 +82,16 @@ def main(argv: list[str] | None = None) -> int:
 
     convert = sub.add_parser("convert-model", help="convert the embedded GGUF (or --model X.gguf) once")
     convert.add_argument("--model", default="embedded")
+
+    make = sub.add_parser(
+        "make-test-model",
+        help="a tiny random-weight model folder with a family's real tokenizer (serve it with --model OUT)",
+    )
+    make.add_argument("--family", required=True, help="hermes, llama3_json, mistral[:v3..v13], qwen3_coder")
+    make.add_argument("out", help="folder to write (replaced if it exists)")
+    make.add_argument("--layers", type=int, default=2)
+    make.add_argument("--hidden", type=int, default=64)
+    make.add_argument("--seed", type=int, default=0)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -104,7 +118,23 @@ def main(argv: list[str] | None = None) -> int:
             settings = _settings(args, routing=routing or None)
             from server.routing.router import serve_router
 
-            serve_router(settings, args.worker)
+            if not args.worker and not args.workers_dns:
+                raise ConfigError(
+                    "no workers: pass --worker URL (repeat per worker) or --workers-dns NAME:PORT"
+                )
+            if args.workers_dns:
+                serve_router(settings, args.worker, workers_dns=args.workers_dns)
+            else:
+                serve_router(settings, args.worker)
+        elif args.command == "make-test-model":
+            from server.families.spec import FamilyError
+            from server.families.test_model import make_test_model
+
+            try:
+                print(make_test_model(args.family, args.out, args.hidden, args.layers, args.seed))
+            except FamilyError as exc:
+                print(f"agentserve: {exc}", file=sys.stderr)
+                return 2
         elif args.command == "convert-model":
             from server.model_store import resolve_model
 

@@ -39,8 +39,20 @@ class PrefixCacheSettings(_Section):
 class RoutingSettings(_Section):
     """The router in front of workers (``serve --workers N`` / ``route``); see server/routing/."""
 
-    policy: Literal["affinity", "round_robin", "least_loaded"] = Field(
-        "affinity", description="affinity = rendezvous hash of the session key with bounded load."
+    policy: Literal["prefix_affinity", "affinity", "prefix", "round_robin", "least_loaded"] = Field(
+        "prefix_affinity",
+        description="prefix_affinity = rendezvous order of the prompt prefix (system + tools) in bands, "
+        "each band ordered by the session key, with bounded load; affinity = session key only; "
+        "prefix = prefix only. See server/routing/rendezvous.py.",
+    )
+    prefix_spread: int = Field(
+        4, ge=1, description="prefix_affinity: an agent's sessions share out its first k prefix workers."
+    )
+    upstream: Literal["raw", "aiohttp", "httpx"] = Field(
+        "raw", description="HTTP client of the proxy hot path (raw = persistent HTTP/1.1 on httptools)."
+    )
+    dns_interval_s: float = Field(
+        10.0, gt=0, description="route --workers-dns: seconds between re-resolving the worker DNS name."
     )
     load_epsilon: float = Field(
         0.25, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests."
@@ -108,6 +120,12 @@ class AuthSettings(_Section):
     protect_metrics: bool = Field(
         False, description="Require a key for /metrics too (/health is always open)."
     )
+    router_token: str = Field(
+        "",
+        description="Shared secret between router and workers: the router sends it with the tenant it "
+        "authenticated (X-Agentserve-Tenant), and a worker trusts that header only with this token. "
+        "Empty = workers check the forwarded API key themselves. Never logged.",
+    )
     share_prefix_cache: bool = Field(
         False,
         description="Let tenants share cached prefixes (off: each tenant's cache is its own namespace).",
@@ -152,6 +170,11 @@ class Settings(BaseSettings):
     session_table_size: int = Field(4096, ge=1, description="Sessions remembered for the cache report.")
     envelope: str = Field(
         "hermes", description="Tool-call envelope in grammars/envelopes/ (per model family)."
+    )
+    model_family: str = Field(
+        "auto",
+        description="Prompt format (grammars/families/NAME.yaml, or NAME:VERSION, e.g. mistral:v13); "
+        "auto = detected from the model folder at start. The family names its tool-call envelope.",
     )
     tool_state_machine: str | None = Field(
         "agent",

@@ -1,9 +1,12 @@
 """The session key: which conversation a request belongs to (cache report, routing).
 
 First found wins: body ``prompt_cache_key`` (OpenAI's field), header ``X-Session-ID``,
-body ``user``; else a hash of the conversation's stable head (leading system messages
-and the tools), computed from the JSON body alone so that a router, which does not
-tokenize, and a worker derive the same key.
+body ``user``; else the prefix hash. The *prefix hash* is a hash of the conversation's
+stable head (its leading system/developer messages and the tools: what every session
+of one agent shares), computed from the JSON body alone so that a router, which does
+not tokenize, and a worker derive the same key. The router places a session by both
+(see ``server/routing/rendezvous.py``); ``prefix_hash`` is the same on every turn of a
+session, since an agent's context is append-only.
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> SessionK
     user = body.get("user")
     if isinstance(user, str) and user:
         return SessionKey(user, "user")
-    return SessionKey(_head_hash(body), "prefix_hash")
+    return SessionKey(prefix_hash(body), "prefix_hash")
 
 
-def _head_hash(body: Mapping[str, Any]) -> str:
+def prefix_hash(body: Mapping[str, Any]) -> str:
+    """Hash of the leading system/developer messages + tools (chat), or of the prompt (completions)."""
     messages = body.get("messages")
     head: list[Any] = []
     if isinstance(messages, list):

@@ -31,7 +31,9 @@ class GenerationResult:
     explanation: CacheExplanation | None = None
 
 
-async def generate_text(engine: Engine, metrics: Metrics, p: Prepared, out: GenerationResult) -> AsyncIterator[str]:
+async def generate_text(
+    engine: Engine, metrics: Metrics, p: Prepared, out: GenerationResult
+) -> AsyncIterator[str]:
     """Yield decoded text deltas (stop strings applied); fill ``out`` as it goes."""
     start = time.perf_counter()
     tok = engine.tokenizer

@@ -22,7 +22,7 @@ from server.chat.template import render_chat
 from server.config import Settings
 from server.engines.base import Engine, SamplingParams
 from server.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
-from server.families.envelope import Envelope
+from server.families.envelope import load_envelope
 from server.families.rendered import RenderedPrompt, Segment
 from server.masking.spec import ToolSpec
 from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
@@ -47,18 +47,30 @@ class Prepared:
     plan: ToolPlan | None = None
     tool_spec: ToolSpec | None = None
     cache_salt: str = ""
+    call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
 
 
 class Preparer:
-    def __init__(self, engine: Engine, settings: Settings, envelope: Envelope) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        renderer: Any,
+        envelope: str,
+        call_id_style: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``renderer``: the family's prompt renderer; ``envelope``: the name of its call envelope."""
         self.engine = engine
         self.settings = settings
-        self.envelope = envelope
+        self.renderer = renderer
+        self.envelope_name = envelope
+        self.envelope = load_envelope(envelope)
+        self.call_id_style = call_id_style
         self.default_machine = (
             load_state_machine(settings.tool_state_machine) if settings.tool_state_machine else None
         )
         # the vocabulary and the configured envelope's factory now, not on the first tool request
-        engine.constraints.factory(settings.envelope, settings.grammar_backend)
+        engine.constraints.factory(envelope, settings.grammar_backend)
 
     # -- checks ---------------------------------------------------------------------------------
     def _check_common(self, req: SamplingFields) -> None:
@@ -149,7 +161,7 @@ class Preparer:
         if not tools:
             return None
         spec = ToolSpec(
-            tools, plan, self.settings.envelope, self.settings.grammar_backend, self.engine.eos_token_ids
+            tools, plan, self.envelope_name, self.settings.grammar_backend, self.engine.eos_token_ids
         )
         self.engine.constraints.build(spec)
         return spec
@@ -171,7 +183,7 @@ class Preparer:
             )
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self._check_tools(tools)
-        rendered = render_chat(req.messages, tools, self.envelope)
+        rendered = render_chat(req.messages, tools, self.renderer)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         machine = self._machine(req.tool_state_machine)
         plan = plan_tools(tools, req.tool_choice, messages, req.parallel_tool_calls, machine, self.envelope)
@@ -196,6 +208,7 @@ class Preparer:
             plan=plan,
             tool_spec=self._tool_spec(tools, plan),
             cache_salt=cache_salt(tenant, self.settings.auth),
+            call_id_style=self.call_id_style,
         )
 
     def completion(

@@ -15,6 +15,7 @@ from server.chat.generate import GenerationResult
 from server.chat.prepare import Prepared
 from server.chat.toolcalls import CallDelta, ContentDelta, ParsedCall, StreamingToolCallParser
 from server.families.envelope import Envelope
+from server.families.render import call_id
 from server.protocol import (
     AssistantMessage,
     CacheInfo,
@@ -37,7 +38,7 @@ from server.protocol import (
 
 def _call(p: Prepared, index: int, call: ParsedCall) -> ToolCallOut:
     return ToolCallOut(
-        id=f"call_{p.request_id[-12:]}_{index}",
+        id=call_id(p.call_id_style or {}, p.request_id, index),
         function=FunctionCallOut(name=call.name, arguments=call.arguments),
     )
 

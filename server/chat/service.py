@@ -15,10 +15,12 @@ Lifecycle of one request (see README "Request lifecycle"); one module per step:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from server.cache_report import SessionTable, explain
+from server.chat.family_choice import choose_family, envelope_name, make_renderer
 from server.chat.generate import GenerationResult, generate_text
 from server.chat.prepare import Prepared, Preparer
 from server.chat.respond import StreamChunks, complete_response
@@ -28,15 +30,23 @@ from server.families.envelope import load_envelope
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest, CompletionRequest
 
+log = logging.getLogger(__name__)
+
 
 class ChatService:
     def __init__(self, engine: Engine, settings: Settings, metrics: Metrics) -> None:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
-        self.envelope = load_envelope(settings.envelope)
+        self.family_selection = choose_family(settings, engine.tokenizer)
+        self.family = self.family_selection.family
+        self.renderer = make_renderer(settings, self.family_selection, engine.tokenizer)
+        envelope = envelope_name(settings, self.family_selection)
+        self.envelope = load_envelope(envelope)
+        how = self.family_selection.how
+        log.info("model family %s (%s); tool-call envelope %s", self.family.ref, how, envelope)
         self.sessions = SessionTable(settings.session_table_size)
-        self.preparer = Preparer(engine, settings, self.envelope)
+        self.preparer = Preparer(engine, settings, self.renderer, envelope, self.family.call_id)
 
     # -- 1. prepare (CPU work, raises 400s) ------------------------------------------------------
     def prepare_chat(

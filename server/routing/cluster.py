@@ -40,8 +40,20 @@ class ClusterError(RuntimeError):
 
 
 def default_worker_command(index: int, port: int, config_path: str) -> list[str]:
-    return [sys.executable, "-m", "server.cli", "serve", "--config", config_path,
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "server.cli",
+        "serve",
+        "--config",
+        config_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
 
 
 @dataclass
@@ -92,8 +104,10 @@ def wait_ready(workers: list[WorkerProcess], timeout_s: float, poll_s: float = 0
                     continue
                 code = w.proc.poll()
                 if code is not None:
-                    raise ClusterError(f"worker {w.spec.id} (pid {w.proc.pid}) exited with code {code} "
-                                       "before it was ready; its log is above")
+                    raise ClusterError(
+                        f"worker {w.spec.id} (pid {w.proc.pid}) exited with code {code} "
+                        "before it was ready; its log is above"
+                    )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(w.spec.url + "/health").status_code == 200:
                         ready.add(w.spec.id)
@@ -102,13 +116,19 @@ def wait_ready(workers: list[WorkerProcess], timeout_s: float, poll_s: float = 0
                 return elapsed
             if elapsed > timeout_s:
                 waiting = ", ".join(w.spec.id for w in workers if w.spec.id not in ready)
-                raise ClusterError(f"workers not ready after {timeout_s:.0f}s ({waiting}); raise "
-                                   "routing.worker_start_timeout_s if the model takes longer to load")
+                raise ClusterError(
+                    f"workers not ready after {timeout_s:.0f}s ({waiting}); raise "
+                    "routing.worker_start_timeout_s if the model takes longer to load"
+                )
             if elapsed - last_report >= 5.0:
                 last_report = elapsed
                 waiting = ", ".join(w.spec.id for w in workers if w.spec.id not in ready)
-                print(f"agentserve: {len(ready)}/{len(workers)} workers ready after {elapsed:.0f}s "
-                      f"(waiting for {waiting})", file=sys.stderr, flush=True)
+                print(
+                    f"agentserve: {len(ready)}/{len(workers)} workers ready after {elapsed:.0f}s "
+                    f"(waiting for {waiting})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             time.sleep(poll_s)
 
 
@@ -129,6 +149,7 @@ def stop_workers(workers: list[WorkerProcess], grace_s: float = 10.0) -> None:
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
     """SIGTERM unwinds like SIGINT (so the workers are stopped) instead of killing us."""
+
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
@@ -170,12 +191,15 @@ def serve_cluster(settings: Settings, command: WorkerCommand | None = None) -> N
                 print(f"agentserve: starting {n} workers", file=sys.stderr, flush=True)
                 workers = spawn_workers(n, config_path, command or default_worker_command)
                 took = wait_ready(workers, settings.routing.worker_start_timeout_s)
-                print(f"agentserve: {n} workers ready in {took:.1f}s; router on "
-                      f"http://{settings.host}:{settings.port}", file=sys.stderr, flush=True)
+                print(
+                    f"agentserve: {n} workers ready in {took:.1f}s; router on "
+                    f"http://{settings.host}:{settings.port}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 serve_router(settings, [w.spec for w in workers])
         except KeyboardInterrupt:
             pass
         finally:
             stop_workers(workers)
             print("agentserve: workers stopped", file=sys.stderr, flush=True)
-

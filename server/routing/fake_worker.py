@@ -34,13 +34,22 @@ from server.session_key import session_key
 
 
 class FakeEngine:
-    def __init__(self, worker_id: str, block_size: int = 16, cache_blocks: int = 100_000,
-                 prefill_s_per_token: float = 0.0) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        block_size: int = 16,
+        cache_blocks: int = 100_000,
+        prefill_s_per_token: float = 0.0,
+    ) -> None:
         self.worker_id = worker_id
         self.block_size = block_size
         self.cache_blocks = cache_blocks
         self.config: dict[str, Any] = {
-            "delay_s": 0.0, "chunks": 3, "chunk_delay_s": 0.0, "die_after_chunks": None, "healthy": True,
+            "delay_s": 0.0,
+            "chunks": 3,
+            "chunk_delay_s": 0.0,
+            "die_after_chunks": None,
+            "healthy": True,
             "prefill_s_per_token": prefill_s_per_token,
         }
         self.cache: OrderedDict[bytes, None] = OrderedDict()
@@ -52,7 +61,7 @@ class FakeEngine:
         tokens = text.split()
         bs, h, cached, hit = self.block_size, b"", 0, True
         for start in range(0, len(tokens) - bs + 1, bs):
-            h = hashlib.sha256(h + "\x1f".join(tokens[start:start + bs]).encode()).digest()
+            h = hashlib.sha256(h + "\x1f".join(tokens[start : start + bs]).encode()).digest()
             if hit and h in self.cache:
                 cached += bs
                 self.cache.move_to_end(h)
@@ -121,13 +130,23 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
         t0 = time.perf_counter()
         body = await request.json()
         if body.get("model") == "missing":
-            err = {"message": "model 'missing' does not exist", "type": "invalid_request_error",
-                   "param": "model", "code": "model_not_found"}
+            err = {
+                "message": "model 'missing' does not exist",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
             return JSONResponse({"error": err}, status_code=404)
         cfg = dict(eng.config)
         record: dict[str, Any] = {
-            "session": session_key(body, request.headers).key, "path": request.url.path,
-            "stream": bool(body.get("stream")), "completed": False, "cancelled": False, "chunks_sent": 0,
+            "session": session_key(body, request.headers).key,
+            "path": request.url.path,
+            "stream": bool(body.get("stream")),
+            "completed": False,
+            "cancelled": False,
+            "chunks_sent": 0,
+            "tenant": request.headers.get("x-agentserve-tenant"),
+            "router_token": request.headers.get("x-agentserve-router-token"),
         }
         eng.log.append(record)
         deadline = time.perf_counter() + cfg["delay_s"]
@@ -143,13 +162,23 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
         record.update(prompt_tokens=prompt_tokens, cached_tokens=cached, ttft_s=time.perf_counter() - t0)
         n = int(body.get("max_tokens") or cfg["chunks"]) if not body.get("stream") else int(cfg["chunks"])
         usage = {
-            "prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": prompt_tokens + n,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
-        cache = {"cached_tokens": cached, "prompt_tokens": prompt_tokens, "diverged_at_token": None,
-                 "reason": None}
-        base = {"id": f"cmpl-{worker_id}-{len(eng.log)}", "created": int(time.time()), "model": "fake",
-                "system_fingerprint": worker_id}
+        cache = {
+            "cached_tokens": cached,
+            "prompt_tokens": prompt_tokens,
+            "diverged_at_token": None,
+            "reason": None,
+        }
+        base = {
+            "id": f"cmpl-{worker_id}-{len(eng.log)}",
+            "created": int(time.time()),
+            "model": "fake",
+            "system_fingerprint": worker_id,
+        }
         if not body.get("stream"):
             record["completed"] = True
             text = " ".join(f"tok{i}" for i in range(n))
@@ -170,13 +199,21 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
                     if cfg["die_after_chunks"] is not None and i >= cfg["die_after_chunks"]:
                         os.kill(os.getpid(), signal.SIGKILL)
                     delta = {"content": f"tok{i} "} if chat else None
-                    choice = {"index": 0, "delta": delta, "finish_reason": None} if chat else \
-                        {"index": 0, "text": f"tok{i} ", "finish_reason": None}
+                    choice = (
+                        {"index": 0, "delta": delta, "finish_reason": None}
+                        if chat
+                        else {"index": 0, "text": f"tok{i} ", "finish_reason": None}
+                    )
                     chunk = {**base, "object": "chat.completion.chunk", "choices": [choice]}
                     yield f"data: {json.dumps(chunk)}\n\n"
                     record["chunks_sent"] = i + 1
-                last = {**base, "object": "chat.completion.chunk", "choices": [], "usage": usage,
-                        "cache": cache}
+                last = {
+                    **base,
+                    "object": "chat.completion.chunk",
+                    "choices": [],
+                    "usage": usage,
+                    "cache": cache,
+                }
                 yield f"data: {json.dumps(last)}\n\n"
                 yield "data: [DONE]\n\n"
                 record["completed"] = True
@@ -199,8 +236,9 @@ def main() -> None:
     p.add_argument("--cache-blocks", type=int, default=100_000)
     p.add_argument("--prefill-s-per-token", type=float, default=0.0)
     a = p.parse_args()
-    app = create_fake_worker(a.id, block_size=a.block_size, cache_blocks=a.cache_blocks,
-                             prefill_s_per_token=a.prefill_s_per_token)
+    app = create_fake_worker(
+        a.id, block_size=a.block_size, cache_blocks=a.cache_blocks, prefill_s_per_token=a.prefill_s_per_token
+    )
     if a.fd is None:
         uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", access_log=False)
         return

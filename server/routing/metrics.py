@@ -19,10 +19,14 @@ class _PoolCollector(Collector):
         self.pool = pool
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        healthy = GaugeMetricFamily("agentserve_router_worker_healthy", "1 if the worker is in rotation",
-                                    labels=["worker"])
-        in_flight = GaugeMetricFamily("agentserve_router_worker_in_flight", "Requests the router has open "
-                                      "on the worker", labels=["worker"])
+        healthy = GaugeMetricFamily(
+            "agentserve_router_worker_healthy", "1 if the worker is in rotation", labels=["worker"]
+        )
+        in_flight = GaugeMetricFamily(
+            "agentserve_router_worker_in_flight",
+            "Requests the router has open on the worker",
+            labels=["worker"],
+        )
         for w in self.pool.workers:
             healthy.add_metric([w.id], float(w.healthy))
             in_flight.add_metric([w.id], float(w.in_flight))
@@ -35,28 +39,36 @@ class RouterMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "agentserve_router_requests", "Proxied requests by worker and HTTP status", ["worker", "status"],
+            "agentserve_router_requests",
+            "Proxied requests by worker and HTTP status",
+            ["worker", "status"],
             registry=r,
         )
         self.affinity = Counter(
             "agentserve_router_affinity",
             "Session placements: kept (home worker), moved (home down), spilled (over the load bound), "
             "none (policy without affinity)",
-            ["outcome"], registry=r,
+            ["outcome"],
+            registry=r,
         )
         self.failovers = Counter(
-            "agentserve_router_failovers", "Requests retried on another worker after this one failed "
-            "before anything reached the client", ["worker"], registry=r,
+            "agentserve_router_failovers",
+            "Requests retried on another worker after this one failed before anything reached the client",
+            ["worker"],
+            registry=r,
         )
         self.upstream_errors = Counter(
             "agentserve_router_upstream_errors",
             "Worker failures by kind: connect, disconnect, timeout, status_5xx, midstream; "
             "no_worker when none was healthy",
-            ["worker", "kind"], registry=r,
+            ["worker", "kind"],
+            registry=r,
         )
         self.added_latency = Histogram(
             "agentserve_router_added_latency_seconds",
             "Time the router adds to a request: before forwarding it and after the worker's answer "
-            "(its first chunk when streaming) arrived", buckets=LATENCY_BUCKETS, registry=r,
+            "(its first chunk when streaming) arrived",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         r.register(_PoolCollector(pool))

@@ -1,6 +1,6 @@
 """Routing policy interface and registry.
 
-A policy answers one question: given a request's session key and the current
+A policy answers one question: given a request's session key (and prefix hash) and the current
 workers (health, in-flight count), which worker serves it, and in which order
 to try the others if that one cannot be reached. Policies are pure and
 synchronous; the router owns health, in-flight counting and retries.
@@ -51,8 +51,14 @@ class Selection:
 class RoutingPolicy(Protocol):
     name: str
 
-    def select_worker(self, key: str, workers: Sequence[WorkerLoad]) -> Selection | None:
-        """The selection for ``key``; None when no worker is healthy."""
+    def select_worker(
+        self,
+        key: str,
+        workers: Sequence[WorkerLoad],
+        prefix: str | None = None,
+    ) -> Selection | None:
+        """The selection for session ``key`` (``prefix``: its prefix hash, for policies that
+        place by it); None when no worker is healthy."""
         ...
 
 

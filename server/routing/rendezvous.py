@@ -1,32 +1,43 @@
-"""affinity: rendezvous (highest-random-weight) hashing of the session key, with bounded load.
+"""affinity, prefix_affinity, prefix: rendezvous (highest-random-weight) orders with bounded load.
 
-Algorithm
-  1. Rank every worker by score(key, worker) = first 8 bytes (big-endian) of
-     sha256(worker.id + "\\0" + key), highest first (ties: smaller id first). The ranking
-     is the session's *rendezvous order*; its first worker is the session's *home*.
-     The hash is stable across processes and Python versions (never ``hash()``), so
-     any number of router replicas with the same worker ids route a session to the
-     same worker with no shared state. Removing a worker moves only the sessions
-     whose home it was (each to the next worker in its own order, spreading them
-     evenly); adding it back moves exactly those sessions home again.
-  2. Bounded load (Mirrokni et al., "Consistent Hashing with Bounded Loads"):
-     over the n healthy workers, with T = their in-flight requests + 1 (the new
-     one), the capacity is
-         cap = max(load_floor, ceil((1 + load_epsilon) * T / n))
-     and a worker takes the request only if its in-flight + 1 <= cap. Walk the
-     session's order (healthy workers only) and take the first that fits. Since
-     n * cap >= T, some worker always fits; a single worker, or an idle cluster,
-     never spills.
-  3. The remaining healthy workers, in rendezvous order, are the failover order.
+Orders (each a ranking of every worker; its first healthy worker is the *home*)
+  score(key, w) = first 8 bytes (big-endian) of sha256(w.id + "\\0" + key); R(key) = the
+  workers by score, highest first (ties: smaller id first). Stable across processes and
+  Python versions (never ``hash()``), so router replicas with the same worker ids agree
+  with no shared state. Removing a worker moves only the keys whose home it was (each to
+  the next worker in its own order); adding it back moves exactly those keys home again.
 
-Knobs (RoutingSettings)
-  load_epsilon  ε >= 0: how far above the mean (counting the new request) a
-                worker may go before new requests of its sessions spill.
-                0 = strict balance (many spills); large = pure affinity.
-  load_floor    >= 1: a worker is never skipped for load while it would have at
-                most this many requests in flight (absolute slack: with few
-                requests in flight, ε alone would spill on tiny imbalances and
-                lose the cache for nothing). 1 = the textbook bound.
+  affinity         O = R(S), S = the session key (tenant-namespaced).
+  prefix           O = R(P), P = the prefix hash (leading system messages + tools): every
+                   session of an agent has one order (SGLang-like, comparison baseline).
+  prefix_affinity  O(P, S) = R(P) cut into bands of k, 2k, 4k, ... workers (k =
+                   ``prefix_spread``), each band re-sorted by score(S, .), bands kept in
+                   R(P)'s order. So: with k = 1 a session's first choice IS the prefix's
+                   first choice (a new session lands where its agent's system prompt and
+                   tools already are); with k > 1 an agent's sessions share out its first
+                   k prefix workers evenly; spills go in the prefix's own order, band by
+                   band (onto the next workers that hold, or will hold, that prefix).
+                   O depends only on (P, S), both of which are the same on every turn of a
+                   session (the context is append-only), so turn 1 and turn 2 walk the same
+                   order: a session moves between turns only when bounded load (below)
+                   skips a worker it chose before, or a worker leaves.
+
+Bounded load (Mirrokni et al., "Consistent Hashing with Bounded Loads")
+  Over the n healthy workers, with T = their in-flight requests + 1 (the new one),
+      cap = max(load_floor, ceil((1 + load_epsilon) * T / n))
+  and a worker takes the request only if its in-flight + 1 <= cap. Walk O (healthy workers
+  only) and take the first that fits. Since n * cap >= T some worker always fits; a single
+  worker, or an idle cluster, never spills. The rest of O is the failover order.
+
+Workers joining / leaving
+  A worker that leaves drops out of every order: keys (prefixes, sessions) whose home it
+  was move to their next worker; nobody else moves. A worker that joins takes the rank its
+  score gives it in every order: it becomes the home of ~1/n of the keys. For prefix_affinity
+  a join or leave shifts the band boundaries of the prefixes that rank it inside their first
+  bands, so a few of those sessions change band (and move); sessions of other prefixes stay.
+
+Knobs (RoutingSettings): load_epsilon (how far above the mean a worker may go; 0 = strict),
+load_floor (never spill from a worker that would hold at most this many), prefix_spread (k).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 from server.config import RoutingSettings
 from server.routing.policy import Selection, WorkerLoad, register_policy
@@ -46,9 +58,27 @@ def score(key: str, worker_id: str) -> int:
 
 
 def rendezvous_order(key: str, worker_ids: Sequence[str]) -> list[int]:
-    """Indices of ``worker_ids`` in the session's rendezvous order (home first)."""
+    """Indices of ``worker_ids`` in the key's rendezvous order (home first)."""
+    return list(_order(key, tuple(worker_ids)))
+
+
+@lru_cache(maxsize=4096)
+def _order(key: str, worker_ids: tuple[str, ...]) -> tuple[int, ...]:
     scores = [score(key, wid) for wid in worker_ids]
-    return sorted(range(len(worker_ids)), key=lambda i: (-scores[i], worker_ids[i]))
+    return tuple(sorted(range(len(worker_ids)), key=lambda i: (-scores[i], worker_ids[i])))
+
+
+def banded_order(prefix: str, key: str, worker_ids: Sequence[str], spread: int) -> list[int]:
+    """O(P, S): the prefix's order in bands of spread, 2*spread, 4*spread, ... workers, each band
+    re-sorted by the session key's scores (see the header)."""
+    ranked = _order(prefix, tuple(worker_ids))
+    out: list[int] = []
+    start, size = 0, spread
+    while start < len(ranked):
+        band = ranked[start : start + size]
+        out += sorted(band, key=lambda i: (-score(key, worker_ids[i]), worker_ids[i]))
+        start, size = start + size, size * 2
+    return out
 
 
 def load_cap(in_flight: Sequence[int], epsilon: float, floor: int = 1) -> int:
@@ -58,7 +88,27 @@ def load_cap(in_flight: Sequence[int], epsilon: float, floor: int = 1) -> int:
     return max(floor, bound)
 
 
+def bounded_pick(
+    ranked: Sequence[int], workers: Sequence[WorkerLoad], epsilon: float, floor: int
+) -> Selection | None:
+    """Walk ``ranked`` (an order over every worker) under the load bound."""
+    healthy = [i for i in ranked if workers[i].healthy]
+    if not healthy:
+        return None
+    cap = load_cap([workers[i].in_flight for i in healthy], epsilon, floor)
+    chosen = next(i for i in healthy if workers[i].in_flight + 1 <= cap)
+    if chosen == ranked[0]:
+        outcome = "kept"
+    elif chosen == healthy[0]:
+        outcome = "moved"
+    else:
+        outcome = "spilled"
+    return Selection((chosen, *(i for i in healthy if i != chosen)), outcome)
+
+
 class RendezvousPolicy:
+    """affinity: the session key's order."""
+
     name = "affinity"
 
     def __init__(self, load_epsilon: float = 0.25, load_floor: int = 1) -> None:
@@ -67,22 +117,55 @@ class RendezvousPolicy:
         self.load_epsilon = load_epsilon
         self.load_floor = load_floor
 
-    def select_worker(self, key: str, workers: Sequence[WorkerLoad]) -> Selection | None:
-        ranked = rendezvous_order(key, [w.id for w in workers])
-        healthy = [i for i in ranked if workers[i].healthy]
-        if not healthy:
-            return None
-        cap = load_cap([workers[i].in_flight for i in healthy], self.load_epsilon, self.load_floor)
-        chosen = next(i for i in healthy if workers[i].in_flight + 1 <= cap)
-        if chosen == ranked[0]:
-            outcome = "kept"
-        elif chosen == healthy[0]:
-            outcome = "moved"
-        else:
-            outcome = "spilled"
-        return Selection((chosen, *(i for i in healthy if i != chosen)), outcome)
+    def order(self, key: str, prefix: str | None, worker_ids: Sequence[str]) -> Sequence[int]:
+        return _order(key, tuple(worker_ids))
+
+    def select_worker(
+        self,
+        key: str,
+        workers: Sequence[WorkerLoad],
+        prefix: str | None = None,
+    ) -> Selection | None:
+        ranked = self.order(key, prefix, [w.id for w in workers])
+        return bounded_pick(ranked, workers, self.load_epsilon, self.load_floor)
+
+
+class PrefixPolicy(RendezvousPolicy):
+    """prefix: the prefix's order for every session of an agent (no key: the session key's)."""
+
+    name = "prefix"
+
+    def order(self, key: str, prefix: str | None, worker_ids: Sequence[str]) -> Sequence[int]:
+        return _order(prefix or key, tuple(worker_ids))
+
+
+class PrefixAffinityPolicy(RendezvousPolicy):
+    """prefix_affinity: O(P, S), the prefix's order in bands, each band in the session's order."""
+
+    name = "prefix_affinity"
+
+    def __init__(self, load_epsilon: float = 0.25, load_floor: int = 1, spread: int = 1) -> None:
+        super().__init__(load_epsilon, load_floor)
+        if spread < 1:
+            raise ValueError(f"need prefix_spread >= 1, got {spread}")
+        self.spread = spread
+
+    def order(self, key: str, prefix: str | None, worker_ids: Sequence[str]) -> Sequence[int]:
+        if prefix is None:
+            return _order(key, tuple(worker_ids))
+        return banded_order(prefix, key, worker_ids, self.spread)
 
 
 @register_policy("affinity")
 def _make(settings: RoutingSettings) -> RendezvousPolicy:
     return RendezvousPolicy(settings.load_epsilon, settings.load_floor)
+
+
+@register_policy("prefix")
+def _make_prefix(settings: RoutingSettings) -> PrefixPolicy:
+    return PrefixPolicy(settings.load_epsilon, settings.load_floor)
+
+
+@register_policy("prefix_affinity")
+def _make_prefix_affinity(settings: RoutingSettings) -> PrefixAffinityPolicy:
+    return PrefixAffinityPolicy(settings.load_epsilon, settings.load_floor, settings.prefix_spread)

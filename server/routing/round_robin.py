@@ -24,7 +24,12 @@ class RoundRobinPolicy:
     def __init__(self) -> None:
         self._counter = itertools.count()
 
-    def select_worker(self, key: str, workers: Sequence[WorkerLoad]) -> Selection | None:
+    def select_worker(
+        self,
+        key: str,
+        workers: Sequence[WorkerLoad],
+        prefix: str | None = None,
+    ) -> Selection | None:
         healthy = [i for i, w in enumerate(workers) if w.healthy]
         if not healthy:
             return None

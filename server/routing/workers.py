@@ -41,8 +41,6 @@ def parse_worker_specs(values: Sequence[str]) -> list[WorkerSpec]:
             raise ValueError(f"worker {value!r}: expected a base URL like http://127.0.0.1:8001 (or ID=URL)")
         specs.append(WorkerSpec(wid.strip() or url, url))
     ids = [s.id for s in specs]
-    if not specs:
-        raise ValueError("no workers: pass at least one --worker URL")
     if len(set(ids)) != len(ids):
         raise ValueError(f"duplicate worker ids in {ids}: give each worker its own URL or ID=URL")
     return specs
@@ -62,8 +60,11 @@ class Worker:
 
     def info(self) -> dict[str, object]:
         return {
-            "id": self.id, "url": self.url, "healthy": self.healthy,
-            "in_flight": self.in_flight, "last_error": self.last_error,
+            "id": self.id,
+            "url": self.url,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "last_error": self.last_error,
         }
 
 
@@ -73,6 +74,16 @@ class WorkerPool:
         self.settings = settings
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
+
+    def set_specs(self, specs: Sequence[WorkerSpec]) -> tuple[list[str], list[str]]:
+        """Replace the worker list (DNS discovery); workers that stay keep their state.
+        Returns (added ids, removed ids)."""
+        current = {w.id: w for w in self.workers}
+        wanted = {s.id for s in specs}
+        added = [s.id for s in specs if s.id not in current]
+        removed = [wid for wid in current if wid not in wanted]
+        self.workers = [current.get(s.id) or Worker(s.id, s.url) for s in specs]
+        return added, removed
 
     def loads(self) -> list[WorkerLoad]:
         return [w.load() for w in self.workers]
@@ -88,7 +99,8 @@ class WorkerPool:
 
     async def start(self) -> None:
         """One round of checks (so a fresh router knows who is up), then the periodic loop."""
-        self._client = httpx.AsyncClient(timeout=self.settings.health_timeout_s, trust_env=False)
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.settings.health_timeout_s, trust_env=False)
         await self.check_all()
         self._task = asyncio.create_task(self._loop(), name="agentserve-health")
 
@@ -111,7 +123,8 @@ class WorkerPool:
         await asyncio.gather(*(self.check(w) for w in self.workers))
 
     async def check(self, worker: Worker) -> bool:
-        assert self._client is not None, "start() the pool first"
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.settings.health_timeout_s, trust_env=False)
         try:
             resp = await self._client.get(worker.url + "/health")
             ok, why = resp.status_code == 200, f"GET /health returned {resp.status_code}"

@@ -23,10 +23,10 @@ from server.routing.router import create_router_app
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def listening_socket() -> socket.socket:
+def listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, port))
     sock.listen(128)
     return sock
 
@@ -67,8 +67,10 @@ class FakeWorker:
         self.proc.wait(timeout=10)
 
 
-def spawn_fake_workers(n: int, prefix: str = "w", **kw: object) -> list[FakeWorker]:
-    socks = [listening_socket() for _ in range(n)]
+def spawn_fake_workers(
+    n: int, prefix: str = "w", socks: list[socket.socket] | None = None, **kw: object
+) -> list[FakeWorker]:
+    socks = socks or [listening_socket() for _ in range(n)]
     workers = []
     for i, sock in enumerate(socks):
         argv = [
@@ -82,7 +84,8 @@ def spawn_fake_workers(n: int, prefix: str = "w", **kw: object) -> list[FakeWork
         ]
         argv += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
         proc = subprocess.Popen(argv, pass_fds=[sock.fileno()], cwd=ROOT)
-        workers.append(FakeWorker(f"{prefix}{i}", f"http://127.0.0.1:{sock.getsockname()[1]}", proc))
+        host, port = sock.getsockname()[:2]
+        workers.append(FakeWorker(f"{prefix}{i}", f"http://{host}:{port}", proc))
         sock.close()  # the child owns it now: when the child dies, connections are refused
     try:
         for w in workers:
@@ -128,9 +131,10 @@ class RouterThread:
     server: uvicorn.Server | None = None
     thread: threading.Thread | None = None
     app: object = field(default=None)
+    discovery: object = None
 
     def start(self) -> RouterThread:
-        self.app = create_router_app(self.settings, self.workers)
+        self.app = create_router_app(self.settings, self.workers, self.discovery)
         sock = listening_socket()
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)

@@ -28,14 +28,22 @@ def test_route_flags_merge_with_the_yaml_routing_section(tmp_path, monkeypatch):
     import server.routing.router as router_mod
 
     monkeypatch.setattr(router_mod, "serve_router", lambda s, w: got.update(settings=s, workers=w))
-    argv = ["route", "--config", str(cfg), "--worker", "http://127.0.0.1:1", "--worker", "b=http://127.0.0.1:2"]
+    argv = [
+        "route",
+        "--config",
+        str(cfg),
+        "--worker",
+        "http://127.0.0.1:1",
+        "--worker",
+        "b=http://127.0.0.1:2",
+    ]
     assert cli.main([*argv, "--policy", "round_robin"]) == 0
     r = got["settings"].routing
     assert (r.policy, r.load_epsilon, r.health_interval_s) == ("round_robin", 0.5, 3.0)
     assert got["workers"] == ["http://127.0.0.1:1", "b=http://127.0.0.1:2"]
     assert cli.main([*argv, "--load-epsilon", "0.1"]) == 0
     r = got["settings"].routing
-    assert (r.policy, r.load_epsilon, r.health_interval_s) == ("affinity", 0.1, 3.0)
+    assert (r.policy, r.load_epsilon, r.health_interval_s) == ("prefix_affinity", 0.1, 3.0)
 
 
 def test_route_rejects_a_bad_worker_url(capsys):
@@ -69,16 +77,19 @@ CLUSTER = textwrap.dedent("""
 
 def test_cluster_starts_workers_routes_and_stops_them_on_sigterm():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", CLUSTER, str(port)], cwd=ROOT,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLUSTER, str(port)], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", timeout_s=30, proc=proc)
         workers = httpx.get(url + "/workers", timeout=5).json()["workers"]
         assert [w["id"] for w in workers] == ["w0", "w1", "w2"] and all(w["healthy"] for w in workers)
         body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "prompt_cache_key": "c1"}
-        ids = {httpx.post(url + "/v1/chat/completions", json=body, timeout=5).headers["x-agentserve-worker"]
-               for _ in range(3)}
+        ids = {
+            httpx.post(url + "/v1/chat/completions", json=body, timeout=5).headers["x-agentserve-worker"]
+            for _ in range(3)
+        }
         assert len(ids) == 1 and ids <= {"w0", "w1", "w2"}
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
@@ -96,7 +107,8 @@ def test_cluster_starts_workers_routes_and_stops_them_on_sigterm():
 
 def test_cluster_reports_a_worker_that_dies_at_start(tmp_path):
     script = CLUSTER.replace('"-m", "server.routing.fake_worker"', '"-c", "import sys; sys.exit(3)"')
-    proc = subprocess.run([sys.executable, "-c", script, str(free_port())], cwd=ROOT, capture_output=True,
-                          text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode != 0
     assert re.search(r"worker w\d \(pid \d+\) exited with code 3 before it was ready", proc.stderr)

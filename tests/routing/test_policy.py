@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -9,7 +10,15 @@ import pytest
 from server.config import RoutingSettings
 from server.routing.least_loaded import LeastLoadedPolicy
 from server.routing.policy import WorkerLoad, make_policy, policy_names
-from server.routing.rendezvous import RendezvousPolicy, load_cap, rendezvous_order, score
+from server.routing.rendezvous import (
+    PrefixAffinityPolicy,
+    PrefixPolicy,
+    RendezvousPolicy,
+    banded_order,
+    load_cap,
+    rendezvous_order,
+    score,
+)
 from server.routing.round_robin import RoundRobinPolicy
 
 IDS = ["w0", "w1", "w2", "w3", "w4"]
@@ -145,8 +154,140 @@ def test_least_loaded_picks_fewest_in_flight_and_rotates_ties():
 
 
 def test_registry_builds_the_configured_policy():
-    assert policy_names() == ["affinity", "least_loaded", "round_robin"]
+    assert policy_names() == ["affinity", "least_loaded", "prefix", "prefix_affinity", "round_robin"]
     p = make_policy(RoutingSettings(policy="affinity", load_epsilon=0.5, load_floor=2))
     assert isinstance(p, RendezvousPolicy) and (p.load_epsilon, p.load_floor) == (0.5, 2)
     assert make_policy(RoutingSettings(policy="round_robin")).name == "round_robin"
     assert make_policy(RoutingSettings(policy="least_loaded")).name == "least_loaded"
+
+
+# ---------------------------------------------------------------- prefix_affinity
+
+FLEET = [f"w{i}" for i in range(16)]
+AGENTS = [f"h:agent-{a}" for a in range(20)]
+
+
+def fleet(in_flight: dict[int, int] | None = None, down: tuple[int, ...] = (), ids=FLEET) -> list[WorkerLoad]:
+    in_flight = in_flight or {}
+    return [WorkerLoad(w, i not in down, in_flight.get(i, 0)) for i, w in enumerate(ids)]
+
+
+def test_first_choice_of_every_session_is_the_prefix_first_choice_with_spread_1():
+    # The rule: O(P, S) = R(P) in bands of 1, 2, 4, ... each band sorted by S. With spread 1 the
+    # first band is R(P)[0]: a new session goes where its agent's prefix already is.
+    policy = PrefixAffinityPolicy(spread=1)
+    for prefix in AGENTS:
+        prefix_home = rendezvous_order(prefix, FLEET)[0]
+        for s in range(50):
+            sel = policy.select_worker(f"sess-{s}", fleet(), prefix)
+            assert sel.worker == prefix_home and sel.outcome == "kept"
+
+
+def test_bands_follow_the_prefix_order_and_spread_sessions_inside_a_band():
+    for spread in (1, 2, 4):
+        for prefix in AGENTS[:5]:
+            ranked = rendezvous_order(prefix, FLEET)
+            bands, start, size = [], 0, spread
+            while start < len(ranked):
+                bands.append(set(ranked[start : start + size]))
+                start, size = start + size, size * 2
+            firsts = Counter()
+            for s in range(400):
+                order = banded_order(prefix, f"sess-{s}", FLEET, spread)
+                assert sorted(order) == list(range(len(FLEET)))
+                pos = 0
+                for band in bands:  # each band's workers, in some order, then the next band
+                    assert set(order[pos : pos + len(band)]) == band
+                    pos += len(band)
+                firsts[order[0]] += 1
+            # an agent's sessions share out its first band evenly
+            assert set(firsts) == bands[0]
+            assert min(firsts.values()) >= 400 / spread * 0.7, firsts
+
+
+def test_turn_one_and_turn_two_of_a_session_land_on_the_same_worker():
+    from server.routing.proxy import route_keys
+
+    policy = PrefixAffinityPolicy(spread=4)
+    system = {"role": "system", "content": "You are agent 7."}
+    tools = [{"type": "function", "function": {"name": "shell_run"}}]
+    for s in range(100):
+        turn1 = {
+            "messages": [system, {"role": "user", "content": f"task {s}"}],
+            "tools": tools,
+            "prompt_cache_key": f"s{s}",
+        }
+        turn2 = {
+            **turn1,
+            "messages": [
+                *turn1["messages"],
+                {"role": "assistant", "content": "ok"},
+                {"role": "tool", "content": "result"},
+            ],
+        }
+        k1, p1 = route_keys(json.dumps(turn1).encode(), {}, True)
+        k2, p2 = route_keys(json.dumps(turn2).encode(), {}, True)
+        assert (k1, p1) == (k2, p2)
+        # equal loads: equal choice; a load that changed meanwhile may move it, only by spilling
+        assert policy.select_worker(k1, fleet(), p1).worker == policy.select_worker(k2, fleet(), p2).worker
+        busy = {policy.select_worker(k1, fleet(), p1).worker: 9}
+        sel = policy.select_worker(k2, fleet(busy), p2)
+        assert sel.outcome == "spilled"
+
+
+def test_replicas_agree_whatever_the_worker_list_order():
+    a, b = PrefixAffinityPolicy(spread=2), PrefixAffinityPolicy(spread=2)
+    workers = fleet()
+    shuffled = list(reversed(workers))
+    for prefix in AGENTS[:5]:
+        for s in range(100):
+            wa = workers[a.select_worker(f"s{s}", workers, prefix).worker].id
+            wb = shuffled[b.select_worker(f"s{s}", shuffled, prefix).worker].id
+            assert wa == wb
+
+
+def test_bounded_load_spreads_a_burst_of_one_agent_in_the_prefix_order():
+    # 12 new sessions of one agent arrive while nothing finishes: the first lands on the prefix's
+    # home; the rest spread over the next workers of the prefix's own order (bands of 1, 2, 4),
+    # not over the whole fleet
+    policy = PrefixAffinityPolicy(load_epsilon=0.25, load_floor=2, spread=1)
+    prefix = AGENTS[3]
+    ranked = rendezvous_order(prefix, FLEET)
+    in_flight: dict[int, int] = {}
+    placed = []
+    for s in range(12):
+        sel = policy.select_worker(f"burst-{s}", fleet(in_flight), prefix)
+        in_flight[sel.worker] = in_flight.get(sel.worker, 0) + 1
+        placed.append(sel.worker)
+    assert placed[0] == ranked[0]
+    assert max(in_flight.values()) <= 2  # the bound: floor 2 while the mean stays small
+    used = set(in_flight)
+    assert 6 <= len(used) <= 7
+    assert set(ranked[:3]) <= used <= set(ranked[:7])  # bands 0 and 1 full, then part of band 2
+
+
+def test_worker_leaving_moves_its_sessions_and_few_others():
+    policy = PrefixAffinityPolicy(spread=4)
+    sessions = [(prefix, f"s{s}") for prefix in AGENTS for s in range(50)]
+    before = {k: policy.select_worker(k[1], fleet(), k[0]).worker for k in sessions}
+    for gone in (0, 5, 11):
+        during = {k: policy.select_worker(k[1], fleet(down=(gone,)), k[0]).worker for k in sessions}
+        moved = [k for k in sessions if during[k] != before[k]]
+        orphans = [k for k in sessions if before[k] == gone]
+        assert set(orphans) <= set(moved) and all(during[k] != gone for k in sessions)
+        # the band boundaries of prefixes that rank the leaver in their first band shift by one:
+        # a few of their sessions change band. Everyone else stays.
+        others = len(moved) - len(orphans)
+        assert others <= 0.1 * len(sessions), (gone, len(orphans), others)
+        after = {k: policy.select_worker(k[1], fleet(), k[0]).worker for k in sessions}
+        assert after == before  # it comes back: everything goes back
+
+
+def test_prefix_policy_sends_every_session_of_an_agent_to_one_worker():
+    policy = PrefixPolicy()
+    for prefix in AGENTS[:5]:
+        assert {policy.select_worker(f"s{s}", fleet(), prefix).worker for s in range(50)} == {
+            rendezvous_order(prefix, FLEET)[0]
+        }
+    # no prefix given: it falls back to the key
+    assert policy.select_worker("k", fleet()).worker == rendezvous_order("k", FLEET)[0]

@@ -10,14 +10,20 @@ import time
 import httpx
 import pytest
 
+from server.session_key import prefix_hash
 from tests.routing.conftest import spawn_fake_workers, stop_fake_workers
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def chat(key: str, stream: bool = False, **extra: object) -> dict:
-    return {"model": "fake", "messages": [{"role": "user", "content": f"hello from {key}"}],
-            "prompt_cache_key": key, "stream": stream, **extra}
+    return {
+        "model": "fake",
+        "messages": [{"role": "user", "content": f"hello from {key}"}],
+        "prompt_cache_key": key,
+        "stream": stream,
+        **extra,
+    }
 
 
 def post(router, body: dict, timeout: float = 10.0, **kw) -> httpx.Response:
@@ -36,12 +42,11 @@ def metric(router, name: str, **labels: str) -> float:
 
 
 def sse_events(lines: list[str]) -> list[str]:
-    return [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
 
 
 def home_of(router, key: str) -> str:
-    sel = router.router.policy.select_worker(key, router.router.pool.loads())
-    return router.router.pool.workers[sel.worker].id
+    return expected_home(router, key, chat(key))
 
 
 def test_json_proxied_with_worker_header(workers, make_router):
@@ -82,18 +87,51 @@ def test_every_turn_of_a_session_lands_on_one_worker(workers, make_router):
     assert metric(r, "agentserve_router_affinity_total", outcome="kept") == 36
 
 
-def test_session_key_from_header_and_user_and_prefix(workers, make_router):
+def expected_home(router, key: str, body: dict) -> str:
+    """Where the policy puts session ``key`` (given explicitly, not via the router's key logic)."""
+    sel = router.router.policy.select_worker(key, router.router.pool.loads(), prefix_hash(body))
+    return router.router.pool.workers[sel.worker].id
+
+
+def test_session_key_precedence_decides_the_worker(workers, make_router):
+    # each case picks keys whose worker differs from what the next-lower source would give, so
+    # a router that ignored the source (or the precedence) would land elsewhere
     r = make_router([w.url for w in workers])
-    body = {"model": "fake", "messages": [{"role": "system", "content": "You are an agent."},
-                                           {"role": "user", "content": "go"}]}
-    a = {post(r, body, headers={"X-Session-ID": "hdr-1"}).headers["x-agentserve-worker"] for _ in range(3)}
-    b = {post(r, {**body, "user": "u-7"}).headers["x-agentserve-worker"] for _ in range(3)}
-    c = set()
-    for turn in range(3):  # growing conversation, same head: same worker
+    body = {
+        "model": "fake",
+        "messages": [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "go"}],
+    }
+    fallback = expected_home(r, prefix_hash(body), body)
+
+    def where(b: dict, **headers: str) -> set[str]:
+        return {post(r, b, headers=headers).headers["x-agentserve-worker"] for _ in range(2)}
+
+    hdrs = [k for k in (f"hdr-{i}" for i in range(60)) if expected_home(r, k, body) != fallback][:3]
+    users = [k for k in (f"u-{i}" for i in range(60)) if expected_home(r, k, body) != fallback][:3]
+    assert len(hdrs) == len(users) == 3
+    for k in hdrs:
+        assert where(body, **{"X-Session-ID": k}) == {expected_home(r, k, body)}
+    for k in users:
+        assert where({**body, "user": k}) == {expected_home(r, k, body)}
+    # prompt_cache_key > X-Session-ID > user: pairs whose two keys have different workers
+    pairs = [
+        (a, b)
+        for a in (f"p-{i}" for i in range(40))
+        for b in hdrs
+        if expected_home(r, a, body) != expected_home(r, b, body)
+    ][:3]
+    for pk, hk in pairs:
+        assert where({**body, "prompt_cache_key": pk}, **{"X-Session-ID": hk}) == {expected_home(r, pk, body)}
+    pairs = [(h, u) for h in hdrs for u in users if expected_home(r, h, body) != expected_home(r, u, body)][
+        :3
+    ]
+    assert pairs
+    for hk, uk in pairs:
+        assert where({**body, "user": uk}, **{"X-Session-ID": hk}) == {expected_home(r, hk, body)}
+    # no key at all: the prefix hash, stable while the conversation grows behind the same head
+    for turn in range(3):
         more = [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "x"}] * turn
-        msgs = body["messages"] + more
-        c.add(post(r, {**body, "messages": msgs}).headers["x-agentserve-worker"])
-    assert len(a) == len(b) == len(c) == 1
+        assert where({**body, "messages": body["messages"] + more}) == {fallback}
 
 
 def test_two_router_replicas_route_every_session_identically(workers, make_router):
@@ -113,8 +151,9 @@ def test_stream_is_relayed_chunk_by_chunk(workers, make_router):
     r = make_router([w.url for w in workers])
     t0 = time.monotonic()
     arrivals: list[tuple[float, str]] = []
-    with httpx.stream("POST", r.url + "/v1/chat/completions", json=chat("stream-1", stream=True),
-                      timeout=10) as resp:
+    with httpx.stream(
+        "POST", r.url + "/v1/chat/completions", json=chat("stream-1", stream=True), timeout=10
+    ) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
         worker = next(w for w in workers if w.url == resp.headers["x-agentserve-worker"])
@@ -136,8 +175,9 @@ def test_client_disconnect_cancels_the_upstream_request(workers, make_router):
     for w in workers:
         w.configure(chunks=100, chunk_delay_s=0.1)
     r = make_router([w.url for w in workers])
-    with httpx.stream("POST", r.url + "/v1/chat/completions", json=chat("cancel-me", stream=True),
-                      timeout=10) as resp:
+    with httpx.stream(
+        "POST", r.url + "/v1/chat/completions", json=chat("cancel-me", stream=True), timeout=10
+    ) as resp:
         worker = next(w for w in workers if w.url == resp.headers["x-agentserve-worker"])
         for line in resp.iter_lines():
             if line.startswith("data: "):
@@ -150,8 +190,10 @@ def test_client_disconnect_cancels_the_upstream_request(workers, make_router):
         time.sleep(0.1)
     assert rec["cancelled"] and rec["chunks_sent"] < 30, rec
     deadline = time.monotonic() + 3
-    while r.router.pool.workers[0].in_flight + sum(w.in_flight for w in r.router.pool.workers) and \
-            time.monotonic() < deadline:
+    while (
+        r.router.pool.workers[0].in_flight + sum(w.in_flight for w in r.router.pool.workers)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     assert all(w["in_flight"] == 0 for w in httpx.get(r.url + "/workers", timeout=5).json()["workers"])
 
@@ -182,11 +224,13 @@ def test_slow_worker_makes_new_sessions_spill(workers, make_router):
 
     async def run() -> list[tuple[str, float]]:
         async with httpx.AsyncClient(timeout=10) as client:
+
             async def one(key: str) -> tuple[str, float]:
                 t0 = time.monotonic()
                 resp = await client.post(r.url + "/v1/chat/completions", json=chat(key))
                 assert resp.status_code == 200
                 return resp.headers["x-agentserve-worker"], time.monotonic() - t0
+
             return await asyncio.gather(*(one(k) for k in keys))
 
     results = asyncio.run(run())
@@ -209,8 +253,9 @@ def test_worker_stream_error_midway_ends_with_sse_error(make_router):
         keys = [k for k in (f"kill-{i}" for i in range(200)) if home_of(r, k) == victim.url][:3]
         victim.configure(chunks=10, chunk_delay_s=0.05, die_after_chunks=2)
         t0 = time.monotonic()
-        with httpx.stream("POST", r.url + "/v1/chat/completions", json=chat(keys[0], stream=True),
-                          timeout=10) as resp:
+        with httpx.stream(
+            "POST", r.url + "/v1/chat/completions", json=chat(keys[0], stream=True), timeout=10
+        ) as resp:
             assert resp.status_code == 200 and resp.headers["x-agentserve-worker"] == victim.url
             events = sse_events(list(resp.iter_lines()))
         assert time.monotonic() - t0 < 5
@@ -244,6 +289,7 @@ def test_killed_worker_in_flight_requests_fail_over_or_error_never_hang(make_rou
 
         async def run():
             async with httpx.AsyncClient(timeout=15) as client:
+
                 async def one(key: str, stream: bool):
                     t0 = time.monotonic()
                     resp = await client.post(r.url + "/v1/chat/completions", json=chat(key, stream=stream))
@@ -288,7 +334,8 @@ def test_unhealthy_worker_sessions_move_and_come_back(workers, make_router):
     assert all(during[k] == before[k] for k in keys if before[k] != sick.url)  # only its sessions moved
     assert any(before[k] == sick.url for k in keys)
     assert metric(r, "agentserve_router_affinity_total", outcome="moved") == sum(
-        before[k] == sick.url for k in keys)
+        before[k] == sick.url for k in keys
+    )
     sick.configure(healthy=True)
     deadline = time.monotonic() + 5
     while not httpx.get(r.url + "/workers", timeout=5).json()["workers"][0]["healthy"]:
@@ -330,16 +377,26 @@ def test_workers_and_metrics_endpoints(workers, make_router):
     for s in range(5):
         post(r, chat(f"m-{s}"))
     info = httpx.get(r.url + "/workers", timeout=5).json()
-    assert info["policy"] == "affinity"
+    assert info["policy"] == "prefix_affinity"
     assert [(w["id"], w["url"], w["healthy"], w["in_flight"]) for w in info["workers"]] == [
-        (w.id, w.url, True, 0) for w in workers]
+        (w.id, w.url, True, 0) for w in workers
+    ]
     assert httpx.get(r.url + "/health", timeout=5).json() == {"status": "ok", "workers": 3, "healthy": 3}
     text = httpx.get(r.url + "/metrics", timeout=5).text
-    for name in ("agentserve_router_requests_total", "agentserve_router_affinity_total",
-                 "agentserve_router_added_latency_seconds_bucket", "agentserve_router_worker_in_flight"):
+    for name in (
+        "agentserve_router_requests_total",
+        "agentserve_router_affinity_total",
+        "agentserve_router_added_latency_seconds_bucket",
+        "agentserve_router_worker_in_flight",
+    ):
         assert name in text
-    assert sum(float(v) for v in re.findall(r'agentserve_router_requests_total\{.*?status="200".*?\} (\S+)',
-                                            text)) == 5
+    assert (
+        sum(
+            float(v)
+            for v in re.findall(r'agentserve_router_requests_total\{.*?status="200".*?\} (\S+)', text)
+        )
+        == 5
+    )
     assert metric(r, "agentserve_router_added_latency_seconds_count") == 5
     for ref in ("1", "w1"):
         wm = httpx.get(r.url + f"/metrics/worker/{ref}", timeout=5)
@@ -352,10 +409,15 @@ def test_official_openai_client_works_through_the_router(workers, make_router):
 
     r = make_router([w.url for w in workers])
     client = OpenAI(base_url=r.url + "/v1", api_key="none", max_retries=0, timeout=10)
-    out = client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}],
-                                         extra_body={"prompt_cache_key": "oa-1"})
+    out = client.chat.completions.create(
+        model="fake", messages=[{"role": "user", "content": "hi"}], extra_body={"prompt_cache_key": "oa-1"}
+    )
     assert out.choices[0].message.content and out.usage.prompt_tokens_details.cached_tokens == 0
-    stream = client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}],
-                                            stream=True, extra_body={"prompt_cache_key": "oa-1"})
+    stream = client.chat.completions.create(
+        model="fake",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        extra_body={"prompt_cache_key": "oa-1"},
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == "tok0 tok1 tok2 "

@@ -1,0 +1,129 @@
+"""Mistral: our prompt tokens == mistral-common's ``encode_chat_completion``, token for token.
+
+Official side: ``MistralTokenizer`` from mistral-common: v3 tekken = ``MistralTokenizer.v3(
+is_tekken=True)``; v3_spm = ``MistralTokenizer.v3()`` (the SentencePiece vocabulary); v7 / v11 /
+v13 = the bundled tekken vocabulary re-labelled with that version and its special tokens, as
+those models' tekken.json files are; requests from ``ChatCompletionRequest.from_openai``. Our
+side: grammars/families/mistral.yaml at that version, tokenized by the HF tokenizer converted
+from the same vocabulary file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from server.families.render import FamilyRenderer
+from server.protocol import ChatMessage
+from tests.families.conversations import canonical_function, conversations, sorted_args
+
+pytest.importorskip("mistral_common")
+from mistral_common.protocol.instruct.request import ChatCompletionRequest  # noqa: E402
+from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # noqa: E402
+
+VERSIONS = ["v3", "v3_spm", "v7", "v11", "v13"]
+CASES = conversations()
+
+
+def _tekken(version: str, folder: Path) -> Path:
+    """The bundled tekken vocabulary labelled as ``version`` (with [ARGS]/[CALL_ID] from v11 on)."""
+    from server.families.tokenizers import tekken_file
+
+    data = json.loads(tekken_file().read_text())
+    data["config"]["version"] = version
+    data.pop("image", None)
+    if version in ("v11", "v13"):
+        names = (
+            [
+                "<unk>",
+                "<s>",
+                "</s>",
+                "[INST]",
+                "[/INST]",
+                "[AVAILABLE_TOOLS]",
+                "[/AVAILABLE_TOOLS]",
+                "[TOOL_RESULTS]",
+                "[/TOOL_RESULTS]",
+                "[TOOL_CALLS]",
+                "[IMG]",
+                "<pad>",
+                "[IMG_BREAK]",
+                "[IMG_END]",
+                "[PREFIX]",
+                "[MIDDLE]",
+                "[SUFFIX]",
+                "[SYSTEM_PROMPT]",
+                "[/SYSTEM_PROMPT]",
+                "[TOOL_CONTENT]",
+            ]
+            + [f"<SPECIAL_{i}>" for i in range(20, 32)]
+            + ["[ARGS]", "[CALL_ID]"]
+        )
+        data["special_tokens"] = [
+            {"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(names)
+        ]
+    path = folder / f"tekken_{version}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    from server.families.tokenizers import mistral_spm_tokenizer, tekken_tokenizer
+
+    folder = tmp_path_factory.mktemp("tekken")
+    out = {}
+    for v in VERSIONS:
+        if v == "v3":
+            official = MistralTokenizer.v3(is_tekken=True)
+            ours = tekken_tokenizer()
+        elif v == "v3_spm":  # SentencePiece (Mistral 7B v0.3): mistral-common's bundled .model.v3
+            pytest.importorskip("google.protobuf")
+            official = MistralTokenizer.v3()
+            ours = mistral_spm_tokenizer()
+        else:
+            path = _tekken(v, folder)
+            official = MistralTokenizer.from_file(str(path))
+            ours = tekken_tokenizer(str(path))
+        out[v] = (official, ours)
+    return out
+
+
+def _official_request(messages: list[dict], tools: list[dict]) -> ChatCompletionRequest:
+    msgs = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["content"] = None
+            m["tool_calls"] = [
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.dumps(sorted_args(c["function"]["arguments"])),
+                    },
+                }
+                for c in m["tool_calls"]
+            ]
+        msgs.append(m)
+    openai_tools = [{"type": "function", "function": canonical_function(t)} for t in tools] or None
+    return ChatCompletionRequest.from_openai(messages=msgs, tools=openai_tools)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_prompt_tokens_equal_mistral_common(case: int, version: str, tokenizers) -> None:
+    official, ours = tokenizers[version]
+    messages, tools = CASES[case]
+    rendered = FamilyRenderer(f"mistral:{version}").render([ChatMessage(**m) for m in messages], tools)
+    got = ours(rendered.text, add_special_tokens=False)["input_ids"]
+    want = official.encode_chat_completion(_official_request(messages, tools)).tokens
+    assert got == want, (rendered.text, official.decode(want, special_token_policy=_keep()))
+
+
+def _keep():
+    from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
+
+    return SpecialTokenPolicy.KEEP
