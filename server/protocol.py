@@ -2,8 +2,9 @@
 
 Requests: unknown top-level fields are ignored (clients send many); wrong types are 400s.
 ``tool_choice`` is parsed into types here, at the edge (``parse_tool_choice``; a malformed
-one is a 400 that lists the accepted forms). Extensions: ``tool_state_machine`` in
-requests; ``cache`` and ``tool_state`` in responses (built in server/chat/respond.py).
+one is a 400 that lists the accepted forms). Extensions: ``tool_state_machine`` and
+``cache_compare_with`` in requests; ``cache`` and ``tool_state`` in responses (built in
+server/chat/respond.py).
 """
 
 from __future__ import annotations
@@ -150,6 +151,10 @@ def parse_tool_choice(value: Any) -> ToolChoice | None:
     raise InvalidRequest(f"malformed tool_choice {value!r}: use {TOOL_CHOICE_FORMS}", param="tool_choice")
 
 
+class PromptCacheOptions(_Loose):
+    comparison_response_id: str | None = Field(None, max_length=256)
+
+
 class SamplingFields(_Loose):
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -163,6 +168,8 @@ class SamplingFields(_Loose):
     stream_options: StreamOptions | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_options: PromptCacheOptions | None = None  # OpenAI's comparison_response_id
+    cache_compare_with: str | None = Field(None, max_length=256)  # extension: a response id
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -171,6 +178,12 @@ class SamplingFields(_Loose):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def comparison_response_id(self) -> str | None:
+        """The response to diagnose the cache against (extension spelling first, then OpenAI's)."""
+        if self.cache_compare_with:
+            return self.cache_compare_with
+        return self.prompt_cache_options.comparison_response_id if self.prompt_cache_options else None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -205,13 +218,16 @@ class Usage(BaseModel):
 
 
 class CacheInfo(BaseModel):
-    """Extension ``cache``: how much of the prompt came from cache, and why not more."""
+    """Extension ``cache``: how much of the prompt came from cache, and why not more.
 
+    After ``session_key_source`` come the cache report's fields (``CacheReport.fields()``:
+    ``diverged_at_token``, ``reason``, ``type``, ``missed_tokens``, ``fix``, …), kept as sent.
+    """
+
+    model_config = ConfigDict(extra="allow")
     cached_tokens: int
     prompt_tokens: int
     session_key_source: str
-    diverged_at_token: int | None
-    reason: str | None
 
 
 class ToolStateInfo(BaseModel):

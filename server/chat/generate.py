@@ -9,10 +9,10 @@ An engine error ends the request with ``GenerationError`` (never a silently shor
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from server.cache_report import CacheExplanation
+from server.cache_diag import CacheReport
 from server.chat.prepare import Prepared
 from server.engines.base import Engine, GenerationRequest
 from server.errors import GenerationError
@@ -28,13 +28,20 @@ class GenerationResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     first_token_at: float | None = None
-    explanation: CacheExplanation | None = None
+    explanation: CacheReport | None = None
 
 
 async def generate_text(
-    engine: Engine, metrics: Metrics, p: Prepared, out: GenerationResult
+    engine: Engine,
+    metrics: Metrics,
+    p: Prepared,
+    out: GenerationResult,
+    on_first_token: Callable[[Prepared, GenerationResult, float], None] | None = None,
 ) -> AsyncIterator[str]:
-    """Yield decoded text deltas (stop strings applied); fill ``out`` as it goes."""
+    """Yield decoded text deltas (stop strings applied); fill ``out`` as it goes.
+
+    ``on_first_token(p, out, seconds)`` is called once, when the prefill is done (the cache report).
+    """
     start = time.perf_counter()
     tok = engine.tokenizer
     ids: list[int] = []
@@ -49,6 +56,8 @@ async def generate_text(
             if out.first_token_at is None:
                 out.first_token_at = time.perf_counter()
                 metrics.ttft.observe(out.first_token_at - start)
+                if on_first_token is not None:
+                    on_first_token(p, out, out.first_token_at - start)
             if chunk.error:
                 raise GenerationError(chunk.error)
             ids.extend(chunk.token_ids)

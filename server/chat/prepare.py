@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.auth import cache_salt, namespaced_session
-from server.cache_report import SessionPrompt
+from server.cache_diag import Prompt, fingerprint
 from server.chat.template import render_chat
 from server.config import Settings
 from server.engines.base import Engine, SamplingParams
@@ -37,7 +37,7 @@ class Prepared:
     request_id: str
     created: int
     prompt_ids: list[int]
-    session_prompt: SessionPrompt
+    session_prompt: Prompt
     session: SessionKey
     sampling: SamplingParams
     stops: list[str]
@@ -48,6 +48,8 @@ class Prepared:
     tool_spec: ToolSpec | None = None
     cache_salt: str = ""
     call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
+    compare_with: str | None = None  # a response id to diagnose the cache against
+    tenant: str = ""
 
 
 class Preparer:
@@ -58,6 +60,7 @@ class Preparer:
         renderer: Any,
         envelope: str,
         call_id_style: Mapping[str, Any] | None = None,
+        family_ref: str = "",
     ) -> None:
         """``renderer``: the family's prompt renderer; ``envelope``: the name of its call envelope."""
         self.engine = engine
@@ -66,6 +69,7 @@ class Preparer:
         self.envelope_name = envelope
         self.envelope = load_envelope(envelope)
         self.call_id_style = call_id_style
+        self.family_ref = family_ref
         self.default_machine = (
             load_state_machine(settings.tool_state_machine) if settings.tool_state_machine else None
         )
@@ -112,6 +116,35 @@ class Preparer:
         return SamplingParams(
             max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
         )
+
+    def _prompt(
+        self,
+        req: SamplingFields,
+        tenant: str,
+        ids: list[int],
+        offsets: array,
+        rendered: RenderedPrompt,
+        messages: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Prompt:
+        """The prompt as the cache report keeps it (fingerprint + ids/text for the session baseline)."""
+        settings = {
+            "cache_namespace": cache_salt(tenant, self.settings.auth),
+            "family": self.family_ref,
+            "envelope": self.envelope_name,
+            "tool_state_machine": getattr(req, "tool_state_machine", None)
+            or self.settings.tool_state_machine,
+        }
+        fp = fingerprint(
+            model=self.settings.served_model_name,
+            settings=settings,
+            ids=ids,
+            offsets=offsets,
+            rendered=rendered,
+            messages=messages,
+            tools=tools,
+        )
+        return Prompt(fp, array("l", ids), rendered.text, offsets)
 
     def _check_tools(self, tools: list[dict[str, Any]]) -> None:
         """Size limits; names (missing, malformed, duplicate) are checked by ``tool_names`` in plan_tools."""
@@ -198,7 +231,7 @@ class Preparer:
             request_id="chatcmpl-" + uuid.uuid4().hex[:24],
             created=int(time.time()),
             prompt_ids=prompt_ids,
-            session_prompt=SessionPrompt(array("l", ids), offsets, rendered),
+            session_prompt=self._prompt(req, tenant, ids, offsets, rendered, messages, tools),
             session=self._session(req, raw_body, headers, tenant),
             sampling=sampling,
             stops=req.stop_list(),
@@ -209,6 +242,8 @@ class Preparer:
             tool_spec=self._tool_spec(tools, plan),
             cache_salt=cache_salt(tenant, self.settings.auth),
             call_id_style=self.call_id_style,
+            compare_with=req.comparison_response_id(),
+            tenant=tenant,
         )
 
     def completion(
@@ -247,11 +282,13 @@ class Preparer:
             request_id="cmpl-" + uuid.uuid4().hex[:24],
             created=int(time.time()),
             prompt_ids=ids,
-            session_prompt=SessionPrompt(array("l", ids), offsets, rendered),
+            session_prompt=self._prompt(req, tenant, ids, offsets, rendered),
             session=self._session(req, raw_body, headers, tenant),
             sampling=self._sampling(req, len(ids)),
             stops=req.stop_list(),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             cache_salt=cache_salt(tenant, self.settings.auth),
+            compare_with=req.comparison_response_id(),
+            tenant=tenant,
         )

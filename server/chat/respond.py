@@ -60,8 +60,7 @@ def extensions(p: Prepared, out: GenerationResult) -> dict[str, Any]:
             cached_tokens=out.cached_tokens,
             prompt_tokens=len(p.prompt_ids),
             session_key_source=p.session.source,
-            diverged_at_token=e.diverged_at_token if e else None,
-            reason=e.reason if e else None,
+            **(e.fields() if e else {}),
         )
     }
     if p.plan is not None:

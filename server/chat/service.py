@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from server.cache_report import SessionTable, explain
+from server.cache_diag import CacheReporter
 from server.chat.family_choice import choose_family, envelope_name, make_renderer
 from server.chat.generate import GenerationResult, generate_text
 from server.chat.prepare import Prepared, Preparer
@@ -41,12 +41,20 @@ class ChatService:
         self.family_selection = choose_family(settings, engine.tokenizer)
         self.family = self.family_selection.family
         self.renderer = make_renderer(settings, self.family_selection, engine.tokenizer)
-        envelope = envelope_name(settings, self.family_selection)
+        envelope = self.envelope_ref = envelope_name(settings, self.family_selection)
         self.envelope = load_envelope(envelope)
         how = self.family_selection.how
         log.info("model family %s (%s); tool-call envelope %s", self.family.ref, how, envelope)
-        self.sessions = SessionTable(settings.session_table_size)
-        self.preparer = Preparer(engine, settings, self.renderer, envelope, self.family.call_id)
+        self.cache_report = CacheReporter(
+            block_size=engine.block_size,
+            enabled=settings.prefix_cache.enabled,
+            sessions=settings.session_table_size,
+            tier=_cache_tier(engine),
+            retention_s=getattr(engine, "cache_retention_s", None),
+        )
+        self.preparer = Preparer(
+            engine, settings, self.renderer, envelope, self.family.call_id, self.family.ref
+        )
 
     # -- 1. prepare (CPU work, raises 400s) ------------------------------------------------------
     def prepare_chat(
@@ -69,26 +77,29 @@ class ChatService:
 
     # -- 3. accounting -----------------------------------------------------------------------------
     def _finish_accounting(self, p: Prepared, out: GenerationResult) -> None:
-        prev = self.sessions.get(p.session.key)
-        out.explanation = explain(
-            prev,
-            p.session_prompt,
-            out.cached_tokens,
-            self.engine.block_size,
-            self.settings.prefix_cache.enabled,
+        out.explanation = report = self.cache_report.report(
+            session=p.session.key,
+            tenant=p.tenant,
+            response_id=p.request_id,
+            prompt=p.session_prompt,
+            cached_tokens=out.cached_tokens,
+            compare_with=p.compare_with,
+            block_size=self.engine.block_size,
         )
-        self.sessions.put(p.session.key, p.session_prompt)
         m = self.metrics
         m.prefix_queries.inc(len(p.prompt_ids))
         m.prefix_hits.inc(out.cached_tokens)
         m.prompt_tokens.inc(len(p.prompt_ids))
         m.generation_tokens.inc(out.completion_tokens)
-        m.cache_outcomes.labels(out.explanation.kind).inc()
+        m.observe_cache(report.diagnosis.type, report.diagnosis.missed_tokens)
+
+    def _on_first_token(self, p: Prepared, out: GenerationResult, seconds: float) -> None:
+        self.cache_report.observe_prefill(len(p.prompt_ids) - out.cached_tokens, seconds)
 
     # -- 2 + 4. generate and respond ---------------------------------------------------------------
     async def complete(self, p: Prepared) -> dict[str, Any]:
         out = GenerationResult()
-        async for _ in generate_text(self.engine, self.metrics, p, out):
+        async for _ in generate_text(self.engine, self.metrics, p, out, self._on_first_token):
             pass
         self._finish_accounting(p, out)
         return complete_response(p, out, self.settings.served_model_name, self.envelope)
@@ -99,7 +110,7 @@ class ChatService:
         chunks = StreamChunks(p, self.settings.served_model_name, self.envelope)
         for c in chunks.start():
             yield c
-        async for text in generate_text(self.engine, self.metrics, p, out):
+        async for text in generate_text(self.engine, self.metrics, p, out, self._on_first_token):
             for c in chunks.text(text):
                 yield c
         for c in chunks.close(out):
@@ -107,3 +118,16 @@ class ChatService:
         self._finish_accounting(p, out)
         for c in chunks.final(out):
             yield c
+
+
+def _cache_tier(engine: Engine) -> str:
+    """Where the engine's prefix cache keeps blocks (the tier an evicted block was lost from)."""
+    tiers = getattr(engine, "cache_tiers", None)
+    if tiers:
+        return str(tiers[-1])
+    if getattr(engine, "name", "") == "vllm":
+        return "vLLM's KV cache"
+    device = getattr(engine, "device", None)
+    if device is not None:
+        return f"the prefix cache in {getattr(device, 'type', device)} memory"
+    return "the engine's KV cache"

@@ -11,17 +11,30 @@ and streaming equals non-streaming.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
 
+from server.config import load_settings
 from server.families.envelope import GRAMMARS_DIR
 from server.families.spec import load_family
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-TOOLS = json.loads((Path(__file__).parents[1] / "fixtures" / "prefixed_agent_tools.json").read_text())
+
+
+# Finite schemas (enums, no extra keys): a random-weight model's calls always end in max_tokens.
+def _tool(name: str, props: dict) -> dict:
+    params = {"type": "object", "properties": props, "required": sorted(props), "additionalProperties": False}
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": params}}
+
+
+TOOLS = [
+    _tool("browser_open", {"url": {"type": "string", "enum": ["https://a.org", "https://b.org"]}}),
+    _tool("browser_back", {}),
+    _tool("shell_ls", {"path": {"type": "string", "enum": ["/", "/tmp"]}}),
+    _tool("shell_exit", {"code": {"type": "integer", "enum": [0, 1]}}),
+]
 SCHEMAS = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in TOOLS}
 FAMILIES = ["llama3_json", "mistral:v3", "mistral:v13", "qwen3_coder"]
 MODEL = "tiny"
@@ -30,7 +43,6 @@ MODEL = "tiny"
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_url(request, tmp_path_factory):
     from server.app import build_app
-    from server.config import load_settings
     from server.engines.hf import HFEngine
     from server.families.test_model import make_test_model
     from tests.conftest import running_server
@@ -48,7 +60,16 @@ def family_url(request, tmp_path_factory):
 
 
 def chat(url: str, messages: list[dict], **extra) -> dict:
-    body = {"model": MODEL, "messages": messages, "tools": TOOLS, "temperature": 0, "max_tokens": 48, **extra}
+    # one call per reply: a random-weight model would otherwise add parallel calls until max_tokens
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 160,
+        "parallel_tool_calls": False,
+        **extra,
+    }
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     return r.json()
@@ -83,13 +104,16 @@ def test_ten_turn_session_keeps_the_cache(family_url) -> None:
         {"role": "system", "content": "You are an agent."},
         {"role": "user", "content": "Start."},
     ]
+    # ideal: the previous turn's prompt in whole cache blocks (the cache keeps full blocks only)
+    block = load_settings().prefix_cache.block_size
     cached, ideal, prev = 0, 0, None
     for turn in range(10):
         body = chat(url, msgs, tool_choice="required", prompt_cache_key=f"fam-{ref}")
         usage = body["usage"]
         if prev is not None:
             cached += usage["prompt_tokens_details"]["cached_tokens"]
-            ideal += prev
+            ideal += prev // block * block
+            assert body["cache"]["diverged_at_token"] is None, body["cache"]
         prev = usage["prompt_tokens"]
         msg = body["choices"][0]["message"]
         msgs.append({k: v for k, v in msg.items() if k in ("role", "content", "tool_calls")})
@@ -107,8 +131,9 @@ def test_stream_equals_non_stream(family_url) -> None:
         "messages": msgs,
         "tools": TOOLS,
         "temperature": 0,
-        "max_tokens": 48,
+        "max_tokens": 160,
         "tool_choice": "required",
+        "parallel_tool_calls": False,
         "stream": True,
     }
     calls: dict[int, dict] = {}
