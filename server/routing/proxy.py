@@ -151,9 +151,11 @@ class ProxyCall:
         key: str | None,
         prefix: str | None,
         t0: float,
+        new_session: bool = True,
     ) -> None:
         self.router, self.method, self.target, self.headers = router, method, target, headers
         self.body, self.key, self.prefix, self.t0 = body, key, prefix, t0
+        self.new_session = new_session
 
     async def __call__(self, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
