@@ -6,6 +6,10 @@ come from cache. Turn 1 has no ideal and is left out of the hit rate (its cross-
 hits on the shared system prompt + tools are real but not what is compared here).
 Cached tokens come in whole cache blocks (32 tokens on the hf engine) and the server
 always recomputes at least one token, so a perfect session scores a little under 1.
+
+The loss (ideal - cached) is broken down by the miss type the server reported for the
+request (``cache.type``, docs/cache.md); a request with no type lost only what block-granular
+caching cannot keep (the partial last block, the generation prompt): "tail".
 """
 
 from __future__ import annotations
@@ -155,6 +159,47 @@ def summarize(records: list[dict[str, Any]], at_turn: int = 30) -> list[dict[str
     return rows
 
 
+_NO_MISS = ("cache off", "tail")
+
+
+def loss_by_type(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per label: tokens of the ideal that were not served, by the miss type the server reported."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        if r.get("error") or not r.get("ideal"):
+            continue
+        lost = max(0, r["ideal"] - (r["cached_tokens"] or 0))
+        cache = r.get("cache") or {}
+        kind = cache.get("type") or ("cache off" if "cache is off" in (cache.get("reason") or "") else "tail")
+        by = out.setdefault(r["label"], {})
+        by[kind] = by.get(kind, 0) + lost
+    return out
+
+
+def loss_lines(records: list[dict[str, Any]]) -> list[str]:
+    """A markdown table: each variant's hit-rate loss (share of its ideal) per miss type."""
+    losses = loss_by_type(records)
+    kinds = sorted(
+        {k for by in losses.values() for k, v in by.items() if v}, key=lambda k: (k in _NO_MISS, k)
+    )
+    if not kinds:
+        return []
+    ideal = defaultdict(int)
+    for r in records:
+        if not r.get("error") and r.get("ideal"):
+            ideal[r["label"]] += r["ideal"]
+    lines = [
+        "Hit-rate loss by miss type (share of the ideal; tail = the partial last block, not a miss):",
+        "",
+        "| variant | " + " | ".join(kinds) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
+    for label, by in losses.items():
+        cells = [_fmt(by.get(k, 0) / ideal[label], "pct") if ideal[label] else "—" for k in kinds]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _fmt(v: Any, kind: str = "") -> str:
     if v is None:
         return "—"
@@ -174,6 +219,7 @@ def markdown(
     at_turn: int = 30,
     extra_lines: list[str] | None = None,
     reasons: dict[str, str] | None = None,
+    losses: list[str] | None = None,
 ) -> str:
     lines = [f"# {title}", ""]
     for k in ("machine", "model", "server", "date", "commit", "command"):
@@ -199,6 +245,8 @@ def markdown(
         )
     if extra_lines:
         lines += [""] + extra_lines
+    if losses:
+        lines += [""] + losses
     if reasons:
         lines += ["", "First cache-miss reason the server reported, per variant:", ""]
         for label, why in reasons.items():
@@ -209,9 +257,11 @@ def markdown(
 def first_reasons(records: list[dict[str, Any]]) -> dict[str, str]:
     out: dict[str, str] = {}
     for r in records:
-        why = (r.get("cache") or {}).get("reason")
-        if why and r["label"] not in out:
-            out[r["label"]] = f"turn {r['turn']}, token {r['cache'].get('diverged_at_token')}: {why[:220]}"
+        cache = r.get("cache") or {}
+        why = cache.get("reason")
+        if why and cache.get("type") != "first_request" and r["label"] not in out:
+            kind = f"{cache['type']}, " if cache.get("type") else ""
+            out[r["label"]] = f"turn {r['turn']}, {kind}token {cache.get('diverged_at_token')}: {why[:220]}"
     return out
 
 
@@ -335,7 +385,7 @@ def save(
         **meta,
     }
     rows = summarize(records, at_turn)
-    md = markdown(title, rows, meta, at_turn, extra_lines, first_reasons(records))
+    md = markdown(title, rows, meta, at_turn, extra_lines, first_reasons(records), loss_lines(records))
     slim = [slim_record(r) for r in records]
     (out_dir / f"{name}.json").write_text(
         json.dumps({"meta": meta, "summary": rows, "records": slim}, separators=(",", ":")) + "\n"

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.admission import Admission
 from server.api.routes import router
+from server.api.tokenize import router as tokenize_router
 from server.auth import authenticate
 from server.chat.service import ChatService
 from server.config import Settings
@@ -68,6 +69,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         settings.limits.max_concurrent_requests, settings.limits.max_queued_requests
     )
     app.include_router(router)
+    app.include_router(tokenize_router)
     max_body = settings.limits.max_request_bytes
 
     @app.middleware("http")

@@ -1,4 +1,4 @@
-"""Command line: agentserve serve | route | bench | convert-model."""
+"""Command line: agentserve serve | route | bench | convert-model | make-test-model."""
 
 from __future__ import annotations
 
@@ -83,6 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     convert = sub.add_parser("convert-model", help="convert the embedded GGUF (or --model X.gguf) once")
     convert.add_argument("--model", default="embedded")
 
+    make = sub.add_parser(
+        "make-test-model",
+        help="a tiny random-weight model folder with a family's real tokenizer (serve it with --model OUT)",
+    )
+    make.add_argument("--family", required=True, help="hermes, llama3_json, mistral[:v3..v13], qwen3_coder")
+    make.add_argument("out", help="folder to write (replaced if it exists)")
+    make.add_argument("--layers", type=int, default=2)
+    make.add_argument("--hidden", type=int, default=64)
+    make.add_argument("--seed", type=int, default=0)
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check is noise
@@ -116,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
                 serve_router(settings, args.worker, workers_dns=args.workers_dns)
             else:
                 serve_router(settings, args.worker)
+        elif args.command == "make-test-model":
+            from server.families.spec import FamilyError
+            from server.families.test_model import make_test_model
+
+            try:
+                print(make_test_model(args.family, args.out, args.hidden, args.layers, args.seed))
+            except FamilyError as exc:
+                print(f"agentserve: {exc}", file=sys.stderr)
+                return 2
         elif args.command == "convert-model":
             from server.model_store import resolve_model
 

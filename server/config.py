@@ -160,6 +160,11 @@ class Settings(BaseSettings):
     envelope: str = Field(
         "hermes", description="Tool-call envelope in grammars/envelopes/ (per model family)."
     )
+    model_family: str = Field(
+        "auto",
+        description="Prompt format (grammars/families/NAME.yaml, or NAME:VERSION, e.g. mistral:v13); "
+        "auto = detected from the model folder at start. The family names its tool-call envelope.",
+    )
     tool_state_machine: str | None = Field(
         "agent",
         description="Tool state machine used when a request has no tool_choice (grammars/NAME.yaml, or a "

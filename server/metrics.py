@@ -29,15 +29,28 @@ class Metrics:
         )
         self.prompt_tokens = Counter("agentserve_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("agentserve_generation_tokens", "Tokens generated", registry=r)
-        self.cache_outcomes = Counter(
-            "agentserve_session_cache_outcomes",
-            "Per request: extended | new_session | diverged | evicted",
-            ["kind"],
+        self.cache_misses = Counter(
+            "agentserve_cache_misses",
+            "Requests whose prompt missed the cache, by reason type (docs/cache.md)",
+            ["type"],
+            registry=r,
+        )
+        self.cache_missed_tokens = Counter(
+            "agentserve_cache_missed_tokens",
+            "Prompt tokens recomputed because of a cache miss, by reason type",
+            ["type"],
             registry=r,
         )
         self.running = Gauge("agentserve_requests_running", "Requests being generated", registry=r)
 
         self._engine_gauges: dict[str, Gauge] = {}
+
+    def observe_cache(self, miss_type: str | None, missed_tokens: int | None) -> None:
+        """Count one request's cache diagnosis (nothing when it reused all it could)."""
+        if miss_type is None:
+            return
+        self.cache_misses.labels(miss_type).inc()
+        self.cache_missed_tokens.labels(miss_type).inc(missed_tokens or 0)
 
     def engine_gauge(self, name: str) -> Gauge:
         """A gauge mirroring one engine statistic (prefix cache bytes, blocks, evictions...)."""

@@ -1,7 +1,7 @@
 """Request types: OpenAI Chat Completions / Completions shapes plus our extensions.
 
 Unknown top-level fields are ignored (clients send many); wrong types are 400s.
-Extension: ``tool_state_machine``. Responses (with the ``cache`` and ``tool_state``
+Extensions: ``tool_state_machine``, ``cache_compare_with``. Responses (with the ``cache`` and ``tool_state``
 extensions) are built in server/chat/service.py.
 """
 
@@ -69,6 +69,10 @@ class ResponseFormat(_Loose):
     json_schema: dict[str, Any] | None = None
 
 
+class PromptCacheOptions(_Loose):
+    comparison_response_id: str | None = Field(None, max_length=256)
+
+
 class SamplingFields(_Loose):
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -82,6 +86,8 @@ class SamplingFields(_Loose):
     stream_options: StreamOptions | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_options: PromptCacheOptions | None = None  # OpenAI's comparison_response_id
+    cache_compare_with: str | None = Field(None, max_length=256)  # extension: a response id
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -90,6 +96,12 @@ class SamplingFields(_Loose):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def comparison_response_id(self) -> str | None:
+        """The response to diagnose the cache against (extension spelling first, then OpenAI's)."""
+        if self.cache_compare_with:
+            return self.cache_compare_with
+        return self.prompt_cache_options.comparison_response_id if self.prompt_cache_options else None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -104,4 +116,3 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     echo: bool = False
-

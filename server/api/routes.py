@@ -106,6 +106,7 @@ async def models(request: Request) -> dict:
                 "owned_by": "agentserve",
                 "max_model_len": engine.max_model_len,
                 "engine": engine.name,
+                "family": request.app.state.service.family.ref,
             }
         ],
     }

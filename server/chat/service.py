@@ -12,6 +12,7 @@ Lifecycle of one request (see README "Request lifecycle"):
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from array import array
@@ -20,13 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.auth import cache_salt, namespaced_session
-from server.cache_report import CacheExplanation, SessionPrompt, SessionTable, explain
+from server.cache_diag import CacheReport, CacheReporter, Prompt, fingerprint
+from server.chat.family_choice import choose_family, envelope_name, make_renderer
 from server.chat.template import render_chat
 from server.chat.toolcalls import CallDelta, ContentDelta, StreamingToolCallParser
 from server.config import Settings
 from server.engines.base import Engine, GenerationRequest, SamplingParams
 from server.errors import ContextLengthExceeded, GenerationError, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
+from server.families.render import call_id
 from server.families.rendered import RenderedPrompt, Segment
 from server.masking.constraint import ConstraintFactory
 from server.masking.interface import TokenConstraint
@@ -36,6 +39,8 @@ from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.session_key import SessionKey, canonical_json, session_key
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Prepared:
@@ -43,7 +48,7 @@ class Prepared:
     request_id: str
     created: int
     prompt_ids: list[int]
-    session_prompt: SessionPrompt
+    session_prompt: Prompt
     session: SessionKey
     sampling: SamplingParams
     stops: list[str]
@@ -53,6 +58,9 @@ class Prepared:
     plan: ToolPlan | None = None
     constraint: TokenConstraint | None = None
     cache_salt: str = ""
+    compare_with: str | None = None  # a response id to diagnose the cache against
+    tenant: str = ""
+    call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
 
 
 @dataclass
@@ -62,7 +70,7 @@ class Outcome:
     completion_tokens: int = 0
     cached_tokens: int = 0
     first_token_at: float | None = None
-    explanation: CacheExplanation | None = None
+    explanation: CacheReport | None = None
 
 
 class ChatService:
@@ -70,8 +78,20 @@ class ChatService:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
-        self.envelope = load_envelope(settings.envelope)
-        self.sessions = SessionTable(settings.session_table_size)
+        self.family_selection = choose_family(settings, engine.tokenizer)
+        self.family = self.family_selection.family
+        self.renderer = make_renderer(settings, self.family_selection, engine.tokenizer)
+        envelope = self.envelope_ref = envelope_name(settings, self.family_selection)
+        self.envelope = load_envelope(envelope)
+        how = self.family_selection.how
+        log.info("model family %s (%s); tool-call envelope %s", self.family.ref, how, envelope)
+        self.cache_report = CacheReporter(
+            block_size=settings.prefix_cache.block_size,
+            enabled=settings.prefix_cache.enabled,
+            sessions=settings.session_table_size,
+            tier=_cache_tier(engine),
+            retention_s=getattr(engine, "cache_retention_s", None),
+        )
         self.default_machine = (
             load_state_machine(settings.tool_state_machine) if settings.tool_state_machine else None
         )
@@ -80,9 +100,8 @@ class ChatService:
             engine.vocab_size,
             self.envelope,
             backend=settings.grammar_backend,
-            envelope_ref=settings.envelope,
+            envelope_ref=envelope,
         )
-        self.block_size = settings.prefix_cache.block_size
 
     # -- preparation (CPU work, raises 400s) -----------------------------------------
     def _check_common(self, req: SamplingFields) -> None:
@@ -124,6 +143,35 @@ class ChatService:
         return SamplingParams(
             max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
         )
+
+    def _prompt(
+        self,
+        req: SamplingFields,
+        tenant: str,
+        ids: list[int],
+        offsets: array,
+        rendered: RenderedPrompt,
+        messages: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Prompt:
+        """The prompt as the cache report keeps it (fingerprint + ids/text for the session baseline)."""
+        settings = {
+            "cache_namespace": cache_salt(tenant, self.settings.auth),
+            "family": self.family.ref,
+            "envelope": self.envelope_ref,
+            "tool_state_machine": getattr(req, "tool_state_machine", None)
+            or self.settings.tool_state_machine,
+        }
+        fp = fingerprint(
+            model=self.settings.served_model_name,
+            settings=settings,
+            ids=ids,
+            offsets=offsets,
+            rendered=rendered,
+            messages=messages,
+            tools=tools,
+        )
+        return Prompt(fp, array("l", ids), rendered.text, offsets)
 
     def _check_tools(self, tools: list[dict[str, Any]]) -> None:
         limits = self.settings.limits
@@ -189,7 +237,7 @@ class ChatService:
             )
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self._check_tools(tools)
-        rendered = render_chat(req.messages, tools, self.envelope)
+        rendered = render_chat(req.messages, tools, self.renderer)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         machine = self._machine(req.tool_state_machine)
         plan = plan_tools(tools, req.tool_choice, messages, req.parallel_tool_calls, machine, self.envelope)
@@ -205,7 +253,7 @@ class ChatService:
             request_id="chatcmpl-" + uuid.uuid4().hex[:24],
             created=int(time.time()),
             prompt_ids=prompt_ids,
-            session_prompt=SessionPrompt(array("l", ids), offsets, rendered),
+            session_prompt=self._prompt(req, tenant, ids, offsets, rendered, messages, tools),
             session=self._session(req, raw_body, headers, tenant),
             sampling=sampling,
             stops=req.stop_list(),
@@ -215,6 +263,9 @@ class ChatService:
             plan=plan,
             constraint=constraint,
             cache_salt=cache_salt(tenant, self.settings.auth),
+            compare_with=req.comparison_response_id(),
+            tenant=tenant,
+            call_id_style=self.family.call_id,
         )
 
     def prepare_completion(
@@ -253,13 +304,15 @@ class ChatService:
             request_id="cmpl-" + uuid.uuid4().hex[:24],
             created=int(time.time()),
             prompt_ids=ids,
-            session_prompt=SessionPrompt(array("l", ids), offsets, rendered),
+            session_prompt=self._prompt(req, tenant, ids, offsets, rendered),
             session=self._session(req, raw_body, headers, tenant),
             sampling=self._sampling(req, len(ids)),
             stops=req.stop_list(),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             cache_salt=cache_salt(tenant, self.settings.auth),
+            compare_with=req.comparison_response_id(),
+            tenant=tenant,
         )
 
     # -- generation -----------------------------------------------------------------
@@ -279,6 +332,9 @@ class ChatService:
                 if out.first_token_at is None:
                     out.first_token_at = time.perf_counter()
                     self.metrics.ttft.observe(out.first_token_at - start)
+                    self.cache_report.observe_prefill(
+                        len(p.prompt_ids) - out.cached_tokens, out.first_token_at - start
+                    )
                 if chunk.error:
                     raise GenerationError(chunk.error)
                 ids.extend(chunk.token_ids)
@@ -306,17 +362,22 @@ class ChatService:
             self.metrics.e2e.observe(time.perf_counter() - start)
 
     def _finish_accounting(self, p: Prepared, out: Outcome) -> None:
-        prev = self.sessions.get(p.session.key)
-        out.explanation = explain(
-            prev, p.session_prompt, out.cached_tokens, self.block_size, self.settings.prefix_cache.enabled
+        out.explanation = report = self.cache_report.report(
+            session=p.session.key,
+            tenant=p.tenant,
+            response_id=p.request_id,
+            prompt=p.session_prompt,
+            cached_tokens=out.cached_tokens,
+            compare_with=p.compare_with,
+            block_size=getattr(self.engine, "block_size", None)
+            or getattr(self.engine, "cache_block_size", None),
         )
-        self.sessions.put(p.session.key, p.session_prompt)
         m = self.metrics
         m.prefix_queries.inc(len(p.prompt_ids))
         m.prefix_hits.inc(out.cached_tokens)
         m.prompt_tokens.inc(len(p.prompt_ids))
         m.generation_tokens.inc(out.completion_tokens)
-        m.cache_outcomes.labels(out.explanation.kind).inc()
+        m.observe_cache(report.diagnosis.type, report.diagnosis.missed_tokens)
 
     def _usage(self, p: Prepared, out: Outcome) -> dict[str, Any]:
         n = len(p.prompt_ids)
@@ -333,8 +394,7 @@ class ChatService:
             "cached_tokens": out.cached_tokens,
             "prompt_tokens": len(p.prompt_ids),
             "session_key_source": p.session.source,
-            "diverged_at_token": e.diverged_at_token if e else None,
-            "reason": e.reason if e else None,
+            **(e.fields() if e else {}),
         }
 
     def _extensions(self, p: Prepared, out: Outcome) -> dict[str, Any]:
@@ -431,9 +491,22 @@ class ChatService:
             yield {**base, "choices": [], "usage": self._usage(p, out), **self._extensions(p, out)}
 
 
+def _cache_tier(engine: Engine) -> str:
+    """Where the engine's prefix cache keeps blocks (the tier an evicted block was lost from)."""
+    tiers = getattr(engine, "cache_tiers", None)
+    if tiers:
+        return str(tiers[-1])
+    if getattr(engine, "name", "") == "vllm":
+        return "vLLM's KV cache"
+    device = getattr(engine, "device", None)
+    if device is not None:
+        return f"the prefix cache in {getattr(device, 'type', device)} memory"
+    return "the engine's KV cache"
+
+
 def _call_json(p: Prepared, index: int, call: Any) -> dict[str, Any]:
     return {
-        "id": f"call_{p.request_id[-12:]}_{index}",
+        "id": call_id(p.call_id_style or {}, p.request_id, index),
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }

@@ -27,8 +27,8 @@ GENERATION_PROMPT = load_family("hermes").layout.generation_prompt
 
 
 def _renderer(family: Envelope | Family | FamilyRenderer | str) -> FamilyRenderer:
-    if isinstance(family, FamilyRenderer):
-        return family
+    if hasattr(family, "render"):  # a FamilyRenderer or a ModelTemplateRenderer
+        return family  # type: ignore[return-value]
     if isinstance(family, Envelope):
         return renderer_for(family.name)
     if isinstance(family, Family):

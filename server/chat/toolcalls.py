@@ -1,9 +1,22 @@
 """Parse generated text into OpenAI content + tool_calls, whole or as a stream of deltas.
 
-A call is the envelope's ``<tool_call> … </tool_call>`` block holding a JSON object
-``{"name": …, "arguments": {…}}``. A block that does not parse stays in the content,
-so nothing the model wrote is lost. The streaming parser emits content as soon as it
-cannot be the start of a call tag, and each call once its block is closed.
+How a call looks is the envelope's (``server/families/envelope.py``); the text is the
+decoded reply *with* special tokens (``[TOOL_CALLS]``, ``[ARGS]`` appear as text):
+
+* trigger ``text`` (Hermes, Qwen3-Coder): a block from the call tag to the close tag
+  (``<tool_call>`` … ``</tool_call>``) holds one call; text around blocks is content. The
+  block ends at the first close tag after which its body parses (an argument may hold the
+  text ``</tool_call>``), so a block that never parses stays open until ``finish``;
+* trigger ``token`` (Mistral): after ``[TOOL_CALLS]`` either one JSON array of calls
+  (v3, ``calls_open`` ``[TOOL_CALLS][``) or ``NAME[ARGS]{…}`` (v13), one per trigger;
+* trigger ``start`` (Llama 3): the reply is a call when it begins with the opening
+  (``{"name": "``), and is then one JSON object; any other reply is content.
+
+A call that does not parse stays in the content, so nothing the model wrote is lost.
+The streaming parser emits content as soon as it cannot be the start of a call, and each
+call once it is complete. ``in_call`` says a call is open; ``finish`` on an open call (a
+reply cut by max_tokens) leaves its text in ``unfinished`` and, unless told otherwise
+(``unfinished_as_content=False``), also in the content.
 """
 
 from __future__ import annotations
@@ -11,14 +24,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from server.chat.call_bodies import BodyParser, ParsedCall, parse_call_body
 from server.families.envelope import Envelope
-from server.session_key import canonical_json
 
-
-@dataclass(frozen=True)
-class ParsedCall:
-    name: str
-    arguments: str  # JSON text
+__all__ = [
+    "CallDelta",
+    "ContentDelta",
+    "ParsedCall",
+    "ParsedOutput",
+    "StreamingToolCallParser",
+    "parse_call_body",
+    "parse_tool_calls",
+]
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
@@ -38,78 +56,169 @@ class CallDelta:
     call: ParsedCall
 
 
-def parse_call_body(body: str) -> ParsedCall | None:
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return ParsedCall(obj["name"], canonical_json(args))
+Events = list[ContentDelta | CallDelta]
 
 
 class StreamingToolCallParser:
-    def __init__(self, envelope: Envelope) -> None:
-        self.open_tag = envelope.call_tag
+    def __init__(self, envelope: Envelope, tools: list[dict] | None = None) -> None:
+        self.envelope = envelope
+        self.body = BodyParser(envelope, tools)
+        self.trigger = envelope.trigger
+        if self.trigger == "token":
+            self.open_tag = envelope.trigger_token or ""
+        elif self.trigger == "start":
+            self.open_tag = envelope.opening
+        else:
+            self.open_tag = envelope.call_tag
         self.close_tag = envelope.call_close_tag
+        self.args_token = envelope.name_close_token  # "[ARGS]" (Mistral v13) or None
         self._buf = ""
         self._in_call = False
+        self._start_decided = False  # trigger "start": the reply is known to be text or a call
         self.calls: list[ParsedCall] = []
         self.content_parts: list[str] = []
+        self.unfinished: str | None = None
 
-    def feed(self, text: str) -> list[ContentDelta | CallDelta]:
+    @property
+    def in_call(self) -> bool:
+        """True while the text seen so far ends inside a call that is not complete yet."""
+        return self._in_call or (self.trigger == "start" and not self._start_decided and bool(self._buf))
+
+    def feed(self, text: str) -> Events:
         self._buf += text
-        events: list[ContentDelta | CallDelta] = []
-        while True:
-            if not self._in_call:
-                at = self._buf.find(self.open_tag)
-                if at < 0:
-                    keep = _partial_suffix(self._buf, self.open_tag)
-                    self._emit_content(self._buf[: len(self._buf) - keep], events)
-                    self._buf = self._buf[len(self._buf) - keep :]
-                    return events
-                self._emit_content(self._buf[:at], events)
-                self._buf = self._buf[at:]
-                self._in_call = True
-            end = self._buf.find(self.close_tag)
-            if end < 0:
-                return events
-            block = self._buf[: end + len(self.close_tag)]
-            self._buf = self._buf[end + len(self.close_tag) :]
-            self._in_call = False
-            call = parse_call_body(block[len(self.open_tag) : end].strip())
-            if call is None:
-                self._emit_content(block, events)
-            else:
-                self.calls.append(call)
-                events.append(CallDelta(len(self.calls) - 1, call))
+        events: Events = []
+        while self._step(events):
+            pass
+        return events
 
-    def finish(self) -> list[ContentDelta | CallDelta]:
-        """Flush what is left (an unclosed call block stays content: nothing is dropped)."""
-        events: list[ContentDelta | CallDelta] = []
-        self._emit_content(self._buf, events)
+    def finish(self, unfinished_as_content: bool = True) -> Events:
+        """Flush what is left. An open call is ``unfinished``; by default its text stays content."""
+        events: Events = []
+        if self.in_call and self._buf:
+            self.unfinished = self._buf
+            if unfinished_as_content:
+                self._emit_content(self._buf, events)
+        else:
+            self._emit_content(self._buf, events)
         self._buf = ""
         self._in_call = False
         return events
-
-    def _emit_content(self, text: str, events: list[ContentDelta | CallDelta]) -> None:
-        if text:
-            self.content_parts.append(text)
-            events.append(ContentDelta(text))
 
     def result(self) -> ParsedOutput:
         content = "".join(self.content_parts)
         if self.calls:
             content = content.strip()
         return ParsedOutput(content or None, tuple(self.calls))
+
+    # --- one step of parsing: True when it consumed something and may go on -----------------------
+    def _step(self, events: Events) -> bool:
+        if self.trigger == "start" and not self._start_decided:
+            return self._decide_start(events)
+        if not self._in_call:
+            if self.trigger == "start":  # after the one call (or in a text reply): all content
+                self._emit_content(self._buf, events)
+                self._buf = ""
+                return False
+            at = self._buf.find(self.open_tag)
+            if at < 0:
+                keep = _partial_suffix(self._buf, self.open_tag)
+                self._emit_content(self._buf[: len(self._buf) - keep], events)
+                self._buf = self._buf[len(self._buf) - keep :]
+                return False
+            self._emit_content(self._buf[:at], events)
+            self._buf = self._buf[at:]
+            self._in_call = True
+        if self.trigger == "text":
+            return self._tagged_block(events)
+        if self.trigger == "start":
+            return self._json_call(self._buf, 0, events)
+        if self.args_token:
+            return self._name_args_call(events)
+        return self._json_array(events)
+
+    def _decide_start(self, events: Events) -> bool:
+        buf, opening = self._buf, self.open_tag
+        if len(buf) < len(opening) and opening.startswith(buf):
+            return False  # still could be either
+        self._start_decided = True
+        self._in_call = buf.startswith(opening)
+        return True
+
+    def _tagged_block(self, events: Events) -> bool:
+        """The shortest block up to a close tag whose body parses: a value may hold the tag itself."""
+        end = self._buf.find(self.close_tag, len(self.open_tag))
+        while end >= 0:
+            call = self.body.tagged_body(self._buf[len(self.open_tag) : end])
+            if call is not None:
+                block = self._buf[: end + len(self.close_tag)]
+                self._buf = self._buf[end + len(self.close_tag) :]
+                self._in_call = False
+                self._add(call, block, events)
+                return True
+            end = self._buf.find(self.close_tag, end + 1)
+        return False  # not complete yet (or never: finish() keeps the text)
+
+    def _json_call(self, text: str, at: int, events: Events) -> bool:
+        """One JSON object call at ``text[at:]`` (Llama 3: the whole reply)."""
+        try:
+            obj, end = _DECODER.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return False  # not complete yet (or never: then finish() keeps it)
+        self._buf, self._in_call = text[end:], False
+        self._add(self.body.json_object(obj), text[:end], events)
+        return True
+
+    def _name_args_call(self, events: Events) -> bool:
+        """``[TOOL_CALLS]NAME[ARGS]{...}`` (Mistral v13)."""
+        buf, start = self._buf, len(self.open_tag)
+        cut = buf.find(self.args_token, start)
+        nxt = buf.find(self.open_tag, start)
+        if cut < 0 or (0 <= nxt < cut):
+            return self._give_up_at(nxt, events)
+        name, at = buf[start:cut], cut + len(self.args_token)
+        try:
+            obj, end = _DECODER.raw_decode(buf, at)
+        except json.JSONDecodeError:
+            return self._give_up_at(nxt, events)
+        self._buf, self._in_call = buf[end:], False
+        self._add(self.body.name_and_json(name, json.dumps(obj)), buf[:end], events)
+        return True
+
+    def _json_array(self, events: Events) -> bool:
+        """``[TOOL_CALLS][{...}, {...}]`` (Mistral v3): the calls once the array is complete."""
+        buf, start = self._buf, len(self.open_tag)
+        try:
+            arr, end = _DECODER.raw_decode(buf, start)
+        except json.JSONDecodeError:
+            return self._give_up_at(buf.find(self.open_tag, start), events)
+        self._buf, self._in_call = buf[end:], False
+        calls = [self.body.json_object(o) for o in arr] if isinstance(arr, list) and arr else [None]
+        if any(c is None for c in calls):
+            self._emit_content(buf[:end], events)
+        else:
+            for call in calls:
+                self._add(call, "", events)
+        return True
+
+    def _give_up_at(self, nxt: int, events: Events) -> bool:
+        """An incomplete call followed by another trigger never completes: keep its text as content."""
+        if nxt < 0:
+            return False
+        self._emit_content(self._buf[:nxt], events)
+        self._buf, self._in_call = self._buf[nxt:], False
+        return True
+
+    def _add(self, call: ParsedCall | None, raw: str, events: Events) -> None:
+        if call is None:
+            self._emit_content(raw, events)
+        else:
+            self.calls.append(call)
+            events.append(CallDelta(len(self.calls) - 1, call))
+
+    def _emit_content(self, text: str, events: Events) -> None:
+        if text:
+            self.content_parts.append(text)
+            events.append(ContentDelta(text))
 
 
 def _partial_suffix(text: str, tag: str) -> int:
@@ -120,8 +229,8 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def parse_tool_calls(text: str, envelope: Envelope) -> ParsedOutput:
-    parser = StreamingToolCallParser(envelope)
+def parse_tool_calls(text: str, envelope: Envelope, tools: list[dict] | None = None) -> ParsedOutput:
+    parser = StreamingToolCallParser(envelope, tools)
     parser.feed(text)
     parser.finish()
     return parser.result()

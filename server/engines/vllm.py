@@ -179,6 +179,8 @@ class VllmEngine:
             self.max_model_len = int(mc.max_model_len)
             self.vocab_size = int(mc.get_vocab_size())
             self.eos_token_ids = self._eos_ids(mc.hf_config)
+            cache_config = getattr(getattr(llm, "vllm_config", None), "cache_config", None)
+            self.cache_block_size = getattr(cache_config, "block_size", None)  # the cache report's unit
             self._llm = llm
             log.info("vllm %s engine up in %.1f s: %s, max_model_len %d, prefix caching %s",
                      vllm.__version__, self.start_seconds, self.model_path, self.max_model_len,

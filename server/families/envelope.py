@@ -1,4 +1,29 @@
-"""The tool-call envelope of a model family, loaded from grammars/envelopes/NAME.yaml."""
+"""The tool-call envelope of a model family, loaded from grammars/envelopes/NAME.yaml.
+
+An envelope says how a model writes its tool calls; the masks, the parser and the
+history renderer all read it, so what the model may write, what is parsed and what
+is rendered back into the next prompt are the same text. A reply holding calls is::
+
+    [text] calls_open  call_start name_open NAME name_close ARGS call_end
+           (call_separator call_start name_open NAME name_close ARGS call_end)*  calls_close
+
+* ``trigger`` — how a call begins: ``text`` (a tag in free text, ``<tool_call>``: the
+  stripped ``call_start``), ``token`` (a special token, Mistral's ``[TOOL_CALLS]``: the
+  first special token of ``calls_open + call_start``) or ``start`` (no marker: the
+  reply *is* the call when it begins with the opening, Llama 3's ``{"name": "``).
+* Strings may hold special tokens (listed in ``special_tokens``): each is one token id,
+  never text (``[TOOL_CALLS]``, ``[ARGS]``).
+* ``arguments`` — ``json`` (an object following the tool's schema) or
+  ``xml_parameters`` (Qwen3-Coder: ``<parameter=KEY>\\nVALUE\\n</parameter>\\n`` per
+  argument, raw values typed by the schema).
+* ``call_id`` — a regex for an id the model writes itself, placed where ``call_end``
+  says ``{call_id}`` (Mistral v3: 9 alphanumerics); the parser returns it as the call id.
+* ``key_order`` — ``schema`` (properties in the schema's order) or ``sorted`` (sorted,
+  as the server's canonical JSON renders arguments back into the history).
+* ``call_after_text`` — false when a reply with calls holds nothing else (Mistral v3:
+  the trigger token only as the reply's first token).
+* ``end_tokens`` — special tokens that may end a reply (the engine must stop on them).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +34,8 @@ from pathlib import Path
 import yaml
 
 GRAMMARS_DIR = Path(__file__).resolve().parents[2] / "grammars"
+TRIGGERS = ("text", "token", "start")
+ARGUMENT_KINDS = ("json", "xml_parameters")
 
 
 @dataclass(frozen=True)
@@ -18,12 +45,59 @@ class Envelope:
     name_open: str  # '{"name": "'
     name_close: str  # '", "arguments": '
     call_end: str  # "}\n</tool_call>"
-    call_separator: str
-    tool_response_open: str
-    tool_response_close: str
-    tools_preamble: str
-    tools_postamble: str
+    call_separator: str = ""
+    trigger: str = "text"
+    calls_open: str = ""
+    calls_close: str = ""
+    arguments: str = "json"
+    parallel: bool = True
+    key_order: str = "schema"
+    call_id: str | None = None
+    call_after_text: bool = True  # False: a reply with calls holds nothing else (trigger only at its start)
+    special_tokens: tuple[str, ...] = ()
+    end_tokens: tuple[str, ...] = ()
+    description: str = ""
+    # prompt side, read by server/chat/template.py (Hermes rendering)
+    tool_response_open: str = ""
+    tool_response_close: str = ""
+    tools_preamble: str = ""
+    tools_postamble: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "special_tokens", tuple(self.special_tokens))
+        object.__setattr__(self, "end_tokens", tuple(self.end_tokens))
+        where = f"envelope {self.name!r}"
+        if self.trigger not in TRIGGERS:
+            raise ValueError(f"{where}: trigger {self.trigger!r} is not one of {TRIGGERS}")
+        if self.arguments not in ARGUMENT_KINDS:
+            raise ValueError(f"{where}: arguments {self.arguments!r} is not one of {ARGUMENT_KINDS}")
+        if self.key_order not in ("schema", "sorted"):
+            raise ValueError(f"{where}: key_order must be 'schema' or 'sorted'")
+        if (self.call_id is None) != ("{call_id}" not in self.call_end):
+            raise ValueError(f"{where}: call_id and a '{{call_id}}' in call_end go together")
+        if self.trigger == "token" and self.trigger_token is None:
+            raise ValueError(
+                f"{where}: trigger 'token' needs calls_open or call_start to begin with a special token"
+            )
+        if self.trigger == "text" and not self.opening.startswith(self.call_tag):
+            raise ValueError(f"{where}: the call tag {self.call_tag!r} must open the call")
+        if not self.call_after_text and self.trigger != "token":
+            raise ValueError(
+                f"{where}: call_after_text false is for trigger 'token' (trigger 'start' implies it)"
+            )
+        if not self.name_close:
+            raise ValueError(f"{where}: name_close is empty: the masks need to know where a name ends")
+
+    # --- special tokens ---------------------------------------------------------------------
+    def leading_special(self, text: str) -> str | None:
+        """The special token ``text`` begins with, or None."""
+        return next((t for t in self.special_tokens if text.startswith(t)), None)
+
+    def strip_special(self, text: str) -> tuple[str | None, str]:
+        tok = self.leading_special(text)
+        return (tok, text[len(tok) :]) if tok else (None, text)
+
+    # --- derived strings ----------------------------------------------------------------------
     @property
     def call_tag(self) -> str:
         """The text that opens a call, without trailing whitespace ("<tool_call>")."""
@@ -31,8 +105,60 @@ class Envelope:
 
     @property
     def call_close_tag(self) -> str:
-        """The text that closes a call ("</tool_call>")."""
-        return self.call_end.lstrip("}").strip()
+        """The text that closes a call: the last line of call_end ("</tool_call>")."""
+        lines = self.call_end.strip().splitlines()
+        return lines[-1].strip() if lines else ""
+
+    @property
+    def opening(self) -> str:
+        """Everything before the first call's name: the prefill of required / named modes."""
+        return self.calls_open + self.call_start + self.name_open
+
+    @property
+    def next_opening(self) -> str:
+        """Everything between the end of one call and the next call's name."""
+        return self.call_separator + self.call_start + self.name_open
+
+    @property
+    def trigger_token(self) -> str | None:
+        return self.leading_special(self.calls_open + self.call_start)
+
+    @property
+    def name_close_token(self) -> str | None:
+        """The special token that ends a name (Mistral's ``[ARGS]``), or None (a text byte does)."""
+        return self.leading_special(self.name_close)
+
+    def end_text(self, call_id: str = "") -> str:
+        return self.call_end.replace("{call_id}", call_id)
+
+    # --- the canonical text of calls (what the masks let the model write) -------------------------
+    def render_calls(self, calls: list[tuple[str, str, str]], content: str = "") -> str:
+        """``calls`` = (name, arguments text, id) → the reply text, exactly as the masks produce it.
+
+        ``arguments text`` is written as given for ``json`` (pass canonical JSON); for
+        ``xml_parameters`` it is parsed and written one parameter per key.
+        """
+        from server.families.xml_arguments import render_xml_arguments
+
+        parts = []
+        for name, args, call_id in calls:
+            body = render_xml_arguments(args) if self.arguments == "xml_parameters" else args
+            parts.append(
+                self.call_start + self.name_open + name + self.name_close + body + self.end_text(call_id)
+            )
+        text = self.calls_open + self.call_separator.join(parts) + self.calls_close if parts else ""
+        return content + text
+
+
+def _from_yaml(path: Path) -> Envelope:
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an envelope file is a mapping of fields")
+    known = set(Envelope.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown fields {unknown}; the fields are {sorted(known)}")
+    return Envelope(**data)
 
 
 @cache
@@ -41,5 +167,4 @@ def load_envelope(name: str) -> Envelope:
     if not path.is_file():
         known = sorted(p.stem for p in (GRAMMARS_DIR / "envelopes").glob("*.yaml"))
         raise ValueError(f"unknown tool-call envelope {name!r}: use one of {known} or a path to a .yaml file")
-    data = yaml.safe_load(path.read_text())
-    return Envelope(**data)
+    return _from_yaml(path)

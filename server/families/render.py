@@ -13,9 +13,11 @@ data or config), never read from the clock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Sequence
+import string
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -35,6 +37,13 @@ def _json(value: Any, indent: int | None = None, ascii: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ascii, indent=indent, separators=None if indent else (", ", ": "))
 
 
+def _pyval(value: Any, json: bool = True) -> str:
+    """A value as Jinja's ``| string`` writes it (True, 3, 1.5), JSON for objects and arrays."""
+    if json and isinstance(value, (dict, list)):
+        return _json(value)
+    return str(value)
+
+
 def _seg(label: str, text: Any) -> str:
     text = str(text)
     return f"{_OPEN}{label}{_MID}{text}{_CLOSE}" if text else ""
@@ -46,6 +55,7 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
     )
     env.filters["json"] = _json
+    env.filters["pyval"] = _pyval
     env.globals["seg"] = _seg
     return env
 
@@ -212,7 +222,7 @@ class FamilyRenderer:
             else:
                 open_ids, open_count = {}, 0
 
-    def _normalise(self, msgs: list[_Msg]) -> tuple[list[_Msg], str]:
+    def _normalise(self, msgs: list[_Msg], has_tools: bool) -> tuple[list[_Msg], str]:
         layout = self.family.layout
         system_text = ""
         if layout.system_placement == "last_user":
@@ -243,6 +253,7 @@ class FamilyRenderer:
         elif (
             layout.system_placement == "turn"
             and self.family.default_system
+            and (has_tools or not layout.default_system_only_with_tools)
             and (not merged or merged[0].role != "system")
         ):
             merged.insert(0, _Msg(-1, "system", self.family.default_system))
@@ -274,9 +285,14 @@ class FamilyRenderer:
         fam, layout = self.family, self.family.layout
         msgs = self._messages(messages)
         self._check(msgs)
-        turns, system_text = self._normalise(msgs)
+        turns, system_text = self._normalise(msgs, bool(tools))
         tool_ctx = self._tools(list(tools or []))
-        base = {"date": self.date, "tools": tool_ctx, "default_system": fam.default_system}
+        base = {
+            "date": self.date,
+            "tools": tool_ctx,
+            "default_system": fam.default_system,
+            "sp": layout.chunk_prefix,
+        }
         tools_block = _template(layout.tools_block).render(**base) if tool_ctx else ""
         users = [i for i, t in enumerate(turns) if t.role == "user"]
         first_user, last_user = (users[0], users[-1]) if users else (-1, -1)
@@ -406,6 +422,20 @@ def _extract(marked: str, tool_names: tuple[str, ...]) -> RenderedPrompt:
         length += len(body)
         pos = end + 1
     return RenderedPrompt("".join(text), tuple(segments), tool_names)
+
+
+def call_id(style: Mapping[str, Any], request_id: str, index: int) -> str:
+    """The id of our reply's ``index``-th tool call, in the family's format (family ``call_id``).
+
+    ``{length: 9, alphabet: alnum}`` (Mistral: 9 letters/digits, derived from the request id);
+    else ``{prefix}`` + the request id's tail + ``_index`` (OpenAI-like).
+    """
+    length = int(style.get("length", 0))
+    if length:
+        digest = hashlib.sha256(f"{request_id}/{index}".encode()).digest()
+        alphabet = string.ascii_letters + string.digits
+        return "".join(alphabet[b % len(alphabet)] for b in digest[:length])
+    return f"{style.get('prefix', 'call_')}{request_id[-12:]}_{index}"
 
 
 @cache

@@ -17,6 +17,9 @@ class RenderedPrompt:
     text: str
     segments: tuple[Segment, ...]
     tool_names: tuple[str, ...]
+    # What the renderer noticed, for the cache report: "template_rewrote_history" when a model's
+    # own chat template changed earlier turns (the previous prompt is then no prefix of this one).
+    notes: tuple[str, ...] = ()
 
     def segment_at(self, char: int) -> Segment | None:
         for seg in self.segments:

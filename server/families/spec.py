@@ -63,6 +63,7 @@ class Layout:
     tools_placement: str = "first_system"
     system_placement: str = "turn"  # "last_user": all system text joins the last user message
     always_system_turn: bool = False  # render a system turn even with no system message
+    default_system_only_with_tools: bool = False  # no system message: the default only if tools
     merge_consecutive: tuple[str, ...] = ()  # roles whose consecutive messages become one
     merge_separator: str = "\n\n"
     empty_user_first: bool = False  # a conversation that does not start with a user gets ""
@@ -78,6 +79,7 @@ class Layout:
     tool_results: str = ""  # used when group_tool_results: the whole group
     tools_block: str = ""
     tool_result_content: str = "text"  # "text" | "json_or_text" (parse JSON, dump it again)
+    chunk_prefix: str = ""  # `sp` in the snippets: text before each separately encoded chunk
     arguments_json: str = "canonical"  # "canonical" | "ascii" (json.dumps default escaping)
 
 
@@ -95,6 +97,7 @@ class Family:
     version: str | None = None
     versions: tuple[str, ...] = ()
     call_id: dict[str, Any] = field(default_factory=dict)  # how our replies' call ids look
+    version_detect: tuple[dict[str, Any], ...] = ()  # [{version, special_tokens, template_contains}]
     test_model: dict[str, Any] = field(default_factory=dict)  # make-test-model: {vocab: llama3|tekken|qwen}
 
     @property
@@ -181,5 +184,6 @@ def load_family(ref: str) -> Family:
         version=version or None,
         versions=tuple(sorted(versions)),
         call_id=dict(data.get("call_id") or {}),
+        version_detect=tuple(data.get("version_detect") or ()),
         test_model=dict(data.get("test_model") or {}),
     )

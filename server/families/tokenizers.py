@@ -140,7 +140,69 @@ def qwen_tokenizer() -> Any:
     return _fast(tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
-BUILDERS = {"llama3": llama3_tokenizer, "tekken": tekken_tokenizer, "qwen": qwen_tokenizer}
+TEKKEN_V11_SPECIALS = (
+    [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+        "[TOOL_CALLS]",
+        "[IMG]",
+        "<pad>",
+        "[IMG_BREAK]",
+        "[IMG_END]",
+        "[PREFIX]",
+        "[MIDDLE]",
+        "[SUFFIX]",
+        "[SYSTEM_PROMPT]",
+        "[/SYSTEM_PROMPT]",
+        "[TOOL_CONTENT]",
+    ]
+    + [f"<SPECIAL_{i}>" for i in range(20, 32)]
+    + ["[ARGS]", "[CALL_ID]"]
+)
+
+
+def write_tekken(version: str, path: Path) -> Path:
+    """The bundled tekken vocabulary labelled as tokenizer ``version`` (v11+ list their special
+    tokens, with [ARGS] = 32 and [CALL_ID] = 33 as Mistral's own v11/v13 tekken.json files do)."""
+    import json
+
+    data = json.loads(tekken_file().read_text())
+    data["config"]["version"] = version
+    data.pop("image", None)
+    if version not in ("v3", "v7"):
+        data["special_tokens"] = [
+            {"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(TEKKEN_V11_SPECIALS)
+        ]
+    path.write_text(json.dumps(data))
+    return path
+
+
+@cache
+def mistral_spm_tokenizer(name: str = "mistral_instruct_tokenizer_240323.model.v3") -> Any:
+    """Mistral's SentencePiece v3 vocabulary (32,768 ids) from mistral-common; needs protobuf."""
+    import shutil
+    import tempfile
+
+    from transformers import LlamaTokenizer
+
+    folder = Path(tempfile.mkdtemp(prefix="agentserve-spm-"))
+    shutil.copy(_package_dir("mistral_common") / "data" / name, folder / "tokenizer.model")
+    return LlamaTokenizer.from_pretrained(folder, add_bos_token=False, add_eos_token=False, legacy=False)
+
+
+BUILDERS = {
+    "llama3": llama3_tokenizer,
+    "tekken": tekken_tokenizer,
+    "qwen": qwen_tokenizer,
+    "mistral_spm": mistral_spm_tokenizer,
+}
 
 
 def build_tokenizer(vocab: str) -> Any:

@@ -2,9 +2,13 @@
 
 A small seam so the grammar engine can be swapped (config ``backend``):
 
-* ``ArgumentsBackend.compile(tool, schema, prefix, suffix)`` — compile once per
-  (tool schema, envelope strings), cached by the backend; a schema the engine cannot
-  compile raises ``InvalidRequest`` (HTTP 400) naming the tool;
+* ``ArgumentsBackend.compile(tool, schema, prefix, suffix, style=, call_id=)`` — compile
+  once per (tool schema, envelope strings), cached by the backend; a schema the engine
+  cannot compile raises ``InvalidRequest`` (HTTP 400) naming the tool. ``style`` is the
+  envelope's ``arguments`` (``json`` or ``xml_parameters``: Qwen3-Coder's parameters,
+  grammar in ``xml_grammar.py``); ``call_id`` is a regex standing for ``{call_id}`` in
+  the suffix (an id the model writes, Mistral v3); ``tails``: one of these strings ends
+  the grammar (after the suffix);
 * ``ArgumentsBackend.matcher(compiled)`` — a fresh per-call ``ArgumentsMatcher``.
 
 The compiled grammar starts with the rest of name_close (``', "arguments": '`` minus
@@ -45,7 +49,17 @@ class ArgumentsMatcher(Protocol):
 class ArgumentsBackend(Protocol):
     name: str
 
-    def compile(self, tool: str, schema: dict | None, prefix: str, suffix: str) -> Any: ...
+    def compile(
+        self,
+        tool: str,
+        schema: dict | None,
+        prefix: str,
+        suffix: str,
+        *,
+        style: str = "json",
+        call_id: str | None = None,
+        tails: tuple[str, ...] = (),
+    ) -> Any: ...
 
     def matcher(self, compiled: Any) -> ArgumentsMatcher: ...
 
@@ -71,6 +85,25 @@ def tool_schema(tool: dict) -> dict:
     """The arguments schema of an OpenAI tool dict ({} parameters → no arguments)."""
     params = (tool.get("function") or {}).get("parameters")
     return params if params else NO_PARAMETERS
+
+
+def sorted_properties(schema: Any) -> Any:
+    """The schema with every ``properties`` mapping in sorted key order (nested too).
+
+    The grammar writes properties in the schema's order; the server renders arguments back
+    into the history as canonical JSON (sorted keys), so envelopes with ``key_order: sorted``
+    compile this form and the model writes what the history will show.
+    """
+    if isinstance(schema, list):
+        return [sorted_properties(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: sorted_properties(v) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {
+            k: sorted_properties(schema["properties"][k]) for k in sorted(schema["properties"])
+        }
+    return out
 
 
 class _LRU:
@@ -125,15 +158,34 @@ class XGrammarBackend:
         self.compiler = xgr.GrammarCompiler(info, max_threads=2)
         self.cache = _LRU(cache_size)
 
-    def compile(self, tool: str, schema: dict | None, prefix: str, suffix: str) -> Any:
+    def compile(
+        self,
+        tool: str,
+        schema: dict | None,
+        prefix: str,
+        suffix: str,
+        *,
+        style: str = "json",
+        call_id: str | None = None,
+        tails: tuple[str, ...] = (),
+    ) -> Any:
         schema = schema or NO_PARAMETERS
-        key = (json.dumps(schema, sort_keys=True), prefix, suffix)
-        return self.cache.get_or_make(key, lambda: self._compile(tool, schema, prefix, suffix))
+        key = (json.dumps(schema), prefix, suffix, style, call_id, tails)  # property order matters
+        return self.cache.get_or_make(
+            key, lambda: self._compile(tool, schema, prefix, suffix, style, call_id, tails)
+        )
 
-    def _compile(self, tool: str, schema: dict, prefix: str, suffix: str) -> Any:
+    def _compile(
+        self, tool: str, schema: dict, prefix: str, suffix: str, style: str, call_id: str | None, tails: tuple
+    ) -> Any:
         xgr = self.xgr
         try:
-            args = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
+            if style == "xml_parameters":
+                from server.masking.xml_grammar import xml_parameters_grammar
+
+                args = xml_parameters_grammar(schema, any_whitespace=self.any_whitespace)
+            else:
+                args = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
         except Exception as exc:
             raise InvalidRequest(
                 f"tool {tool!r}: its parameters are not a JSON schema the server can enforce ({exc}); "
@@ -144,7 +196,19 @@ class XGrammarBackend:
         def literal(text: str) -> Any:
             return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
 
-        pieces = ([literal(prefix)] if prefix else []) + [args] + ([literal(suffix)] if suffix else [])
+        tail: list[Any] = []
+        if call_id is not None and "{call_id}" in suffix:  # an id the model writes (Mistral v3)
+            before, after = suffix.split("{call_id}", 1)
+            tail = [literal(before)] if before else []
+            tail.append(xgr.Grammar.from_regex(call_id))
+            tail += [literal(after)] if after else []
+        elif suffix:
+            tail = [literal(suffix)]
+        if tails:  # one of these ends the call (Mistral v3: "]" or ", " before the next call)
+            tail.append(
+                xgr.Grammar.union(*[literal(t) for t in tails]) if len(tails) > 1 else literal(tails[0])
+            )
+        pieces = ([literal(prefix)] if prefix else []) + [args] + tail
         return self.compiler.compile_grammar(xgr.Grammar.concat(*pieces) if len(pieces) > 1 else args)
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:

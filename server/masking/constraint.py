@@ -5,22 +5,29 @@ appends the prefill after the assistant header, and asks ``ConstraintFactory.bui
 for a ``ToolConstraint`` that starts right after the prefill. Per decode step the
 engine calls ``fill_next_token_bitmask`` then ``accept_token`` with the sampled id.
 
-Phases (Hermes strings in brackets):
+Phases (Hermes strings in brackets; what differs per envelope is precomputed in
+``EnvelopeMasks``):
 
 * TEXT (modes auto/none, empty prefill): free text; end of sequence allowed; special
-  tokens other than EOS are not. A KMP watch (``TagWatch``) tracks ``<tool_call>``:
-  in mode none (or auto with nothing allowed) every token that would complete it is
-  masked; in auto, completing it enters CALL, and a token that completes it and runs
-  on (``>\\n``) is allowed only if its overflow is a valid start of the call.
-* CALL: the name trie (``NameTrie``) over ``sep + call_start + name_open + NAME + '"'``
-  restricted to the allowed names. It also covers the forced literal before the name
-  (``\\n{"name": "`` after the tag in the text, or the whole opening of a parallel call),
-  so a prefill can end anywhere in it. A token that finishes the name and runs on
-  (``",``) hands its overflow to ARGS.
+  tokens other than EOS are not. How a call begins depends on the envelope's trigger:
+  a text tag (``<tool_call>``, watched by a KMP automaton ``TagWatch``: in mode none
+  every token that would complete it is masked; in auto, completing it enters CALL,
+  and a token that completes it and runs on (``>\\n``) is allowed only if its overflow
+  is a valid start of the call); a special token (``[TOOL_CALLS]``, allowed only when a
+  call may start); or the start of the reply (Llama 3: the first token either enters
+  the trie or diverges from the opening for good).
+* CALL: the name trie (``NameTrie``) over ``lead + NAME + '"'`` restricted to the
+  allowed names. It also covers the forced literal before the name (``\\n{"name": "``
+  after the tag in the text, or the whole opening of a parallel call), so a prefill can
+  end anywhere in it. A token that finishes the name and runs on (``",``) hands its
+  overflow to ARGS; a name may also end with a special token (``[ARGS]``).
 * ARGS: the arguments backend (xgrammar by default): rest of name_close, the tool's
-  JSON schema, call_end. Special tokens are masked out of its rows.
-* AFTER: end of sequence, or (``parallel``) another call starting with the separator.
-  Without parallel calls only EOS may follow, so ``is_terminated()`` is already True.
+  arguments (JSON schema, or Qwen3-Coder's XML parameters), call_end (with a model-written
+  call id where the envelope has one). Special tokens are masked out of its rows.
+* AFTER: end of sequence, or (``parallel``) another call: its separator, or its special
+  token. Without parallel calls only EOS may follow, so ``is_terminated()`` is already
+  True. An envelope with ``calls_close`` (Mistral v3's ``]``) has each call's grammar end
+  with the close (then DONE) or the separator (then CALL, in the next call's lead).
 * DONE / ERROR: nothing may follow; the mask allows EOS only so a stray step is safe.
 
 ``accept_token`` never raises: a rejected token returns False, sets ``error`` (what
@@ -29,20 +36,17 @@ token, which phase, what was allowed) and puts the constraint into ERROR.
 
 from __future__ import annotations
 
-import threading
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
 from server.families.envelope import Envelope
-from server.masking.arguments import make_backend, tool_schema
-from server.masking.tag_watch import TagWatch
+from server.masking.arguments import make_backend, sorted_properties, tool_schema
+from server.masking.envelope_masks import EnvelopeMasks
 from server.masking.tool_choice import ToolPlan, tool_names
-from server.masking.trie import NameTrie, compile_trie
+from server.masking.trie import NameTrie
 from server.masking.vocab import TokenVocab
-
-_ROW_CACHE_LIMIT = 4096
 
 
 class Phase(IntEnum):
@@ -55,7 +59,7 @@ class Phase(IntEnum):
 
 
 class ConstraintFactory:
-    """Per (tokenizer, vocab_size, envelope): the preprocessed vocabulary, tag watch, caches."""
+    """Per (tokenizer, vocab_size, envelope): the preprocessed vocabulary, envelope masks, caches."""
 
     def __init__(
         self,
@@ -73,18 +77,13 @@ class ConstraintFactory:
         # how another process (vLLM's engine core) loads the same envelope and backend
         self.envelope_ref = envelope_ref or envelope.name
         self.backend_name = backend
-        tag = envelope.call_tag if envelope.call_start.startswith(envelope.call_tag) else envelope.call_start
-        self.lead = (envelope.call_separator + envelope.call_start + envelope.name_open).encode()
-        self.tag_prefix = (envelope.call_separator + tag).encode()  # trie node reached when the tag completes
-        self.term = envelope.name_close[:1].encode()
-        self.close_rest = envelope.name_close[1:]
-        self.watch = TagWatch(self.vocab, tag.encode())
+        self.masks = EnvelopeMasks(self.vocab, envelope, tokenizer)
+        self.close_rest = self.masks.close_rest
         self.backend = make_backend(backend, self.vocab, any_whitespace=any_whitespace)
-        self._rows: dict[tuple, np.ndarray] = {}
-        self._lock = threading.Lock()
 
     def trie(self, names: tuple[str, ...]) -> NameTrie:
-        return compile_trie(self.vocab, names, self.lead, self.term, self.close_rest.encode())
+        """The trie of further (parallel) calls; ``masks.first_trie`` is the first call's."""
+        return self.masks.next_trie(names)
 
     def build(self, tools: list[dict] | None, plan: ToolPlan, eos_token_ids: tuple[int, ...] | list[int]):
         """The constraint for one request, or None when no tools were given (nothing to enforce)."""
@@ -92,79 +91,72 @@ class ConstraintFactory:
         if not names:
             return None
         eos = tuple(sorted(set(eos_token_ids)))
-        trie, subset, compiled = None, 0, {}
+        tries, subset, compiled = None, 0, {}
         if plan.mode != "none" and plan.allowed:
-            trie = self.trie(names)
-            subset = trie.subset_bits(plan.allowed)
+            tries = (self.masks.first_trie(names), self.masks.next_trie(names))
+            subset = tries[1].subset_bits(plan.allowed)
             by_name = {n: t for n, t in zip(names, tools or [], strict=True)}
+            env = self.envelope
+            # an envelope that closes its calls (Mistral v3's "]") ends each call's grammar with the
+            # close or, if another call may follow, the separator's first character (the trie
+            # takes over from there): natural tokens like '"}]' and '"},' stay possible
+            tails = (env.calls_close,) if env.calls_close else ()
+            if env.calls_close and plan.parallel and env.parallel:
+                tails += (env.call_separator[:1],)
             for name in plan.allowed:
+                schema = tool_schema(by_name[name])
+                if env.key_order == "sorted":
+                    schema = sorted_properties(schema)
                 compiled[names.index(name)] = self.backend.compile(
-                    name, tool_schema(by_name[name]), self.close_rest, self.envelope.call_end
+                    name,
+                    schema,
+                    self.close_rest,
+                    env.call_end,
+                    style=env.arguments,
+                    call_id=env.call_id,
+                    tails=tails,
                 )
-        constraint = ToolConstraint(self, plan, trie, subset, compiled, eos)
+        constraint = ToolConstraint(self, plan, tries, subset, compiled, eos)
         constraint.tools = list(tools or [])
         return constraint
 
-    # --- cached rows -------------------------------------------------------------------------
-    def _cached(self, key: tuple, make) -> np.ndarray:
-        row = self._rows.get(key)
-        if row is None:
-            row = make()
-            with self._lock:
-                if len(self._rows) >= _ROW_CACHE_LIMIT:
-                    self._rows.clear()
-                self._rows[key] = row
-        return row
-
+    # --- rows (kept here for callers of the factory) ------------------------------------------------
     def eos_row(self, eos: tuple[int, ...]) -> np.ndarray:
-        return self._cached(("eos", eos), lambda: self.vocab.pack(eos))
-
-    def text_row(self, q: int, trie: NameTrie | None, subset: int, eos: tuple[int, ...]) -> np.ndarray:
-        """Free text from watch state q; completing the tag only if the overflow starts a valid call."""
-
-        def make() -> np.ndarray:
-            row = self.vocab.pack(np.concatenate([self.vocab.text_ids, np.array(eos, dtype=np.int64)]))
-            start = trie.node_of(self.tag_prefix) if trie is not None else None
-            banned = [
-                tid
-                for tid, off in self.watch.complete[q].items()
-                if start is None or trie.walk(start, self.vocab.token_bytes[tid][off:], subset) is None
-            ]
-            return row & ~self.vocab.pack(banned)
-
-        return self._cached(("text", q, trie, subset, eos), make)
-
-    def after_row(self, trie: NameTrie, subset: int, eos: tuple[int, ...], parallel: bool) -> np.ndarray:
-        if not parallel:
-            return self.eos_row(eos)
-        return self._cached(
-            ("after", trie, subset, eos), lambda: self.eos_row(eos) | trie.mask_row(0, subset)
-        )
+        return self.masks.eos_row(eos)
 
 
 class ToolConstraint:
     """One request's tool-call constraint; see the module docstring for the phases."""
 
-    def __init__(self, factory, plan: ToolPlan, trie, subset: int, compiled: dict, eos: tuple[int, ...]):
-        self.f, self.plan, self.trie, self.subset, self.compiled = factory, plan, trie, subset, compiled
+    def __init__(self, factory, plan: ToolPlan, tries, subset: int, compiled: dict, eos: tuple[int, ...]):
+        self.f, self.m, self.plan, self.subset, self.compiled = factory, factory.masks, plan, subset, compiled
+        self.first_trie, self.next_trie = tries if tries else (None, None)
+        self.trie = self.first_trie  # the trie of the call being written (names are the same in both)
         self.eos, self.eos_set = eos, frozenset(eos)
         self.tools: list[dict] = []  # set by ConstraintFactory.build (for to_extra_args)
         self.error: str | None = None
         self.calls: list[str] = []  # names of the calls written so far
-        self.q, self.node, self.tool, self.matcher = 0, 0, -1, None
+        self.q, self.node, self.tool, self.matcher, self.tail = 0, 0, -1, None, b""
+        self.parallel = plan.parallel and factory.envelope.parallel
+        self.at_start = (
+            True  # nothing written yet (trigger "start", call_after_text false: calls begin only here)
+        )
         self._bm: Any = None
         self._arr: Any = None
         if plan.mode == "required" or plan.prefill:
-            node = (
-                trie.node_of(factory.envelope.call_separator.encode() + plan.prefill.encode())
-                if trie
-                else None
-            )
+            node = self._prefill_node(plan.prefill) if self.trie is not None else None
             if node is None:
                 raise ValueError(f"prefill {plan.prefill!r} is not the start of a call to an allowed tool")
-            self.phase, self.node = Phase.CALL, node
+            self.phase, self.node, self.at_start = Phase.CALL, node, False
         else:
             self.phase = Phase.TEXT
+
+    def _prefill_node(self, prefill: str) -> int | None:
+        if self.m.trigger == "token":
+            tok, prefill = self.f.envelope.strip_special(prefill)
+            if tok is None or self.m.special_ids.get(tok) != self.m.trigger_id:
+                return None
+        return self.m.first_node(self.trie, prefill.encode())
 
     # --- TokenConstraint -------------------------------------------------------------------------
     def to_extra_args(self) -> dict[str, Any]:
@@ -179,19 +171,27 @@ class ToolConstraint:
             }
         }
 
+    @property
+    def in_call(self) -> bool:
+        """True while a call is open (its name or arguments being written): a cut here is a cut call."""
+        return self.phase in (Phase.CALL, Phase.ARGS)
+
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
-        ph = self.phase
+        ph, m = self.phase, self.m
         if ph == Phase.CALL:
             row = self.trie.mask_row(self.node, self.subset)
         elif ph == Phase.TEXT:
-            row = self.f.text_row(self.q, self.trie, self.subset, self.eos)
+            if self.at_start and m.trigger == "start":
+                row = m.start_row(self.first_trie, self.subset, self.eos)
+            else:
+                row = m.text_row(self.q, self._call_trie(), self.subset, self.eos)
         elif ph == Phase.ARGS:
             self.matcher.fill(bitmask, index)  # opaque tokens are never in its rows
             return
         elif ph == Phase.AFTER:
-            row = self.f.after_row(self.trie, self.subset, self.eos, self.plan.parallel)
+            row = m.after_row(self.next_trie, self.subset, self.eos, self.parallel)
         else:
-            row = self.f.eos_row(self.eos)
+            row = m.eos_row(self.eos)
         self._write(bitmask, index, row)
 
     def accept_token(self, token_id: int) -> bool:
@@ -204,7 +204,7 @@ class ToolConstraint:
 
     def is_terminated(self) -> bool:
         ph = self.phase
-        return ph >= Phase.DONE or (ph == Phase.AFTER and not self.plan.parallel)
+        return ph >= Phase.DONE or (ph == Phase.AFTER and not self.parallel)
 
     # --- internals -------------------------------------------------------------------------------
     def _view(self, bitmask: Any) -> Any:
@@ -233,25 +233,39 @@ class ToolConstraint:
         self.phase = Phase.ERROR
         return False
 
+    def _no_call(self, tid: int) -> bool:
+        return self._reject(
+            f"token {self._what(tid)} would open a tool call ({self.f.envelope.name} envelope), "
+            f"but no tool may be called now (mode {self.plan.mode})"
+        )
+
     def _accept(self, tid: int) -> bool:
-        ph, vocab = self.phase, self.f.vocab
+        ph, vocab, m = self.phase, self.f.vocab, self.m
         text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
         if ph == Phase.TEXT:
             if tid in self.eos_set:
                 self.phase = Phase.DONE
                 return True
+            if m.trigger == "token" and tid == m.trigger_id:
+                if self._call_trie() is None:
+                    return self._no_call(tid)
+                self.phase, self.node = Phase.CALL, self.m.first_node(self.trie)
+                return True
             if not text:
                 return self._reject(f"special token {self._what(tid)} is not allowed in the text of a reply")
-            q, off = self.f.watch.step(self.q, tid)
+            if m.trigger == "start":  # a call can begin only with the first token of the reply
+                return self._accept_start(tid) if self.at_start else True
+            if m.trigger == "token":
+                self.at_start = False
+                return True
+            q, off = m.watch.step(self.q, tid)
             if off < 0:
                 self.q = q
                 return True
             if self.trie is None:
-                return self._reject(
-                    f"token {self._what(tid)} would open a tool call ({self.f.envelope.call_tag}), "
-                    f"but no tool may be called now (mode {self.plan.mode})"
-                )
-            st = self.trie.walk(self.trie.node_of(self.f.tag_prefix), text[off:], self.subset)
+                return self._no_call(tid)
+            start = m.first_node(self.trie, m.tag_prefix[len(m.first_offset) :])
+            st = self.trie.walk(start, text[off:], self.subset)
             if st is None:
                 return self._reject(
                     f"token {self._what(tid)} opens a tool call that cannot continue to an allowed tool"
@@ -271,24 +285,65 @@ class ToolConstraint:
                 name = self.trie.names[self.tool]
                 return self._reject(
                     f"token {self._what(tid)} is not allowed in the arguments of {name!r} "
-                    "(they follow its JSON schema)"
+                    f"(they follow its JSON schema)"
                 )
+            if m.calls_close:
+                self.tail = (self.tail + text)[-len(m.calls_close) :]
             if self.matcher.is_terminated():
                 self.calls.append(self.trie.names[self.tool])
                 self.phase, self.matcher = Phase.AFTER, None
+                if m.calls_close:  # the grammar wrote the close (done) or the separator (next call)
+                    if self.tail == m.calls_close:
+                        self.phase = Phase.DONE
+                    else:
+                        self.trie, self.phase = self.next_trie, Phase.CALL
+                        self.node = self.trie.node_of(self.f.envelope.call_separator[:1].encode())
             return True
         if ph == Phase.AFTER:
-            if tid in self.eos_set:
-                self.phase = Phase.DONE
-                return True
-            st = self.trie.step(0, tid, self.subset) if self.plan.parallel else None
-            if st is None:
-                more = " or another tool call" if self.plan.parallel else ""
-                return self._reject(
-                    f"token {self._what(tid)} is not allowed after a tool call: only end of sequence{more}"
-                )
-            return self._advance(st)
+            return self._accept_after(tid)
         return self._reject(f"token {self._what(tid)} came after the end of the reply")
+
+    def _call_trie(self):
+        """The first call's trie if a call may begin here, else None."""
+        if self.m.trigger == "token" and not self.f.envelope.call_after_text and not self.at_start:
+            return None
+        return self.first_trie
+
+    def _accept_start(self, tid: int) -> bool:
+        """The first token of a reply whose calls have no marker (trigger ``start``)."""
+        self.at_start = False
+        if self.trie is not None:
+            st = self.trie.step(self.m.first_node(self.trie), tid, self.subset)
+            if st is not None:
+                return self._advance(st)
+        if tid in self.m.start_clash_set:
+            if self.trie is None:
+                return self._no_call(tid)
+            return self._reject(
+                f"token {self._what(tid)} opens a tool call that cannot continue to an allowed tool"
+            )
+        return True
+
+    def _accept_after(self, tid: int) -> bool:
+        m = self.m
+        if tid in self.eos_set:
+            self.phase = Phase.DONE
+            return True
+        if self.parallel:
+            if m.next_token is not None:
+                if tid == m.next_token:
+                    self.trie = self.next_trie
+                    self.phase, self.node = Phase.CALL, 0
+                    return True
+            else:
+                st = self.next_trie.step(0, tid, self.subset)
+                if st is not None:
+                    self.trie = self.next_trie
+                    return self._advance(st)
+        more = " or another tool call" if self.parallel else ""
+        return self._reject(
+            f"token {self._what(tid)} is not allowed after a tool call: only end of sequence{more}"
+        )
 
     def _advance(self, st) -> bool:
         if st.node >= 0:

@@ -14,7 +14,7 @@ An explicit ``tool_choice`` always wins over the state machine. No tools at all 
 
 Prefill (appended after the assistant header, after the cached prompt, so switching
 modes never lowers ``cached_tokens``): auto/none → ``""``; required, a subset or a named
-tool → ``call_start + name_open + P`` where P is the longest common prefix of the
+tool → ``opening + P`` (``calls_open + call_start + name_open``) where P is the longest common prefix of the
 allowed names *cut back to a clean token boundary*. Prefilling a partial word forces
 an unnatural tokenization (``browser_cl`` + ``ick`` instead of ``browser_`` + ``click``:
 the model never saw that split). Byte-level BPE tokenizers never merge across a
@@ -198,5 +198,5 @@ def plan_tools(
         mode = "none"
     prefill = ""
     if mode == "required":
-        prefill = envelope.call_start + envelope.name_open + clean_name_prefix(allowed, envelope.name_close)
+        prefill = envelope.opening + clean_name_prefix(allowed, envelope.name_close)
     return ToolPlan(mode, allowed if mode != "none" else (), bool(parallel_tool_calls), prefill, state)

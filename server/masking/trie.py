@@ -19,6 +19,11 @@ the set of names it can still reach (an int bitset over the name indices):
 Names that are prefixes of other names (``shell_exec``, ``shell_exec_async``) work
 because the terminator is part of the trie. Names may not contain ``"`` or ``\\``.
 
+A name may instead end with a *special token* (``term_token``: Mistral's ``[ARGS]``):
+then ``term`` and ``close_rest`` are empty, no token crosses the end of a name, and the
+node after a whole name (which may go on to longer names) has one more transition, the
+special token, that completes it.
+
 Build: for each name and each position, only the tokens that are prefixes of the text
 still to come are looked up (``vocab.prefixes_of``: a dict probe per length, stopping
 at the first length no token starts with), so the cost is O(total name bytes × token
@@ -51,14 +56,24 @@ class Step(NamedTuple):
 
 class NameTrie:
     def __init__(
-        self, vocab: TokenVocab, names: tuple[str, ...], lead: bytes, term: bytes, close_rest: bytes
+        self,
+        vocab: TokenVocab,
+        names: tuple[str, ...],
+        lead: bytes,
+        term: bytes,
+        close_rest: bytes,
+        term_token: int | None = None,
     ) -> None:
         if not names:
             raise ValueError("a name trie needs at least one name")
+        if term_token is not None and (term or close_rest):
+            raise ValueError("a name ended by a special token has no terminator bytes")
         for name in names:
-            if not name or any(c in name for c in '"\\') or term.decode() in name:
-                raise ValueError(f"tool name {name!r} cannot be masked: it is empty or contains '\"' or '\\'")
+            if not name or any(c in name for c in '"\\') or (term and term.decode() in name):
+                bad = f"'\"', '\\' or {term.decode()!r}" if term else "'\"' or '\\'"
+                raise ValueError(f"tool name {name!r} cannot be masked: it is empty or contains {bad}")
         self.vocab, self.names, self.lead, self.term, self.close_rest = vocab, names, lead, term, close_rest
+        self.term_token = term_token
         self.all_names = (1 << len(names)) - 1
         words = [lead + n.encode() + term for n in names]
         self._ids: dict[bytes, int] = {}
@@ -80,6 +95,7 @@ class NameTrie:
             not all(lead[p:end] in vocab.prefixes for end in range(p + 1, len(lead) + 1))
             for p in range(len(lead))
         ]
+        by_token = term_token is not None  # the name ends with a special token ([ARGS]), not a byte
         for i, w in enumerate(words):
             ext, done = w + close_rest, 1 << i
             for p in range(len(w)):
@@ -88,11 +104,13 @@ class NameTrie:
                 src = self.trans[self._ids[w[:p]]]
                 for n, tid in vocab.prefixes_of(ext[p:]):
                     end = p + n
-                    if end < len(w):
+                    if end < len(w) or by_token:
                         dst = self._ids[w[:end]]
                         src[tid] = Step(dst, self.node_names[dst], -1, b"")
                     else:
                         src[tid] = Step(-1, done, i, ext[len(w) : end])
+            if by_token:
+                self.trans[self._ids[w]][term_token] = Step(-1, done, i, b"")
         self._groups: list[dict[int, list[int]]] = []
         for tr in self.trans:
             groups: dict[int, list[int]] = {}
@@ -139,6 +157,12 @@ class NameTrie:
     def walk(self, node: int, data: bytes, subset: int) -> Step | None:
         """Feed raw bytes (a crossing token's overflow) from ``node``; None if they leave the trie."""
         i = 0
+        if self.term_token is not None:  # no bytes complete a name: follow them, or leave the trie
+            for b in data:
+                node = self.children[node].get(b, -1)
+                if node < 0:
+                    return None
+            return Step(node, self.node_names[node], -1, b"") if self.node_names[node] & subset else None
         while i < len(data) and self.leaf_name[node] < 0:
             nxt = self.children[node].get(data[i])
             if nxt is None:
@@ -167,6 +191,13 @@ class NameTrie:
 
 
 @lru_cache(maxsize=128)
-def compile_trie(vocab: TokenVocab, names: tuple[str, ...], lead: bytes, term: bytes, close_rest: bytes):
+def compile_trie(
+    vocab: TokenVocab,
+    names: tuple[str, ...],
+    lead: bytes,
+    term: bytes,
+    close_rest: bytes,
+    term_token: int | None = None,
+):
     """The cached trie for a tool list (tool lists are stable per session, so this hits)."""
-    return NameTrie(vocab, names, lead, term, close_rest)
+    return NameTrie(vocab, names, lead, term, close_rest, term_token)

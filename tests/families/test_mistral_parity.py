@@ -1,10 +1,11 @@
 """Mistral: our prompt tokens == mistral-common's ``encode_chat_completion``, token for token.
 
-Official side: ``MistralTokenizer`` from mistral-common (v3 tekken = ``MistralTokenizer.v3(
-is_tekken=True)``; v7 / v11 / v13 are the bundled tekken vocabulary re-labelled with that
-version and its special tokens, as those models' tekken.json files are) and
-``ChatCompletionRequest.from_openai``. Our side: grammars/families/mistral.yaml at that
-version, tokenized by the HF tokenizer converted from the same tekken file.
+Official side: ``MistralTokenizer`` from mistral-common: v3 tekken = ``MistralTokenizer.v3(
+is_tekken=True)``; v3_spm = ``MistralTokenizer.v3()`` (the SentencePiece vocabulary); v7 / v11 /
+v13 = the bundled tekken vocabulary re-labelled with that version and its special tokens, as
+those models' tekken.json files are; requests from ``ChatCompletionRequest.from_openai``. Our
+side: grammars/families/mistral.yaml at that version, tokenized by the HF tokenizer converted
+from the same vocabulary file.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ pytest.importorskip("mistral_common")
 from mistral_common.protocol.instruct.request import ChatCompletionRequest  # noqa: E402
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # noqa: E402
 
-VERSIONS = ["v3", "v7", "v11", "v13"]
+VERSIONS = ["v3", "v3_spm", "v7", "v11", "v13"]
 CASES = conversations()
 
 
@@ -70,7 +71,7 @@ def _tekken(version: str, folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
-    from server.families.tokenizers import tekken_tokenizer
+    from server.families.tokenizers import mistral_spm_tokenizer, tekken_tokenizer
 
     folder = tmp_path_factory.mktemp("tekken")
     out = {}
@@ -78,6 +79,10 @@ def tokenizers(tmp_path_factory):
         if v == "v3":
             official = MistralTokenizer.v3(is_tekken=True)
             ours = tekken_tokenizer()
+        elif v == "v3_spm":  # SentencePiece (Mistral 7B v0.3): mistral-common's bundled .model.v3
+            pytest.importorskip("google.protobuf")
+            official = MistralTokenizer.v3()
+            ours = mistral_spm_tokenizer()
         else:
             path = _tekken(v, folder)
             official = MistralTokenizer.from_file(str(path))

@@ -56,3 +56,57 @@ def factory(tokenizer, vocab, hermes):
     from server.masking.constraint import ConstraintFactory
 
     return ConstraintFactory(tokenizer, vocab.vocab_size, hermes, vocab=vocab)
+
+
+# --- the model families' real vocabularies (tests/masking/vocabs.py) ---------------------------------
+# envelope -> (vocabulary, end-of-sequence tokens). Both Mistral envelopes use the tekken vocabulary
+# with [ARGS]/[CALL_ID] (an extra special token does not change the v3 JSON-array format).
+FAMILIES = {
+    "hermes": ("qwen", ("<|im_end|>", "<|endoftext|>")),
+    "qwen3_coder": ("qwen", ("<|im_end|>", "<|endoftext|>")),
+    "llama3_json": ("llama3", ("<|eot_id|>", "<|eom_id|>")),
+    "mistral_json_array": ("tekken_args", ("</s>",)),
+    "mistral_name_args": ("tekken_args", ("</s>",)),
+}
+
+
+class Official:
+    """One real vocabulary: its tokenizer, TokenVocab (built once per session) and factories."""
+
+    def __init__(self, name: str) -> None:
+        from server.masking.vocab import TokenVocab
+
+        from .vocabs import LOGITS_WIDTH, load_vocab_tokenizer
+
+        self.name = name
+        self.tokenizer = load_vocab_tokenizer(name)
+        self.vocab = TokenVocab.from_tokenizer(self.tokenizer, LOGITS_WIDTH[name])
+        self._factories: dict[str, object] = {}
+
+    def factory(self, envelope: str):
+        from server.families.envelope import load_envelope
+        from server.masking.constraint import ConstraintFactory
+
+        if envelope not in self._factories:
+            self._factories[envelope] = ConstraintFactory(
+                self.tokenizer, self.vocab.vocab_size, load_envelope(envelope), vocab=self.vocab
+            )
+        return self._factories[envelope]
+
+    def eos(self, envelope: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.convert_tokens_to_ids(t) for t in FAMILIES[envelope][1])
+
+
+_OFFICIAL: dict[str, Official] = {}
+
+
+@pytest.fixture(scope="session")
+def official():
+    """official(name) -> Official, built at most once per session (tokenizer.json cached on disk)."""
+
+    def get(name: str) -> Official:
+        if name not in _OFFICIAL:
+            _OFFICIAL[name] = Official(name)
+        return _OFFICIAL[name]
+
+    return get

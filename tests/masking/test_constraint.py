@@ -194,8 +194,15 @@ def test_to_extra_args_round_trips_through_json(tokenizer):
     from server.masking.tool_choice import ToolPlan, plan_tools
 
     env = load_envelope("hermes")
-    tools = [{"type": "function", "function": {"name": "shell_exec", "parameters": {
-        "type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "shell_exec",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+            },
+        }
+    ]
     plan = plan_tools(tools, "required", [{"role": "user", "content": "x"}], False, None, env)
     factory = ConstraintFactory(tokenizer, len(tokenizer), env)
     spec = _json.loads(_json.dumps(factory.build(tools, plan, (2,)).to_extra_args()))["agentserve"]

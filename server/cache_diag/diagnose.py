@@ -1,0 +1,248 @@
+"""The diagnosis of one request's cache use against a baseline: one reason type per miss.
+
+The baseline is the session's previous prompt (automatic) or a named earlier response
+(``cache_compare_with``). What could have been reused is the baseline's conversation (up
+to the end of its last message; not its generation prompt), capped by what the engine
+ever reuses (it recomputes at least the last token) and rounded down to the engine's
+reuse granularity (block size): the partial last block is not a miss.
+
+    reusable = floor(min(baseline core tokens, prompt tokens - 1) / block) * block
+    missed   = reusable - cached tokens          (a miss when > 0; 0 when the cache is off)
+
+When the prompts diverge inside the reusable part, the tokens lost after the divergence
+are a change (model, settings, system, tools, messages, or the template rewrote an
+earlier turn); the reusable tokens before it that were not served are an eviction (or an
+expiry, when the session was idle past the engine's retention time). A miss gets the
+larger of the two as its type, and all its missed tokens. No baseline: ``first_request``
+for a session never seen, ``unavailable`` when its baseline is no longer kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.cache_diag import fixes
+from server.cache_diag.changes import NAMESPACE_SETTINGS, Change, changed_settings, structural_changes
+from server.cache_diag.fingerprint import Fingerprint, common_prefix, hashed_common_prefix
+
+REASON_TYPES = (
+    "model_changed",
+    "settings_changed",
+    "system_changed",
+    "tools_changed",
+    "messages_changed",
+    "template_rewrote_history",
+    "evicted",
+    "expired",
+    "first_request",
+    "unavailable",
+)
+REWRITE = "template_rewrote_history"
+SNIPPET = 24  # characters shown on each side of the first difference
+CACHE_OFF = "prefix cache is off (prefix_cache.enabled: false): nothing is reused, no miss is counted"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt as the diagnosis sees it: its fingerprint, plus ids/text/offsets when known."""
+
+    fp: Fingerprint
+    ids: Sequence[int] | None = None
+    text: str | None = None
+    offsets: Sequence[int] | None = None  # start character of each token
+
+
+@dataclass(frozen=True)
+class CacheState:
+    cached_tokens: int
+    block_size: int  # the engine's reuse granularity
+    enabled: bool = True
+    tier: str = "kv cache"  # where an evicted block was last held
+    retention_s: float | None = None  # blocks older than this are dropped by time (None: no TTL)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    type: str | None
+    missed_tokens: int | None
+    diverged_at_token: int | None = None
+    reason: str | None = None
+    fix: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def no_baseline(cur: Prompt, state: CacheState, seen_before: bool, why: str | None = None) -> Diagnosis:
+    if seen_before:
+        return Diagnosis(
+            "unavailable",
+            None,
+            reason=why
+            or "no previous prompt of this session is kept any more (session table full or expired)",
+        )
+    return Diagnosis(
+        "first_request",
+        max(0, cur.fp.n_tokens - state.cached_tokens),
+        reason="first request of this session: nothing to reuse yet",
+    )
+
+
+def diagnose(prev: Prompt, cur: Prompt, state: CacheState, idle_s: float | None = None) -> Diagnosis:
+    g = max(1, state.block_size)
+    pfp, cfp = prev.fp, cur.fp
+    if prev.ids is not None and cur.ids is not None:
+        lcp = common_prefix(prev.ids, cur.ids)
+    else:
+        lcp = hashed_common_prefix(pfp, cfp)
+    limit = min(pfp.core_tokens, cfp.n_tokens - 1)
+    reusable = (max(0, limit) // g) * g if state.enabled else 0
+    missed = max(0, reusable - state.cached_tokens)
+    diverged = lcp if lcp < pfp.core_tokens else None
+    if pfp.model != cfp.model:
+        return (
+            _miss(
+                "model_changed",
+                missed,
+                diverged,
+                fixes.model(pfp.model, cfp.model),
+                {"before": pfp.model, "now": cfp.model},
+            )
+            if missed
+            else _none(diverged)
+        )
+    namespace = [s for s in changed_settings(pfp, cfp) if s in NAMESPACE_SETTINGS]
+    if namespace and missed:
+        return _miss("settings_changed", missed, diverged, fixes.settings(namespace), {"settings": namespace})
+    where = _where(prev, cur, lcp) if diverged is not None else None
+    if not state.enabled:
+        return _none(diverged, CACHE_OFF)
+    if not missed:
+        return _none(diverged, where[2] if where else None)
+    kept = (min(lcp, limit) // g) * g
+    change_cost = reusable - kept
+    evict_cost = max(0, kept - state.cached_tokens)
+    if where is not None and change_cost > 0 and change_cost >= evict_cost:
+        return _change(prev, cur, lcp, where, missed)
+    return _eviction(state, missed, reusable, idle_s, diverged)
+
+
+def _none(diverged: int | None, reason: str | None = None) -> Diagnosis:
+    return Diagnosis(None, 0, diverged, reason)
+
+
+def _miss(
+    type_: str, missed: int, diverged: int | None, fix_reason: tuple[str, str | None], detail: dict[str, Any]
+) -> Diagnosis:
+    reason, fix = fix_reason
+    return Diagnosis(type_, missed, diverged, reason, fix, detail)
+
+
+def _eviction(
+    state: CacheState, missed: int, reusable: int, idle_s: float | None, diverged: int | None
+) -> Diagnosis:
+    expired = state.retention_s is not None and idle_s is not None and idle_s >= state.retention_s
+    detail: dict[str, Any] = {
+        "tier": state.tier,
+        "idle_seconds": None if idle_s is None else round(idle_s, 3),
+        "reusable_tokens": reusable,
+        "cached_tokens": state.cached_tokens,
+    }
+    if expired:
+        detail["retention_seconds"] = state.retention_s
+        return Diagnosis("expired", missed, diverged, fixes.expired(detail), None, detail)
+    return Diagnosis("evicted", missed, diverged, fixes.evicted(detail), None, detail)
+
+
+def _where(prev: Prompt, cur: Prompt, lcp: int) -> tuple[int, bool, str]:
+    """(first differing character in the current prompt, exact?, today's one-line text)."""
+    text = cur.text or ""
+    offsets = cur.offsets
+    if offsets is not None and lcp < len(offsets):
+        start = offsets[lcp]
+    else:
+        start = len(text)
+    exact = prev.text is not None
+    if exact:
+        a = prev.text or ""
+        if prev.offsets is not None and lcp < len(prev.offsets):
+            start = min(start, prev.offsets[lcp])
+        at = start
+        while at < len(a) and at < len(text) and a[at] == text[at]:
+            at += 1
+    else:
+        at = start
+    seg = next((s for s in cur.fp.segments if s.char_start <= at < s.char_end), None)
+    if seg is None:
+        seg = next((s for s in prev.fp.segments if s.char_start <= at < s.char_end), None)
+    if at >= len(text):
+        where = "the prompt is shorter than the previous one (messages were dropped or truncated)"
+    elif seg is not None:
+        where = f"{seg.label} changed at character {at - seg.char_start}"
+    else:
+        where = f"prompt changed at character {at}"
+    if exact:
+        where = f"{where}: {_snippet(prev.text or '', at)!r} -> {_snippet(text, at)!r}"
+    else:
+        where = f"{where} (now: {_snippet(text, at)!r})"
+    return at, exact, where
+
+
+def _snippet(text: str, at: int) -> str:
+    start = max(0, at - SNIPPET)
+    end = min(len(text), at + SNIPPET)
+    return ("…" if start else "") + text[start:at] + "‸" + text[at:end] + ("…" if end < len(text) else "")
+
+
+def _pick(changes: list[Change], at: int) -> Change | None:
+    """The change whose region holds character ``at`` (regions of one prompt do not overlap)."""
+    holding = [c for c in changes if c.start <= at < c.end]
+    return min(holding, key=lambda c: c.start) if holding else None
+
+
+def _change(prev: Prompt, cur: Prompt, lcp: int, where: tuple[int, bool, str], missed: int) -> Diagnosis:
+    at, exact, text = where
+    pfp, cfp = prev.fp, cur.fp
+    if not (pfp.structured and cfp.structured):
+        _, fix = fixes.prompt_edit(at, exact)
+        detail = {"segment": "prompt", "character": at, "change": "edited"}
+        return Diagnosis("messages_changed", missed, lcp, text, fix, detail)
+    change = _pick(structural_changes(pfp, cfp, len(cur.text or "")), at)
+    if change is None:
+        settings = changed_settings(pfp, cfp)
+        flagged = REWRITE in cfp.notes  # the renderer saw its template change an earlier turn
+        if settings and not flagged:
+            reason, fix = fixes.settings(settings)
+            return Diagnosis(
+                "settings_changed", missed, lcp, f"{reason}; {text}", fix, {"settings": settings}
+            )
+        # the earlier turn as the baseline rendered it (characters before ``at`` are the same in both)
+        seg = next((g for g in (*pfp.segments, *cfp.segments) if g.char_start <= at < g.char_end), None)
+        seg = seg or pfp.segment_at_token(lcp) or cfp.segment_at_token(lcp)
+        detail = {
+            "segment": seg.label if seg else None,
+            "character": max(0, at - seg.char_start) if seg else at,
+        }
+        if flagged:
+            detail["renderer"] = [n for n in cfp.notes if n != REWRITE]
+        return Diagnosis(
+            "template_rewrote_history",
+            missed,
+            lcp,
+            f"{fixes.REWRITE_REASON}; {text}",
+            fixes.REWRITE_FIX,
+            detail,
+        )
+    detail = dict(change.detail)
+    seg_start = detail.pop("segment_start", change.start)
+    if change.type == "system_changed":
+        detail["character"] = max(0, at - seg_start)
+        fix = fixes.system(detail["character"], exact)
+    elif change.type == "tools_changed":
+        fix = fixes.tools(detail)
+        text = f"{fixes.tools_summary(detail)}; {text}"
+    else:
+        if detail["change"] == "edited" and at >= seg_start:
+            detail["character"] = at - seg_start
+        fix = fixes.messages(detail, exact)
+    return Diagnosis(change.type, missed, lcp, text, fix, detail)

@@ -1,0 +1,155 @@
+"""Which family a model gets, decided once at start from the model folder.
+
+Order: the config's ``model_family`` (anything but ``auto``) wins; else a test model's
+``agentserve_family`` in config.json (written by ``agentserve make-test-model``); else every
+family file's ``detect`` section is checked against the folder (special tokens of the
+vocabulary, the chat template's text, config.json ``model_type``) and the matching family
+of highest priority wins; its version (Mistral) comes from tekken.json's
+``config.version`` or the family's ``version_detect`` rules. No match stops the start with
+a message that names the choices.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from server.families.spec import (
+    Detect,
+    Family,
+    FamilyError,
+    Layout,
+    Rules,
+    family_choices,
+    family_names,
+    load_family,
+)
+
+MODEL_TEMPLATE = "model"  # model_family: model = the model folder's own chat template
+MODEL_FAMILY = Family(
+    name=MODEL_TEMPLATE,
+    envelope="hermes",
+    description="the model folder's own Jinja chat template (server/families/model_template.py)",
+    models=(),
+    default_system="",
+    date=None,
+    detect=Detect(),
+    rules=Rules(),
+    layout=Layout(),
+)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What detection reads from a model folder."""
+
+    model_type: str = ""
+    special_tokens: frozenset[str] = frozenset()
+    chat_template: str = ""
+    tekken_version: str | None = None
+    declared_family: str | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    family: Family
+    how: str  # "config", "test model", "detected: <evidence>"
+
+
+def chat_template_of(folder: Path) -> str:
+    """The model's own Jinja chat template: chat_template.jinja, else tokenizer_config.json."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    cfg = folder / "tokenizer_config.json"
+    if cfg.is_file():
+        tpl = json.loads(cfg.read_text()).get("chat_template") or ""
+        if isinstance(tpl, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template", "") for t in tpl if isinstance(t, dict)}
+            tpl = named.get("default") or next(iter(named.values()), "")
+        return str(tpl)
+    return ""
+
+
+def model_facts(folder: Path | None, tokenizer: Any = None) -> ModelFacts:
+    if folder is None:
+        return ModelFacts()
+    config: dict[str, Any] = {}
+    if (folder / "config.json").is_file():
+        config = json.loads((folder / "config.json").read_text())
+    vocab: set[str] = set()
+    if tokenizer is not None:
+        vocab = set(tokenizer.get_vocab())
+    tekken = None
+    if (folder / "tekken.json").is_file():
+        tekken = json.loads((folder / "tekken.json").read_text()).get("config", {}).get("version")
+    template = chat_template_of(folder) or str(getattr(tokenizer, "chat_template", None) or "")
+    return ModelFacts(
+        model_type=str(config.get("model_type", "")),
+        special_tokens=frozenset(vocab),
+        chat_template=template,
+        tekken_version=tekken,
+        declared_family=config.get("agentserve_family"),
+    )
+
+
+def _matches(d: Detect, facts: ModelFacts) -> bool:
+    if not d.special_tokens and not d.template_contains and not d.model_types:
+        return False  # a family with no detection rules is only chosen by name
+    return (
+        all(t in facts.special_tokens for t in d.special_tokens)
+        and all(s in facts.chat_template for s in d.template_contains)
+        and not any(s in facts.chat_template for s in d.template_lacks)
+        and (not d.model_types or facts.model_type in d.model_types)
+    )
+
+
+def _version(family: Family, facts: ModelFacts) -> str | None:
+    if not family.versions:
+        return None
+    if facts.tekken_version in family.versions:
+        return facts.tekken_version
+    for rule in family.version_detect:
+        if _matches(Detect(**{k: tuple(v) for k, v in rule.items() if k != "version"}), facts):
+            return str(rule["version"])
+    return None
+
+
+def detect_family(facts: ModelFacts) -> Selection | None:
+    best: tuple[int, Family] | None = None
+    for name in family_names():
+        fam = load_family(name)
+        if _matches(fam.detect, facts) and (best is None or fam.detect.priority > best[0]):
+            best = (fam.detect.priority, fam)
+    if best is None:
+        return None
+    fam = best[1]
+    version = _version(fam, facts)
+    if version and version != fam.version:
+        fam = load_family(f"{fam.name}:{version}")
+    evidence = ", ".join(fam.detect.special_tokens + fam.detect.template_contains) or fam.detect.model_types
+    return Selection(fam, f"detected ({evidence})")
+
+
+def select_family(model_family: str, folder: Path | None, tokenizer: Any = None) -> Selection:
+    """The family for this deployment; FamilyError (names the choices) when none fits."""
+    if model_family == MODEL_TEMPLATE:
+        return Selection(MODEL_FAMILY, "config model_family: the model's own chat template")
+    if model_family and model_family != "auto":
+        return Selection(load_family(model_family), "config model_family")
+    facts = model_facts(folder, tokenizer)
+    if facts.declared_family:
+        return Selection(load_family(facts.declared_family), "test model (config.json agentserve_family)")
+    found = detect_family(facts)
+    if found is not None:
+        return found
+    if facts.chat_template.strip():
+        return Selection(MODEL_FAMILY, "no family file matches: the model's own chat template")
+    raise FamilyError(
+        f"no model family matches the model at {folder} (model_type {facts.model_type!r}; none of the "
+        f"families' special tokens / chat template markers found, and the folder has no chat template): "
+        f"set model_family in the config to one of {family_choices()}, or add the model's "
+        f"chat_template.jinja and use model_family: model"
+    )

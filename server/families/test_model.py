@@ -1,0 +1,71 @@
+"""``agentserve make-test-model --family NAME OUT``: a tiny random-weight model of a family.
+
+The folder holds a small Llama-architecture model with RANDOM weights (it writes nonsense,
+which the masks turn into valid tool calls) and the family's REAL tokenizer, built offline
+from the official vocabulary (server/families/tokenizers.py; ``hermes`` uses the embedded
+SmolLM2 tokenizer). config.json records ``agentserve_family`` so the server picks the family
+without guessing. Serve it with ``agentserve serve --model OUT``: every family runs on a
+laptop CPU, end to end.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from server.families.spec import load_family
+from server.families.tokenizers import build_tokenizer
+
+
+def _tokenizer(vocab: str, version: str | None, tmp: Path) -> Any:
+    if vocab == "tekken" and version:
+        from server.families.tokenizers import tekken_tokenizer, write_tekken
+
+        tmp.mkdir(parents=True, exist_ok=True)
+        return tekken_tokenizer(str(write_tekken(version, tmp / "tekken.json")))
+    if vocab == "embedded":
+        from transformers import AutoTokenizer
+
+        from server.model_store import resolve_model
+
+        return AutoTokenizer.from_pretrained(resolve_model("embedded"))
+    return build_tokenizer(vocab)
+
+
+def make_test_model(
+    family_ref: str, out: str | Path, hidden: int = 64, layers: int = 2, seed: int = 0
+) -> Path:
+    """Write the model folder at ``out`` (replaced if it exists); returns its path."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    family = load_family(family_ref)
+    spec = family.test_model
+    vocab = str(spec.get("vocab", "embedded"))
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok = _tokenizer(vocab, family.version, tmp)
+    eos = [tok.convert_tokens_to_ids(t) for t in spec.get("eos", [tok.eos_token])]
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=int(spec.get("max_positions", 8192)),
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=eos,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.config.agentserve_family = family.ref
+    model.generation_config.eos_token_id = eos
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out

@@ -1,0 +1,72 @@
+"""Build diagnosis inputs the way the service does: render, tokenize (real tokenizer), fingerprint."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from server.cache_diag import CacheState, Prompt, diagnose, fingerprint
+from server.chat.template import render_chat
+from server.families.envelope import load_envelope
+from server.protocol import ChatMessage
+
+ENV = load_envelope("hermes")
+SETTINGS = {"cache_namespace": "", "tool_state_machine": "agent", "envelope": "hermes"}
+
+
+def prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    settings: dict[str, Any] | None = None,
+    model: str = "smollm2-135m-instruct",
+    rendered_messages: list[dict[str, Any]] | None = None,
+    envelope: Any = ENV,
+) -> Prompt:
+    """``rendered_messages``: what the template renders, when it differs from what the client sent."""
+    shown = rendered_messages if rendered_messages is not None else messages
+    rendered = render_chat([ChatMessage.model_validate(m) for m in shown], tools, envelope)
+    enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = array("l", enc["input_ids"])
+    offsets = array("l", (s for s, _ in enc["offset_mapping"]))
+    fp = fingerprint(
+        model=model,
+        settings=settings if settings is not None else SETTINGS,
+        ids=ids,
+        offsets=offsets,
+        rendered=rendered,
+        messages=messages,
+        tools=tools or [],
+    )
+    return Prompt(fp, ids, rendered.text, offsets)
+
+
+def hashed(p: Prompt) -> Prompt:
+    """The same prompt as the per-response store keeps it: fingerprint only."""
+    return Prompt(p.fp)
+
+
+def ideal_cached(prev: Prompt, cur: Prompt, block: int = 32) -> int:
+    """What a cache holding the previous prompt serves for the current one (no eviction)."""
+    lcp = 0
+    a, b = prev.ids or [], cur.ids or []
+    while lcp < min(len(a), len(b)) and a[lcp] == b[lcp]:
+        lcp += 1
+    return (min(lcp, len(b) - 1) // block) * block
+
+
+def run(prev: Prompt, cur: Prompt, cached: int | None = None, block: int = 32, idle: float = 5.0, **kw: Any):
+    """Diagnose ``cur`` against ``prev``; by default the cache served all it held of ``prev``."""
+    if cached is None:
+        cached = ideal_cached(prev, cur, block)
+    return diagnose(prev, cur, CacheState(cached, block, **kw), idle_s=idle)
+
+
+def tool(name: str, desc: str = "") -> dict[str, Any]:
+    fn: dict[str, Any] = {
+        "name": name,
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+    }
+    if desc:
+        fn["description"] = desc
+    return {"type": "function", "function": fn}

@@ -1,0 +1,102 @@
+# ruff: noqa: E501  (templates are written out literally)
+"""model_family: model: the model's own chat template, with our guarantees."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.errors import InvalidRequest
+from server.families.model_template import REWROTE_HISTORY, ModelTemplateRenderer
+from server.families.render import FamilyRenderer
+from server.families.select import select_family
+from server.protocol import ChatMessage
+
+# A small Llama-3.2-style template (written for this test): it reads the clock with
+# strftime_now and writes tools and call arguments with tojson.
+CLOCK = (
+    "{{ bos_token }}{% set d = strftime_now('%d %b %Y') %}<|start_header_id|>system<|end_header_id|>\n\n"
+    "Today Date: {{ d }}\n{% if tools %}{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}<|eot_id|>"
+    "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}{% endfor %}"
+    "{% else %}{{ m.content }}{% endif %}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+# Qwen3-style: the reasoning of earlier assistant turns is dropped once a later user turn exists.
+DROPS_THINKING = (
+    "{% set ns = namespace(last=-1) %}{% for m in messages %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}"
+    "{% endif %}{% endfor %}{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and loop.index0 < ns.last %}{{ m.content.split('</think>')[-1] }}"
+    "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _msgs(*items: dict) -> list[ChatMessage]:
+    return [ChatMessage(**m) for m in items]
+
+
+def test_clock_is_pinned_and_json_is_canonical() -> None:
+    r = ModelTemplateRenderer(CLOCK, {"bos_token": "<s>"}, date="3 Mar 2025")
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "b": 1, "a": 2}}}
+    ]
+    msgs = _msgs(
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": '{"z": 1, "a": 2}'}}],
+        },
+    )
+    out = r.render(msgs, tools)
+    assert "Today Date: 03 Mar 2025" in out.text
+    assert '{"a": 2, "z": 1}' in out.text  # arguments: an object, keys sorted
+    assert json.dumps(tools[0], sort_keys=True) in out.text  # tools: canonical
+    assert (
+        out.text
+        == ModelTemplateRenderer(CLOCK, {"bos_token": "<s>"}, date="3 Mar 2025").render(msgs, tools).text
+    )
+    assert [s.label for s in out.segments] == ["message 0 (user)", "message 1 (assistant)"]
+    assert out.notes == ()
+
+
+def test_a_template_that_rewrites_history_is_detected() -> None:
+    r = ModelTemplateRenderer(DROPS_THINKING)
+    turn1 = _msgs({"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>hm</think>ok"})
+    assert r.render(turn1, None).notes == ()
+    turn2 = _msgs(*[m.model_dump() for m in turn1], {"role": "user", "content": "b"})
+    out = r.render(turn2, None)
+    assert REWROTE_HISTORY in out.notes
+    assert not out.text.startswith(r.render(turn1, None, add_generation_prompt=False).text)
+
+
+def test_template_errors_and_bad_arguments_are_400s() -> None:
+    r = ModelTemplateRenderer("{{ raise_exception('only user/assistant roles') }}")
+    with pytest.raises(InvalidRequest, match="only user/assistant roles"):
+        r.render(_msgs({"role": "user", "content": "x"}), None)
+    bad = _msgs(
+        {"role": "assistant", "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{nope"}}]}
+    )
+    with pytest.raises(InvalidRequest, match="not JSON"):
+        ModelTemplateRenderer(CLOCK).render(bad, None)
+
+
+def test_unknown_model_with_a_template_falls_back_to_it(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    (tmp_path / "chat_template.jinja").write_text(CLOCK)
+    assert select_family("auto", tmp_path, None).family.ref == "model"
+    assert select_family("model", tmp_path, None).family.ref == "model"
+
+
+def test_family_renderer_and_model_template_agree_on_a_chatml_template() -> None:
+    """The model-template path renders a plain ChatML template like the hermes family (no tools)."""
+    chatml = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    msgs = _msgs({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
+    assert (
+        ModelTemplateRenderer(chatml).render(msgs, None).text
+        == FamilyRenderer("hermes").render(msgs, []).text
+    )

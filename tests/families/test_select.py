@@ -1,0 +1,66 @@
+"""Which family a model gets: detection from the model folder, the config override, the errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.families.select import ModelFacts, detect_family, select_family
+from server.families.spec import FamilyError, family_choices, load_family
+
+LLAMA = frozenset(
+    {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|python_tag|>"}
+)
+CHATML = frozenset({"<|im_start|>", "<|im_end|>", "<tool_call>"})
+MISTRAL = frozenset({"[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"})
+
+
+@pytest.mark.parametrize(
+    ("facts", "want"),
+    [
+        (ModelFacts(special_tokens=LLAMA, model_type="llama"), "llama3_json"),
+        (ModelFacts(special_tokens=CHATML, chat_template="{{ '<tool_call>' }}"), "hermes"),
+        (ModelFacts(special_tokens=CHATML, chat_template="<function=x>\n<parameter=k>"), "qwen3_coder"),
+        (ModelFacts(special_tokens=MISTRAL), "mistral:v3"),
+        (ModelFacts(special_tokens=MISTRAL | {"[SYSTEM_PROMPT]"}), "mistral:v7"),
+        (
+            ModelFacts(special_tokens=MISTRAL | {"[ARGS]", "[CALL_ID]"}, chat_template="[CALL_ID]"),
+            "mistral:v11",
+        ),
+        (ModelFacts(special_tokens=MISTRAL | {"[ARGS]", "[CALL_ID]"}), "mistral:v13"),
+        (ModelFacts(special_tokens=MISTRAL, tekken_version="v13"), "mistral:v13"),
+    ],
+)
+def test_detection(facts: ModelFacts, want: str) -> None:
+    found = detect_family(facts)
+    assert found is not None and found.family.ref == want
+
+
+def test_unknown_model_stops_with_the_choices(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(FamilyError) as exc:
+        select_family("auto", tmp_path, None)
+    for choice in ("hermes", "llama3_json", "mistral:v13", "qwen3_coder"):
+        assert choice in str(exc.value)
+
+
+def test_config_override_wins_and_a_bad_one_names_the_choices(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    assert select_family("mistral:v11", tmp_path, None).family.ref == "mistral:v11"
+    with pytest.raises(FamilyError, match="llama3_json"):
+        select_family("llama4", tmp_path, None)
+    with pytest.raises(FamilyError, match="mistral:v13"):
+        load_family("mistral:v99")
+    assert {"hermes", "llama3_json", "mistral", "mistral:v3", "qwen3_coder"} <= set(family_choices())
+
+
+def test_every_family_names_an_envelope_and_test_vocab() -> None:
+    for ref in family_choices():
+        fam = load_family(ref)
+        assert fam.envelope in {
+            "hermes",
+            "llama3_json",
+            "mistral_json_array",
+            "mistral_name_args",
+            "qwen3_coder",
+        }
+        assert fam.test_model.get("vocab") in {"embedded", "llama3", "tekken", "qwen", "mistral_spm"}
