@@ -13,6 +13,10 @@ SmolLM2-135M fp32 decode step on 2 CPU cores is ~60 ms).
 
     python benchmarks/mask_overhead.py                 # CPU
     python benchmarks/mask_overhead.py --device cuda   # GPU logits (apply includes the H2D copy)
+    python benchmarks/mask_overhead.py --family llama3_json   # a family's envelope on its real
+        # vocabulary (hermes, qwen3_coder: Qwen 151k; llama3_json: Llama 3 128k;
+        # mistral_json_array, mistral_name_args: tekken 131k); 30 tools, the call rendered by
+        # the envelope. The xgrammar-alone comparison runs for JSON envelopes with a text name end.
 """
 
 from __future__ import annotations
@@ -38,6 +42,22 @@ from server.masking.trie import NameTrie  # noqa: E402
 
 TOOLS_FILE = ROOT / "tests" / "fixtures" / "prefixed_agent_tools.json"
 CALL = {"name": "browser_open_site", "arguments": {"url": "https://example.org/docs/getting-started"}}
+EXTRA_TOOL = {  # a 30th tool with typed, nested and optional arguments
+    "type": "function",
+    "function": {
+        "name": "config_set",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "opts": {"type": "object", "properties": {"depth": {"type": "integer"}}},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "ratio": {"type": "number"},
+                "force": {"type": "boolean"},
+            },
+            "required": ["force"],
+        },
+    },
+}
 
 
 def load_tokenizer(path: str | None):
@@ -60,13 +80,13 @@ def timed(fn, reps: int) -> float:
     return statistics.median(out) / 1e3
 
 
-def ours(factory, tools, plan, tokens, reps):
+def ours(factory, tools, plan, tokens, reps, eos=(2, 0)):
     """µs per token by phase: fill and accept, replaying ``tokens`` after the prefill."""
     bitmask = xgr.allocate_token_bitmask(1, factory.vocab.vocab_size)
     fill: dict[str, list[float]] = {}
     accept: dict[str, list[float]] = {}
     for _ in range(reps):
-        c = factory.build(tools, plan, (2, 0))
+        c = factory.build(tools, plan, eos)
         for tok in tokens:
             phase = {Phase.CALL: "name", Phase.ARGS: "arguments"}.get(c.phase, c.phase.name.lower())
             t0 = time.perf_counter_ns()
@@ -78,6 +98,16 @@ def ours(factory, tools, plan, tokens, reps):
             fill.setdefault(phase, []).append((t1 - t0) / 1e3)
             accept.setdefault(phase, []).append((t2 - t1) / 1e3)
     return fill, accept
+
+
+def family_tokenizer(envelope: str):
+    """(tokenizer, logits width, EOS ids) of the family's real vocabulary (tests/masking/vocabs.py)."""
+    from tests.masking.conftest import FAMILIES
+    from tests.masking.vocabs import LOGITS_WIDTH, load_vocab_tokenizer
+
+    vocab, eos = FAMILIES[envelope]
+    tok = load_vocab_tokenizer(vocab)
+    return tok, LOGITS_WIDTH[vocab], tuple(tok.convert_tokens_to_ids(t) for t in eos)
 
 
 def whole_call_grammar(factory, tools, envelope):
@@ -114,7 +144,7 @@ def xgrammar_alone(compiled, vocab_size, tokens, n_name, reps):
     return fill, accept
 
 
-def apply_cost(factory, tools, plan, device, batches, reps):
+def apply_cost(factory, tools, plan, device, batches, reps, eos=(2, 0)):
     """µs per step for a batch: (MaskApplier fill + copy + kernel, kernel alone)."""
     from server.masking.hf_processor import MaskApplier
 
@@ -122,7 +152,7 @@ def apply_cost(factory, tools, plan, device, batches, reps):
     out = {}
     for b in batches:
         applier = MaskApplier(v)
-        constraints = [factory.build(tools, plan, (2, 0)) for _ in range(b)]
+        constraints = [factory.build(tools, plan, eos) for _ in range(b)]
         logits = torch.randn(b, v, device=device)
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         bitmask, _ = applier.fill(constraints)
@@ -145,48 +175,64 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the embedded model)")
+    ap.add_argument("--family", default=None, help="an envelope, on its family's real vocabulary")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--decode-step-ms", type=float, default=60.0)
     ap.add_argument("--batches", default="1,8,64")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
-    tok = load_tokenizer(args.tokenizer)
-    envelope = load_envelope("hermes")
     tools = json.loads(TOOLS_FILE.read_text())
+    if args.family:
+        tok, width, eos = family_tokenizer(args.family)
+        envelope = load_envelope(args.family)
+        tools.append(EXTRA_TOOL)
+    else:
+        tok, eos = load_tokenizer(args.tokenizer), (2, 0)
+        width, envelope = len(tok), load_envelope("hermes")
     names = tuple(t["function"]["name"] for t in tools)
     t0 = time.perf_counter()
-    factory = ConstraintFactory(tok, len(tok), envelope)
+    factory = ConstraintFactory(tok, width, envelope)
     factory_ms = (time.perf_counter() - t0) * 1e3
+    m = factory.masks
     builds = []
     for _ in range(5):
         t0 = time.perf_counter()
-        NameTrie(factory.vocab, names, factory.lead, factory.term, factory.close_rest.encode())
+        NameTrie(factory.vocab, names, m.lead, m.term, m.close_rest.encode(), m.term_token)
         builds.append((time.perf_counter() - t0) * 1e3)
     plan = plan_tools(tools, "required", [], False, None, envelope)
     t0 = time.perf_counter()
-    factory.build(tools, plan, (2, 0))  # compiles one grammar per tool (cached afterwards)
+    factory.build(tools, plan, eos)  # compiles one grammar per tool (cached afterwards)
     compile_ms = (time.perf_counter() - t0) * 1e3
 
-    text = envelope.call_start + envelope.name_open + CALL["name"] + envelope.name_close
-    text += json.dumps(CALL["arguments"]) + envelope.call_end
-    all_ids = tok.encode(text)
-    pre = len(tok.encode(plan.prefill))
-    tokens = all_ids[pre:]
-    n_name = len(tok.encode(envelope.call_start + envelope.name_open + CALL["name"] + '",')) - pre
+    arguments = json.dumps(CALL["arguments"])
+    text = envelope.render_calls([(CALL["name"], arguments, "a1B2c3D4e")])
+    head = envelope.opening + CALL["name"] + envelope.name_close
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    tokens = enc(text[len(plan.prefill) :])  # the model writes on from the prefill
+    n_name = len(enc(head[len(plan.prefill) :]))
 
-    f_ours, a_ours = ours(factory, tools, plan, tokens, args.reps)
-    compiled, whole_ms = whole_call_grammar(factory, tools, envelope)
-    f_x, a_x = xgrammar_alone(compiled, len(tok), tokens, n_name, args.reps)
+    f_ours, a_ours = ours(factory, tools, plan, tokens, args.reps, eos)
+    whole = envelope.arguments == "json" and envelope.name_close_token is None and not envelope.calls_close
+    if whole:
+        compiled, whole_ms = whole_call_grammar(factory, tools, envelope)
+        f_x, a_x = xgrammar_alone(compiled, width, tokens, n_name, args.reps)
+    else:
+        whole_ms, f_x, a_x = float("nan"), {}, {}
     batches = [int(b) for b in args.batches.split(",")]
-    applied = apply_cost(factory, tools, plan, args.device, batches, args.reps * 3)
+    applied = apply_cost(factory, tools, plan, args.device, batches, args.reps * 3, eos)
 
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
-    print(f"# Mask overhead ({args.device}; vocab {len(tok)}; {len(tools)} tools; call to {CALL['name']})\n")
-    print(f"- factory (vocab bytes, tag watch): {factory_ms:.0f} ms once per tokenizer")
+    print(
+        f"# Mask overhead ({args.device}; envelope {envelope.name}; vocab {len(tok)} (logits {width}); "
+        f"{len(tools)} tools; call to {CALL['name']})\n"
+    )
+    print(f"- factory (vocab bytes, envelope masks, tag watch): {factory_ms:.0f} ms once per tokenizer")
     print(f"- trie build for {len(names)} names: {med(builds):.2f} ms (median of 5, uncached)")
     print(f"- first build of the constraint (compiles {len(tools)} argument grammars): {compile_ms:.0f} ms")
-    print(f"- xgrammar alone, one grammar for the whole call: compile {whole_ms:.0f} ms\n")
+    if whole:
+        print(f"- xgrammar alone, one grammar for the whole call: compile {whole_ms:.0f} ms")
+    print()
     print("| phase | tokens | ours: fill µs/tok | ours: accept | xgrammar alone: fill | xgr alone: accept |")
     print("|---|---|---|---|---|---|")
     for phase in ("name", "arguments"):

@@ -70,8 +70,10 @@ class RoutingSettings(_Section):
         3.0, gt=0, description="A worker whose GET /health takes longer than this counts as failed."
     )
     health_failures: int = Field(
-        2, ge=1, description="Consecutive failed health checks before a worker is taken out "
-        "(a refused connection on a request takes it out at once)."
+        2,
+        ge=1,
+        description="Consecutive failed health checks before a worker is taken out "
+        "(a refused connection on a request takes it out at once).",
     )
     connect_timeout_s: float = Field(2.0, gt=0, description="Timeout to connect to a worker.")
     read_timeout_s: float = Field(
@@ -98,6 +100,20 @@ class VllmSettings(_Section):
         default_factory=dict,
         description="More vLLM AsyncEngineArgs passed through as is (e.g. quantization, kv_cache_dtype).",
     )
+
+
+class EngineSettings(_Section):
+    """The part of Settings an engine reads (``Settings.engine_settings()``); engines see nothing else."""
+
+    model: str
+    served_model_name: str
+    device: Literal["auto", "cpu", "cuda"]
+    dtype: Literal["auto", "float32", "bfloat16", "float16"]
+    max_model_len: int | None
+    prefill_chunk_tokens: int | None
+    threads: int | None
+    prefix_cache: PrefixCacheSettings
+    vllm: VllmSettings
 
 
 class AuthSettings(_Section):
@@ -181,6 +197,10 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
     log_prompts: bool = Field(False, description="Log prompt and completion text (debug only).")
+
+    def engine_settings(self) -> EngineSettings:
+        """The engine's own section (model, device, dtype, context, prefix cache, vLLM knobs)."""
+        return EngineSettings(**{name: getattr(self, name) for name in EngineSettings.model_fields})
 
     @classmethod
     def settings_customise_sources(

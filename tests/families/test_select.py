@@ -21,7 +21,8 @@ MISTRAL = frozenset({"[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"})
         (ModelFacts(special_tokens=CHATML, chat_template="{{ '<tool_call>' }}"), "hermes"),
         (ModelFacts(special_tokens=CHATML, chat_template="<function=x>\n<parameter=k>"), "qwen3_coder"),
         (ModelFacts(special_tokens=MISTRAL), "mistral:v3"),
-        (ModelFacts(special_tokens=MISTRAL | {"[SYSTEM_PROMPT]"}), "mistral:v7"),
+        (ModelFacts(special_tokens=MISTRAL | {"[SYSTEM_PROMPT]"}), "mistral:v3"),  # Nemo's vocab has it too
+        (ModelFacts(special_tokens=MISTRAL, chat_template="[SYSTEM_PROMPT]{{ m }}"), "mistral:v7"),
         (
             ModelFacts(special_tokens=MISTRAL | {"[ARGS]", "[CALL_ID]"}, chat_template="[CALL_ID]"),
             "mistral:v11",
