@@ -39,14 +39,18 @@ class PrefixCacheSettings(_Section):
 class RoutingSettings(_Section):
     """The router in front of workers (``serve --workers N`` / ``route``); see server/routing/."""
 
-    policy: Literal["prefix_affinity", "affinity", "prefix", "round_robin", "least_loaded"] = Field(
-        "prefix_affinity",
-        description="prefix_affinity = rendezvous order of the prompt prefix (system + tools) in bands, "
-        "each band ordered by the session key, with bounded load; affinity = session key only; "
-        "prefix = prefix only. See server/routing/rendezvous.py.",
+    policy: Literal["affinity", "prefix_affinity", "prefix", "round_robin", "least_loaded"] = Field(
+        "affinity",
+        description="affinity = rendezvous hash of tenant + session key with bounded load; prefix_affinity "
+        "= the prompt prefix's (system + tools) order in bands, each band ordered by the session key; "
+        "prefix = prefix only. See server/routing/rendezvous.py and docs/deploy.md.",
     )
     prefix_spread: int = Field(
-        4, ge=1, description="prefix_affinity: an agent's sessions share out its first k prefix workers."
+        16, ge=1, description="prefix_affinity: an agent's sessions share out its first k prefix workers."
+    )
+    slow_start_s: float = Field(
+        600.0, ge=0, description="After a worker (re)joins, only new sessions go to it for this long "
+        "(established sessions stay where their KV cache is). 0 = off.",
     )
     upstream: Literal["raw", "aiohttp", "httpx"] = Field(
         "raw", description="HTTP client of the proxy hot path (raw = persistent HTTP/1.1 on httptools)."
@@ -55,7 +59,8 @@ class RoutingSettings(_Section):
         10.0, gt=0, description="route --workers-dns: seconds between re-resolving the worker DNS name."
     )
     load_epsilon: float = Field(
-        0.25, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests."
+        1.0, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests "
+        "(a spill re-prefills the session's context elsewhere: see benchmarks/results/fleet_sim.md)."
     )
     load_floor: int = Field(
         4, ge=1, description="Never spill from a worker that would hold at most this many requests in flight."
