@@ -118,8 +118,8 @@ def test_unknown_names_are_400s(server_url):
 def test_state_machine_switches_and_mode_switches_keep_the_cache(server_url):
     key = "mask-state-machine"
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Open example.com please."}]
-    # 1. last message from the user -> reply in text
-    r1 = post(server_url, msgs, prompt_cache_key=key, max_tokens=24)
+    # the opt-in Manus-style machine: 1. last message from the user -> reply in text
+    r1 = post(server_url, msgs, prompt_cache_key=key, tool_state_machine="reply_first", max_tokens=24)
     assert r1["tool_state"] == {"mode": "none", "allowed": [], "state": "reply"}
     assert not r1["choices"][0]["message"].get("tool_calls")
     # 2. after a browser_ call -> browser_* tools or text
@@ -141,7 +141,7 @@ def test_state_machine_switches_and_mode_switches_keep_the_cache(server_url):
         },
         {"role": "tool", "tool_call_id": "c1", "content": "<html>Example Domain</html>"},
     ]
-    r2 = post(server_url, msgs, prompt_cache_key=key)
+    r2 = post(server_url, msgs, prompt_cache_key=key, tool_state_machine="reply_first")
     assert r2["tool_state"]["state"] == "browsing" and r2["tool_state"]["mode"] == "auto"
     assert all(n.startswith("browser_") for n in r2["tool_state"]["allowed"])
     for call in r2["choices"][0]["message"].get("tool_calls") or []:
@@ -163,9 +163,11 @@ def test_state_machine_switches_and_mode_switches_keep_the_cache(server_url):
         },
         {"role": "tool", "tool_call_id": "c2", "content": "README.md setup.py"},
     ]
-    r3 = post(server_url, msgs, prompt_cache_key=key)
+    r3 = post(server_url, msgs, prompt_cache_key=key, tool_state_machine="reply_first")
     assert r3["tool_state"]["state"] == "shell"
-    r4 = post(server_url, msgs, prompt_cache_key=key, tool_choice="required")
+    r4 = post(
+        server_url, msgs, prompt_cache_key=key, tool_state_machine="reply_first", tool_choice="required"
+    )
     assert r4["tool_state"]["state"] is None and r4["tool_state"]["mode"] == "required"
     assert_valid_calls(r4)
     # required prefills after the cached prompt: cached tokens do not drop when the mode changes

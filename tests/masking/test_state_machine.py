@@ -18,13 +18,16 @@ def call(name):
     }
 
 
-def test_agent_machine_over_a_scripted_conversation():
-    machine = load_state_machine("agent")
+@pytest.mark.parametrize("name", ["agent", "reply_first"])
+def test_shipped_machines_over_a_scripted_conversation(name):
+    machine = load_state_machine(name)
+    # the default (agent) answers a new user message as OpenAI "auto" does; reply_first forces text
     names = tuple(t["function"]["name"] for t in load_tools("prefixed_agent_tools.json"))
+    on_user = ("reply", "none", ()) if name == "reply_first" else ("act", "auto", names)
     browser = tuple(n for n in names if n.startswith("browser_"))
     convo = [{"role": "system", "content": "you are an agent"}]
     script = [
-        ({"role": "user", "content": "find the docs"}, "reply", "none", ()),
+        ({"role": "user", "content": "find the docs"}, *on_user),
         ({"role": "assistant", "content": "On it."}, "act", "auto", names),
         (call("browser_open_site"), "browsing", "auto", browser),
         ({"role": "tool", "content": "<html>"}, "browsing", "auto", browser),
@@ -32,11 +35,21 @@ def test_agent_machine_over_a_scripted_conversation():
         ({"role": "tool", "content": "ok"}, "shell", "auto", ("shell_exec",)),
         (call("file_open"), "act", "auto", names),
         ({"role": "tool", "content": "file"}, "act", "auto", names),
-        ({"role": "user", "content": "stop"}, "reply", "none", ()),
+        ({"role": "user", "content": "stop"}, *on_user),
     ]
     for message, state, mode, allowed in script:
         convo.append(message)
         assert tuple(machine.decide(convo, names)) == (state, mode, allowed), message
+
+
+def test_the_default_machine_never_forbids_what_auto_allows_on_a_user_message():
+    """After browser_/shell_ calls, a NEW user message opens every tool again (as tool_choice auto)."""
+    machine = load_state_machine("agent")
+    names = ("browser_x", "shell_y", "file_z")
+    convo = [{"role": "user", "content": "a"}, call("browser_x"), {"role": "tool", "content": "r"}]
+    assert machine.decide(convo, names).state == "browsing"
+    convo.append({"role": "user", "content": "now something else"})
+    assert tuple(machine.decide(convo, names)) == ("act", "auto", names)
 
 
 def test_calls_before_the_last_user_message_do_not_count():

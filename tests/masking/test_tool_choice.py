@@ -121,7 +121,9 @@ def test_state_machine_decides_only_without_tool_choice(hermes):
         "auto",
         ("browser_open", "browser_click", "browser_close"),
     )
-    p = run(None, messages=USER, machine=machine, hermes=hermes)
+    p = run(None, messages=USER, machine=machine, hermes=hermes)  # the default: OpenAI "auto"
+    assert (p.state, p.mode, len(p.allowed), p.prefill) == ("act", "auto", 5, "")
+    p = run(None, messages=USER, machine=load_state_machine("reply_first"), hermes=hermes)  # opt-in
     assert (p.state, p.mode, p.allowed, p.prefill) == ("reply", "none", (), "")
     p = run("required", messages=after_browser, machine=machine, hermes=hermes)
     assert (p.state, p.mode, len(p.allowed)) == (None, "required", 5)  # explicit wins
