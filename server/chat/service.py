@@ -412,7 +412,7 @@ class ChatService:
             choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
             obj = "text_completion"
         else:
-            parser = StreamingToolCallParser(self.envelope)
+            parser = StreamingToolCallParser(self.envelope, getattr(p.constraint, "tools", None))
             parser.feed(p.prefill + out.text)
             parser.finish()
             parsed = parser.result()
@@ -453,7 +453,8 @@ class ChatService:
                 c = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
             return {**base, "choices": [c]}
 
-        parser = StreamingToolCallParser(self.envelope) if chat else None
+        tools = getattr(p.constraint, "tools", None)  # the schemas type Qwen3-Coder's XML values
+        parser = StreamingToolCallParser(self.envelope, tools) if chat else None
         if chat:
             yield chunk({"role": "assistant", "content": ""})
 
@@ -506,7 +507,8 @@ def _cache_tier(engine: Engine) -> str:
 
 def _call_json(p: Prepared, index: int, call: Any) -> dict[str, Any]:
     return {
-        "id": call_id(p.call_id_style or {}, p.request_id, index),
+        # an id the model wrote itself (Mistral v3's envelope) is the call's id: the history renders it back
+        "id": getattr(call, "id", None) or call_id(p.call_id_style or {}, p.request_id, index),
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
