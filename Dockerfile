@@ -42,7 +42,7 @@ COPY pyproject.toml README.md* ./
 COPY server ./server
 COPY grammars ./grammars
 COPY configs ./configs
-RUN pip install --no-cache-dir fastapi uvicorn httpx anyio pydantic pydantic-settings pyyaml prometheus-client \
+RUN pip install --no-cache-dir fastapi uvicorn httpx httptools uvloop anyio pydantic pydantic-settings pyyaml prometheus-client \
  && pip install --no-cache-dir --no-deps .
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \

@@ -125,7 +125,7 @@ def engine_for(
         max_model_len=int(model.config.max_position_embeddings),
         prefill_chunk_tokens=prefill_chunk,
     )
-    return HFEngine(settings, model=model, tokenizer=tokenizer)
+    return HFEngine(settings.engine_settings(), model=model, tokenizer=tokenizer)
 
 
 def _sync(device: torch.device) -> None:

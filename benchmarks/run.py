@@ -436,8 +436,9 @@ def _engine_and_label(args: argparse.Namespace, cache: bool):
     from server.engines.hf import HFEngine
 
     overrides = _server_overrides(args)
-    eng = HFEngine(load_settings(args.config, prefix_cache={"enabled": cache}, **overrides))
-    return eng, f"{eng.model_path.name} on {eng.device}"
+    settings = load_settings(args.config, prefix_cache={"enabled": cache}, **overrides)
+    eng = HFEngine(settings.engine_settings())
+    return eng, f"{settings.model} on {eng.device}"  # (HFEngine has no model_path)
 
 
 def cmd_inproc(args: argparse.Namespace) -> None:

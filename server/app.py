@@ -28,10 +28,10 @@ def build_engine(settings: Settings) -> Engine:
     if settings.engine == "vllm":
         from server.engines.vllm import VllmEngine  # the only module that imports vllm
 
-        return VllmEngine(settings)
+        return VllmEngine(settings.engine_settings())
     from server.engines.hf import HFEngine
 
-    return HFEngine(settings)
+    return HFEngine(settings.engine_settings())
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

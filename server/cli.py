@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                        "re-resolved every routing.dns_interval_s")
     route.add_argument("--policy", choices=["prefix_affinity", "affinity", "prefix", "round_robin",
                                             "least_loaded"],
-                       help="routing policy (default: routing.policy in the config, else prefix_affinity)")
+                       help="routing policy (default: routing.policy in the config, else affinity)")
     route.add_argument("--load-epsilon", type=float, help="affinity: spill above (1+eps) x mean in-flight")
 
     sub.add_parser(

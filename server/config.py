@@ -39,14 +39,18 @@ class PrefixCacheSettings(_Section):
 class RoutingSettings(_Section):
     """The router in front of workers (``serve --workers N`` / ``route``); see server/routing/."""
 
-    policy: Literal["prefix_affinity", "affinity", "prefix", "round_robin", "least_loaded"] = Field(
-        "prefix_affinity",
-        description="prefix_affinity = rendezvous order of the prompt prefix (system + tools) in bands, "
-        "each band ordered by the session key, with bounded load; affinity = session key only; "
-        "prefix = prefix only. See server/routing/rendezvous.py.",
+    policy: Literal["affinity", "prefix_affinity", "prefix", "round_robin", "least_loaded"] = Field(
+        "affinity",
+        description="affinity = rendezvous hash of tenant + session key with bounded load; prefix_affinity "
+        "= the prompt prefix's (system + tools) order in bands, each band ordered by the session key; "
+        "prefix = prefix only. See server/routing/rendezvous.py and docs/deploy.md.",
     )
     prefix_spread: int = Field(
-        4, ge=1, description="prefix_affinity: an agent's sessions share out its first k prefix workers."
+        16, ge=1, description="prefix_affinity: an agent's sessions share out its first k prefix workers."
+    )
+    slow_start_s: float = Field(
+        600.0, ge=0, description="After a worker (re)joins, only new sessions go to it for this long "
+        "(established sessions stay where their KV cache is). 0 = off.",
     )
     upstream: Literal["raw", "aiohttp", "httpx"] = Field(
         "raw", description="HTTP client of the proxy hot path (raw = persistent HTTP/1.1 on httptools)."
@@ -55,7 +59,8 @@ class RoutingSettings(_Section):
         10.0, gt=0, description="route --workers-dns: seconds between re-resolving the worker DNS name."
     )
     load_epsilon: float = Field(
-        0.25, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests."
+        1.0, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests "
+        "(a spill re-prefills the session's context elsewhere: see benchmarks/results/fleet_sim.md)."
     )
     load_floor: int = Field(
         4, ge=1, description="Never spill from a worker that would hold at most this many requests in flight."
@@ -65,8 +70,10 @@ class RoutingSettings(_Section):
         3.0, gt=0, description="A worker whose GET /health takes longer than this counts as failed."
     )
     health_failures: int = Field(
-        2, ge=1, description="Consecutive failed health checks before a worker is taken out "
-        "(a refused connection on a request takes it out at once)."
+        2,
+        ge=1,
+        description="Consecutive failed health checks before a worker is taken out "
+        "(a refused connection on a request takes it out at once).",
     )
     connect_timeout_s: float = Field(2.0, gt=0, description="Timeout to connect to a worker.")
     read_timeout_s: float = Field(
@@ -93,6 +100,20 @@ class VllmSettings(_Section):
         default_factory=dict,
         description="More vLLM AsyncEngineArgs passed through as is (e.g. quantization, kv_cache_dtype).",
     )
+
+
+class EngineSettings(_Section):
+    """The part of Settings an engine reads (``Settings.engine_settings()``); engines see nothing else."""
+
+    model: str
+    served_model_name: str
+    device: Literal["auto", "cpu", "cuda"]
+    dtype: Literal["auto", "float32", "bfloat16", "float16"]
+    max_model_len: int | None
+    prefill_chunk_tokens: int | None
+    threads: int | None
+    prefix_cache: PrefixCacheSettings
+    vllm: VllmSettings
 
 
 class AuthSettings(_Section):
@@ -176,6 +197,10 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
     log_prompts: bool = Field(False, description="Log prompt and completion text (debug only).")
+
+    def engine_settings(self) -> EngineSettings:
+        """The engine's own section (model, device, dtype, context, prefix cache, vLLM knobs)."""
+        return EngineSettings(**{name: getattr(self, name) for name in EngineSettings.model_fields})
 
     @classmethod
     def settings_customise_sources(

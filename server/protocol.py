@@ -1,15 +1,19 @@
-"""Request types: OpenAI Chat Completions / Completions shapes plus our extensions.
+"""Request and response types: OpenAI Chat Completions / Completions shapes plus our extensions.
 
-Unknown top-level fields are ignored (clients send many); wrong types are 400s.
-Extensions: ``tool_state_machine``, ``cache_compare_with``. Responses (with the ``cache`` and ``tool_state``
-extensions) are built in server/chat/service.py.
+Requests: unknown top-level fields are ignored (clients send many); wrong types are 400s.
+``tool_choice`` is parsed into types here, at the edge (``parse_tool_choice``; a malformed
+one is a 400 that lists the accepted forms). Extensions: ``tool_state_machine`` and
+``cache_compare_with`` in requests; ``cache`` and ``tool_state`` in responses (built in
+server/chat/respond.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from server.errors import InvalidRequest
 
 
 class _Loose(BaseModel):
@@ -69,6 +73,84 @@ class ResponseFormat(_Loose):
     json_schema: dict[str, Any] | None = None
 
 
+# --- tool_choice -------------------------------------------------------------------------------
+ToolChoiceMode = Literal["none", "auto", "required"]
+TOOL_CHOICE_FORMS = (
+    '"none", "auto", "required", {"type": "function", "function": {"name": NAME}}, or '
+    '{"type": "allowed_tools", "allowed_tools": {"mode": "auto"|"required", "tools": '
+    '[{"type": "function", "function": {"name": NAME}} or {"type": "function", "function": '
+    '{"name_prefix": PREFIX}}, ...]}}'
+)
+
+
+class FunctionName(_Loose):
+    name: str
+
+
+class NamedToolChoice(_Loose):
+    """``{"type": "function", "function": {"name": X}}``: exactly tool X."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class AllowedToolRef(BaseModel):
+    """An entry of ``allowed_tools.tools``: a tool by name, or (extension) every tool with a prefix.
+
+    Accepted shapes: ``{"type": "function", "function": {"name": X}}``, the Responses API's
+    ``{"type": "function", "name": X}``, and ``{"type": "function", "function": {"name_prefix": P}}``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    name: str | None = None
+    name_prefix: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten(cls, entry: Any) -> Any:
+        fn = entry.get("function", entry) if isinstance(entry, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            return {"name": fn["name"]}
+        if isinstance(fn, dict) and isinstance(fn.get("name_prefix"), str) and fn["name_prefix"]:
+            return {"name_prefix": fn["name_prefix"]}
+        raise ValueError(f"malformed entry in allowed_tools.tools: {entry!r}")
+
+
+class AllowedTools(_Loose):
+    mode: Literal["auto", "required"]
+    tools: list[AllowedToolRef]
+
+
+class AllowedToolsChoice(_Loose):
+    """``{"type": "allowed_tools", "allowed_tools": {"mode": ..., "tools": [...]}}``."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ToolChoice = ToolChoiceMode | NamedToolChoice | AllowedToolsChoice
+
+
+def parse_tool_choice(value: Any) -> ToolChoice | None:
+    """A tool_choice as sent (or already parsed) → its type; InvalidRequest naming the forms."""
+    if value is None or isinstance(value, NamedToolChoice | AllowedToolsChoice):
+        return value
+    if isinstance(value, str) and value in ("none", "auto", "required"):
+        return value  # type: ignore[return-value]
+    if isinstance(value, dict):
+        try:
+            if value.get("type") == "function":
+                return NamedToolChoice.model_validate(value)
+            if value.get("type") == "allowed_tools":
+                return AllowedToolsChoice.model_validate(value)
+        except ValidationError as exc:
+            detail = exc.errors()[0].get("msg", "")
+            raise InvalidRequest(
+                f"malformed tool_choice {value!r} ({detail}): use {TOOL_CHOICE_FORMS}", param="tool_choice"
+            ) from None
+    raise InvalidRequest(f"malformed tool_choice {value!r}: use {TOOL_CHOICE_FORMS}", param="tool_choice")
+
+
 class PromptCacheOptions(_Loose):
     comparison_response_id: str | None = Field(None, max_length=256)
 
@@ -107,12 +189,131 @@ class SamplingFields(_Loose):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     tool_state_machine: str | None = None  # extension: a state machine in grammars/, or "off"
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> ToolChoice | None:
+        return parse_tool_choice(value)  # an InvalidRequest (400, param tool_choice) passes through
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     echo: bool = False
+
+
+# --- responses -----------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CacheInfo(BaseModel):
+    """Extension ``cache``: how much of the prompt came from cache, and why not more.
+
+    After ``session_key_source`` come the cache report's fields (``CacheReport.fields()``:
+    ``diverged_at_token``, ``reason``, ``type``, ``missed_tokens``, ``fix``, …), kept as sent.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    cached_tokens: int
+    prompt_tokens: int
+    session_key_source: str
+
+
+class ToolStateInfo(BaseModel):
+    """Extension ``tool_state``: the tool plan this reply was generated under."""
+
+    mode: str
+    allowed: list[str]
+    state: str | None
+
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class TextChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ToolCallDelta(ToolCallOut):
+    index: int
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)
+    content: str | None = Field(None, exclude_if=lambda v: v is None)
+    tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class _Response(BaseModel):
+    id: str
+    object: str
+    created: int
+    model: str
+    cache: CacheInfo | None = Field(None, exclude_if=lambda v: v is None)
+    tool_state: ToolStateInfo | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class ChatCompletionResponse(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[TextChoice]
+    usage: Usage
+
+
+class ChatCompletionChunk(_Response):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class CompletionChunk(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[TextChoice]
+    usage: Usage | None = Field(None, exclude_if=lambda v: v is None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,13 +45,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@functools.cache
+def worker_settings():
+    """The Settings of the shared test worker (the engine gets only its section of them)."""
+    from server.config import load_settings
+
+    return load_settings(device="cpu")
+
+
 @pytest.fixture(scope="session")
 def hf_engine(embedded_model_dir: Path):
     """One HFEngine on the embedded model, shared by the e2e tests (loads in ~1 s once converted)."""
-    from server.config import load_settings
     from server.engines.hf import HFEngine
 
-    return HFEngine(load_settings(device="cpu"))
+    return HFEngine(worker_settings().engine_settings())
 
 
 @contextmanager
@@ -88,7 +96,7 @@ def server_url(hf_engine):
     """A real uvicorn server on a free loopback port, serving the shared engine."""
     from server.app import build_app
 
-    with running_server(build_app(hf_engine.settings, engine=hf_engine)) as url:
+    with running_server(build_app(worker_settings(), engine=hf_engine)) as url:
         yield url
 
 

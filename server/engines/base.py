@@ -1,8 +1,10 @@
 """The Engine interface: token ids in, a stream of token chunks out, cache hits counted.
 
-An engine owns the model, its tokenizer and its prefix (KV) cache. The chat service
-renders and tokenizes prompts, builds the per-request token constraint, and turns
-token chunks into OpenAI responses; engines know nothing of chat or tools.
+An engine owns the model, its tokenizer, its prefix (KV) cache and its constraint builder.
+The chat service renders and tokenizes prompts, plans tools, and turns token chunks into
+OpenAI responses. Tools cross this seam as data: a ``ToolSpec`` (tools, plan, envelope
+name, backend, EOS ids), never a live constraint; each engine builds the constraint where
+it decodes (``ConstraintBuilder``: in-process for hf, in vLLM's engine core for vllm).
 
 Cancellation: closing the async iterator returned by ``generate`` (``aclose()``, or
 leaving an ``async for`` early) cancels the request and frees its resources.
@@ -14,7 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.masking.interface import TokenConstraint
+from server.masking.builder import ConstraintBuilder
+from server.masking.spec import ToolSpec
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class GenerationRequest:
     request_id: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    constraint: TokenConstraint | None = None
+    tool_spec: ToolSpec | None = None  # None: unconstrained
     cache_salt: str = ""  # namespace of the prefix cache (tenant); "" = shared
 
 
@@ -60,6 +63,8 @@ class Engine(Protocol):
     max_model_len: int
     vocab_size: int  # rows of the logits (may exceed len(tokenizer))
     eos_token_ids: tuple[int, ...]
+    block_size: int  # tokens per prefix-cache block (what cached_tokens is a multiple of)
+    constraints: ConstraintBuilder  # builds (and warms) the constraint of a ToolSpec
 
     async def start(self) -> None: ...
 

@@ -22,11 +22,13 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from server.config import Settings
+from server.config import EngineSettings
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
 from server.engines.prefix_cache import PrefixCache
 from server.engines.sampling import sample_token
-from server.masking.hf_processor import MaskApplier
+from server.masking.bitmask import MaskApplier, model_eos_ids
+from server.masking.builder import ConstraintBuilder
+from server.masking.interface import TokenConstraint
 from server.model_store import resolve_model
 
 log = logging.getLogger(__name__)
@@ -49,12 +51,13 @@ class _Sequence:
     cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
+    constraint: TokenConstraint | None = None  # built from request.tool_spec by the engine
 
     def emit(self, chunk: GenerationChunk) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
 
 
-def _device_and_dtype(settings: Settings) -> tuple[torch.device, torch.dtype]:
+def _device_and_dtype(settings: EngineSettings) -> tuple[torch.device, torch.dtype]:
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device: use --device cpu")
     cuda = settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available())
@@ -99,7 +102,7 @@ class _BlockCutter:
 class HFEngine:
     name = "hf"
 
-    def __init__(self, settings: Settings, model: Any = None, tokenizer: Any = None) -> None:
+    def __init__(self, settings: EngineSettings, model: Any = None, tokenizer: Any = None) -> None:
         """Load ``settings.model``; or wrap an already built ``model`` (random-weight benchmarks)."""
         self.settings = settings
         if model is None:
@@ -122,13 +125,16 @@ class HFEngine:
         model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
-        self.eos_token_ids = self._eos_ids()
+        gen_config = getattr(self.model, "generation_config", None)
+        self.eos_token_ids = model_eos_ids(self.tokenizer, getattr(gen_config, "eos_token_id", None))
+        self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.prefill_chunk = settings.prefill_chunk_tokens or (
             PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK
         )
         self._masks = MaskApplier(self.vocab_size)
         pc = settings.prefix_cache
         self.cache = PrefixCache(pc.block_size, pc.memory_mb * 2**20, enabled=pc.enabled)
+        self.block_size = pc.block_size
         self._inbox: queue.SimpleQueue[_Sequence] = queue.SimpleQueue()
         self._running: list[_Sequence] = []
         self._wake = threading.Event()
@@ -136,23 +142,6 @@ class HFEngine:
         self._thread: threading.Thread | None = None
         self._stats = EngineStats()
         self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
-
-    def _eos_ids(self) -> tuple[int, ...]:
-        ids: list[int] = []
-        names = (
-            (self.tokenizer.eos_token, "<|im_end|>", "<|endoftext|>") if self.tokenizer is not None else ()
-        )
-        for tok in names:
-            if tok is None:
-                continue
-            tid = self.tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id and tid not in ids:
-                ids.append(tid)
-        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        for tid in gen_eos if isinstance(gen_eos, list) else [gen_eos]:
-            if isinstance(tid, int) and tid not in ids:
-                ids.append(tid)
-        return tuple(ids)
 
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
@@ -188,6 +177,8 @@ class HFEngine:
         if self._thread is None:
             await self.start()
         seq = _Sequence(request, asyncio.get_running_loop(), asyncio.Queue())
+        if request.tool_spec is not None:  # cheap: the service built it once at prepare time (caches warm)
+            seq.constraint = self.constraints.build(request.tool_spec)
         if request.sampling.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
         self._inbox.put(seq)
@@ -285,7 +276,7 @@ class HFEngine:
         req = seq.request
         logits = seq.next_logits
         assert logits is not None and seq.kv is not None
-        constraint = req.constraint
+        constraint = seq.constraint
         if constraint is not None:
             logits = self._masks.apply(logits.float().unsqueeze(0).clone(), [constraint])[0]
             if not torch.isfinite(logits).any():

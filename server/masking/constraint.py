@@ -1,4 +1,4 @@
-"""The per-request tool constraint (``server.engines.base.TokenConstraint``) and its factory.
+"""The per-request tool constraint (``server.masking.interface.TokenConstraint``) and its factory.
 
 Request lifecycle: the chat service calls ``plan_tools`` (mode, allowed names, prefill),
 appends the prefill after the assistant header, and asks ``ConstraintFactory.build``
@@ -70,12 +70,9 @@ class ConstraintFactory:
         *,
         any_whitespace: bool = False,
         vocab: TokenVocab | None = None,
-        envelope_ref: str | None = None,
     ) -> None:
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size)
         self.envelope = envelope
-        # how another process (vLLM's engine core) loads the same envelope and backend
-        self.envelope_ref = envelope_ref or envelope.name
         self.backend_name = backend
         self.masks = EnvelopeMasks(self.vocab, envelope, tokenizer)
         self.close_rest = self.masks.close_rest
@@ -116,9 +113,7 @@ class ConstraintFactory:
                     call_id=env.call_id,
                     tails=tails,
                 )
-        constraint = ToolConstraint(self, plan, tries, subset, compiled, eos)
-        constraint.tools = list(tools or [])
-        return constraint
+        return ToolConstraint(self, plan, tries, subset, compiled, eos)
 
     # --- rows (kept here for callers of the factory) ------------------------------------------------
     def eos_row(self, eos: tuple[int, ...]) -> np.ndarray:
@@ -133,7 +128,6 @@ class ToolConstraint:
         self.first_trie, self.next_trie = tries if tries else (None, None)
         self.trie = self.first_trie  # the trie of the call being written (names are the same in both)
         self.eos, self.eos_set = eos, frozenset(eos)
-        self.tools: list[dict] = []  # set by ConstraintFactory.build (for to_extra_args)
         self.error: str | None = None
         self.calls: list[str] = []  # names of the calls written so far
         self.q, self.node, self.tool, self.matcher, self.tail = 0, 0, -1, None, b""
@@ -159,23 +153,6 @@ class ToolConstraint:
         return self.m.first_node(self.trie, prefill.encode())
 
     # --- TokenConstraint -------------------------------------------------------------------------
-    def to_extra_args(self) -> dict[str, Any]:
-        """The JSON-safe spec from which vLLM's processor rebuilds this constraint in its process."""
-        return {
-            "agentserve": {
-                "tools": self.tools,
-                "plan": self.plan.to_dict(),
-                "envelope": self.f.envelope_ref,
-                "backend": self.f.backend_name,
-                "eos_token_ids": list(self.eos),
-            }
-        }
-
-    @property
-    def in_call(self) -> bool:
-        """True while a call is open (its name or arguments being written): a cut here is a cut call."""
-        return self.phase in (Phase.CALL, Phase.ARGS)
-
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
         ph, m = self.phase, self.m
         if ph == Phase.CALL:

@@ -37,17 +37,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from server.errors import InvalidRequest
 from server.families.envelope import Envelope
+from server.protocol import (
+    TOOL_CHOICE_FORMS,
+    AllowedToolRef,
+    AllowedToolsChoice,
+    NamedToolChoice,
+    ToolChoice,
+    parse_tool_choice,
+)
 
 if TYPE_CHECKING:
     from server.masking.state_machine import StateMachine
 
 Mode = Literal["none", "auto", "required"]
-FORMS = (
-    '"none", "auto", "required", {"type": "function", "function": {"name": NAME}}, or '
-    '{"type": "allowed_tools", "allowed_tools": {"mode": "auto"|"required", "tools": '
-    '[{"type": "function", "function": {"name": NAME}} or {"type": "function", "function": '
-    '{"name_prefix": PREFIX}}, ...]}}'
-)
+FORMS = TOOL_CHOICE_FORMS
 
 
 @dataclass(frozen=True)
@@ -100,53 +103,34 @@ def _unknown(what: str, value: str, names: tuple[str, ...]) -> InvalidRequest:
     )
 
 
-def _entry_names(entry: Any, names: tuple[str, ...]) -> set[str]:
-    fn = entry.get("function", entry) if isinstance(entry, dict) else None
-    if not isinstance(fn, dict):
-        raise InvalidRequest(
-            f"malformed entry in allowed_tools.tools: {entry!r}; use {FORMS}", param="tool_choice"
-        )
-    if isinstance(fn.get("name"), str):
-        if fn["name"] not in names:
-            raise _unknown("the tool", fn["name"], names)
-        return {fn["name"]}
-    if isinstance(fn.get("name_prefix"), str) and fn["name_prefix"]:
-        found = {n for n in names if n.startswith(fn["name_prefix"])}
-        if not found:
-            raise _unknown("the prefix", fn["name_prefix"], names)
-        return found
-    raise InvalidRequest(
-        f"malformed entry in allowed_tools.tools: {entry!r}; use {FORMS}", param="tool_choice"
-    )
+def _entry_names(entry: AllowedToolRef, names: tuple[str, ...]) -> set[str]:
+    if entry.name is not None:
+        if entry.name not in names:
+            raise _unknown("the tool", entry.name, names)
+        return {entry.name}
+    prefix = entry.name_prefix or ""
+    found = {n for n in names if n.startswith(prefix)}
+    if not found:
+        raise _unknown("the prefix", prefix, names)
+    return found
 
 
-def _explicit(choice: Any, names: tuple[str, ...]) -> tuple[Mode, tuple[str, ...]]:
-    if choice in ("none", "auto", "required"):
-        if choice == "required" and not names:
-            raise InvalidRequest(
-                'tool_choice "required" needs at least one tool in tools', param="tool_choice"
-            )
-        return choice, names if choice != "none" else ()
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        fn = choice.get("function")
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            if fn["name"] not in names:
-                raise _unknown("the tool", fn["name"], names)
-            return "required", (fn["name"],)
-    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        spec = choice.get("allowed_tools")
-        if (
-            isinstance(spec, dict)
-            and spec.get("mode") in ("auto", "required")
-            and isinstance(spec.get("tools"), list)
-        ):
-            chosen: set[str] = set()
-            for entry in spec["tools"]:
-                chosen |= _entry_names(entry, names)
-            if not chosen and spec["mode"] == "required":
-                raise InvalidRequest("allowed_tools.tools is empty but mode is required", param="tool_choice")
-            return spec["mode"], tuple(n for n in names if n in chosen)
-    raise InvalidRequest(f"malformed tool_choice {choice!r}: use {FORMS}", param="tool_choice")
+def _explicit(choice: ToolChoice, names: tuple[str, ...]) -> tuple[Mode, tuple[str, ...]]:
+    if isinstance(choice, NamedToolChoice):
+        if choice.function.name not in names:
+            raise _unknown("the tool", choice.function.name, names)
+        return "required", (choice.function.name,)
+    if isinstance(choice, AllowedToolsChoice):
+        spec = choice.allowed_tools
+        chosen: set[str] = set()
+        for entry in spec.tools:
+            chosen |= _entry_names(entry, names)
+        if not chosen and spec.mode == "required":
+            raise InvalidRequest("allowed_tools.tools is empty but mode is required", param="tool_choice")
+        return spec.mode, tuple(n for n in names if n in chosen)
+    if choice == "required" and not names:
+        raise InvalidRequest('tool_choice "required" needs at least one tool in tools', param="tool_choice")
+    return choice, names if choice != "none" else ()
 
 
 def _char_class(c: str) -> int:
@@ -175,7 +159,7 @@ def clean_name_prefix(allowed: tuple[str, ...] | list[str], name_close: str) -> 
 
 def plan_tools(
     tools: list[dict] | None,
-    tool_choice: str | dict | None,
+    tool_choice: ToolChoice | str | dict[str, Any] | None,
     messages: list[dict],
     parallel_tool_calls: bool,
     machine: StateMachine | None,
@@ -183,12 +167,13 @@ def plan_tools(
 ) -> ToolPlan:
     names = tool_names(tools)
     state = None
-    if tool_choice is not None:
-        if not names and tool_choice not in ("none", "auto"):
+    choice = parse_tool_choice(tool_choice)  # already typed when it came through the API
+    if choice is not None:
+        if not names and choice not in ("none", "auto"):
             raise InvalidRequest(
                 f"tool_choice {tool_choice!r} needs tools, but tools is empty", param="tool_choice"
             )
-        mode, allowed = _explicit(tool_choice, names)
+        mode, allowed = _explicit(choice, names)
     elif machine is not None and names:
         state, mode, allowed = machine.decide(messages, names)
         allowed = tuple(n for n in names if n in set(allowed))

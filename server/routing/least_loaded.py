@@ -29,6 +29,7 @@ class LeastLoadedPolicy:
         key: str,
         workers: Sequence[WorkerLoad],
         prefix: str | None = None,
+        new_session: bool = True,
     ) -> Selection | None:
         n = len(workers)
         healthy = [i for i, w in enumerate(workers) if w.healthy]

@@ -27,6 +27,7 @@ class WorkerLoad:
     id: str
     healthy: bool
     in_flight: int
+    warming: bool = False  # (re)joined less than routing.slow_start_s ago: takes new sessions only
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,11 @@ class RoutingPolicy(Protocol):
         key: str,
         workers: Sequence[WorkerLoad],
         prefix: str | None = None,
+        new_session: bool = True,
     ) -> Selection | None:
         """The selection for session ``key`` (``prefix``: its prefix hash, for policies that
-        place by it); None when no worker is healthy."""
+        place by it; ``new_session``: the request is a session's first turn, which may go to a
+        warming worker); None when no worker is healthy."""
         ...
 
 

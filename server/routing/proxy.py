@@ -80,6 +80,7 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
         await send_json(send, exc.status, exc.body())
         return
     key = prefix = None
+    new_session = is_first_turn(body)
     if scope["method"] == "POST":
         key, prefix = route_keys(body, headers, router.policy_uses_prefix)
         key = namespaced_session(tenant, key)
@@ -89,7 +90,9 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
     target = scope.get("raw_path") or scope["path"].encode()
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
-    call = ProxyCall(router, scope["method"], target.decode("latin-1"), out, body, key, prefix, t0)
+    call = ProxyCall(
+        router, scope["method"], target.decode("latin-1"), out, body, key, prefix, t0, new_session
+    )
     await call(receive, send)
 
 
@@ -110,6 +113,12 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         if not message.get("more_body", False):
             break
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def is_first_turn(body: bytes) -> bool:
+    """A chat request with no assistant message yet: a session's first turn (slow start lets only
+    these onto a warming worker). Conservative: the bytes '"assistant"' anywhere mean no."""
+    return b'"messages"' in body and b'"assistant"' not in body
 
 
 def route_keys(body: bytes, headers: dict[str, str], with_prefix: bool) -> tuple[str, str | None]:
@@ -142,9 +151,11 @@ class ProxyCall:
         key: str | None,
         prefix: str | None,
         t0: float,
+        new_session: bool = True,
     ) -> None:
         self.router, self.method, self.target, self.headers = router, method, target, headers
         self.body, self.key, self.prefix, self.t0 = body, key, prefix, t0
+        self.new_session = new_session
 
     async def __call__(self, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -179,7 +190,7 @@ class ProxyCall:
     async def _run(self, send: Send) -> None:
         m = self.router.metrics
         try:
-            order, outcome = self.router.plan(self.key, self.prefix)
+            order, outcome = self.router.plan(self.key, self.prefix, self.new_session)
         except UpstreamUnavailable as exc:
             m.upstream_errors.labels("none", "no_worker").inc()
             await send_json(send, exc.status, exc.body())

@@ -32,7 +32,11 @@ Bounded load (Mirrokni et al., "Consistent Hashing with Bounded Loads")
 Workers joining / leaving
   A worker that leaves drops out of every order: keys (prefixes, sessions) whose home it
   was move to their next worker; nobody else moves. A worker that joins takes the rank its
-  score gives it in every order: it becomes the home of ~1/n of the keys. For prefix_affinity
+  score gives it in every order: it becomes the home of ~1/n of the keys. Slow start: for
+  ``slow_start_s`` after a worker (re)joins, only sessions' first turns may go to it
+  (``new_session``: the body has no assistant message yet); established sessions skip it
+  and stay where their context is, so a join (or a recovery with an empty cache) moves no
+  live session, only those still running when the slow start ends. For prefix_affinity
   a join or leave shifts the band boundaries of the prefixes that rank it inside their first
   bands, so a few of those sessions change band (and move); sessions of other prefixes stay.
 
@@ -62,7 +66,7 @@ def rendezvous_order(key: str, worker_ids: Sequence[str]) -> list[int]:
     return list(_order(key, tuple(worker_ids)))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=16384)
 def _order(key: str, worker_ids: tuple[str, ...]) -> tuple[int, ...]:
     scores = [score(key, wid) for wid in worker_ids]
     return tuple(sorted(range(len(worker_ids)), key=lambda i: (-scores[i], worker_ids[i])))
@@ -71,14 +75,19 @@ def _order(key: str, worker_ids: tuple[str, ...]) -> tuple[int, ...]:
 def banded_order(prefix: str, key: str, worker_ids: Sequence[str], spread: int) -> list[int]:
     """O(P, S): the prefix's order in bands of spread, 2*spread, 4*spread, ... workers, each band
     re-sorted by the session key's scores (see the header)."""
-    ranked = _order(prefix, tuple(worker_ids))
+    return list(_banded(prefix, key, tuple(worker_ids), spread))
+
+
+@lru_cache(maxsize=16384)
+def _banded(prefix: str, key: str, worker_ids: tuple[str, ...], spread: int) -> tuple[int, ...]:
+    ranked = _order(prefix, worker_ids)
     out: list[int] = []
     start, size = 0, spread
     while start < len(ranked):
         band = ranked[start : start + size]
         out += sorted(band, key=lambda i: (-score(key, worker_ids[i]), worker_ids[i]))
         start, size = start + size, size * 2
-    return out
+    return tuple(out)
 
 
 def load_cap(in_flight: Sequence[int], epsilon: float, floor: int = 1) -> int:
@@ -89,10 +98,13 @@ def load_cap(in_flight: Sequence[int], epsilon: float, floor: int = 1) -> int:
 
 
 def bounded_pick(
-    ranked: Sequence[int], workers: Sequence[WorkerLoad], epsilon: float, floor: int
+    ranked: Sequence[int], workers: Sequence[WorkerLoad], epsilon: float, floor: int, new_session: bool = True
 ) -> Selection | None:
-    """Walk ``ranked`` (an order over every worker) under the load bound."""
+    """Walk ``ranked`` (an order over every worker) under the load bound; a session past its first
+    turn skips warming workers (slow start), unless no other worker is healthy."""
     healthy = [i for i in ranked if workers[i].healthy]
+    if not new_session:
+        healthy = [i for i in healthy if not workers[i].warming] or healthy
     if not healthy:
         return None
     cap = load_cap([workers[i].in_flight for i in healthy], epsilon, floor)
@@ -125,9 +137,10 @@ class RendezvousPolicy:
         key: str,
         workers: Sequence[WorkerLoad],
         prefix: str | None = None,
+        new_session: bool = True,
     ) -> Selection | None:
         ranked = self.order(key, prefix, [w.id for w in workers])
-        return bounded_pick(ranked, workers, self.load_epsilon, self.load_floor)
+        return bounded_pick(ranked, workers, self.load_epsilon, self.load_floor, new_session)
 
 
 class PrefixPolicy(RendezvousPolicy):
@@ -153,7 +166,7 @@ class PrefixAffinityPolicy(RendezvousPolicy):
     def order(self, key: str, prefix: str | None, worker_ids: Sequence[str]) -> Sequence[int]:
         if prefix is None:
             return _order(key, tuple(worker_ids))
-        return banded_order(prefix, key, worker_ids, self.spread)
+        return _banded(prefix, key, tuple(worker_ids), self.spread)
 
 
 @register_policy("affinity")

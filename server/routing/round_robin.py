@@ -29,6 +29,7 @@ class RoundRobinPolicy:
         key: str,
         workers: Sequence[WorkerLoad],
         prefix: str | None = None,
+        new_session: bool = True,
     ) -> Selection | None:
         healthy = [i for i, w in enumerate(workers) if w.healthy]
         if not healthy:

@@ -62,14 +62,19 @@ class Router:
         await self.pool.close()
         await self.upstream.close()
 
-    def plan(self, key: str | None, prefix: str | None = None) -> tuple[list[Worker], Outcome | None]:
+    def plan(
+        self,
+        key: str | None,
+        prefix: str | None = None,
+        new_session: bool = True,
+    ) -> tuple[list[Worker], Outcome | None]:
         """Workers to try, in order, for a session key (None: any worker, least loaded first)."""
         workers = self.pool.workers
         if key is None:
             order = sorted((w for w in workers if w.healthy), key=lambda w: w.in_flight)
             outcome = None
         else:
-            sel = self.policy.select_worker(key, self.pool.loads(), prefix)
+            sel = self.policy.select_worker(key, self.pool.loads(), prefix, new_session)
             order = [workers[i] for i in sel.order] if sel else []
             outcome = sel.outcome if sel else None
         if not order:

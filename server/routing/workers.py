@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,9 +55,10 @@ class Worker:
     in_flight: int = 0
     failures: int = 0
     last_error: str | None = None
+    healthy_since: float = float("-inf")  # monotonic time it last came into rotation
 
-    def load(self) -> WorkerLoad:
-        return WorkerLoad(self.id, self.healthy, self.in_flight)
+    def load(self, warm_after: float) -> WorkerLoad:
+        return WorkerLoad(self.id, self.healthy, self.in_flight, self.healthy_since > warm_after)
 
     def info(self) -> dict[str, object]:
         return {
@@ -74,6 +76,7 @@ class WorkerPool:
         self.settings = settings
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
+        self._started = False  # workers healthy at the first check are warm (a router restart)
 
     def set_specs(self, specs: Sequence[WorkerSpec]) -> tuple[list[str], list[str]]:
         """Replace the worker list (DNS discovery); workers that stay keep their state.
@@ -86,7 +89,8 @@ class WorkerPool:
         return added, removed
 
     def loads(self) -> list[WorkerLoad]:
-        return [w.load() for w in self.workers]
+        warm_after = time.monotonic() - self.settings.slow_start_s
+        return [w.load(warm_after) for w in self.workers]
 
     def healthy_count(self) -> int:
         return sum(w.healthy for w in self.workers)
@@ -102,6 +106,7 @@ class WorkerPool:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.settings.health_timeout_s, trust_env=False)
         await self.check_all()
+        self._started = True
         self._task = asyncio.create_task(self._loop(), name="agentserve-health")
 
     async def close(self) -> None:
@@ -130,10 +135,17 @@ class WorkerPool:
             ok, why = resp.status_code == 200, f"GET /health returned {resp.status_code}"
         except httpx.HTTPError as exc:
             ok, why = False, f"GET /health failed: {type(exc).__name__} {exc}".strip()
+        self._mark(worker, ok, why)
+        return ok
+
+    def _mark(self, worker: Worker, ok: bool, why: str) -> None:
+        """Record one health check: in after one success (warming when that is after the start:
+        slow start), out after ``health_failures`` failures in a row."""
         if ok:
             worker.failures = 0
             if not worker.healthy:
                 worker.healthy, worker.last_error = True, None
+                worker.healthy_since = time.monotonic() if self._started else float("-inf")
                 log.info("worker %s (%s) is healthy", worker.id, worker.url)
         else:
             worker.failures += 1
@@ -141,7 +153,6 @@ class WorkerPool:
             if worker.healthy and worker.failures >= self.settings.health_failures:
                 worker.healthy = False
                 log.warning("worker %s (%s) taken out: %s", worker.id, worker.url, why)
-        return ok
 
     def mark_down(self, worker: Worker, reason: str) -> None:
         """Take a worker out now (a request could not connect); health checks bring it back."""

@@ -6,6 +6,8 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import worker_settings
+
 pytestmark = pytest.mark.e2e
 
 MODEL = "smollm2-135m-instruct"
@@ -164,7 +166,7 @@ def test_worker_session_key_is_the_routers(hf_engine):
             }
         ],
     }
-    service = ChatService(hf_engine, hf_engine.settings, Metrics())
+    service = ChatService(hf_engine, worker_settings(), Metrics())
     prepared = service.prepare_chat(ChatCompletionRequest(**raw), {}, raw_body=raw)
     assert prepared.session == session_key(raw, {})  # what server/routing computes for this body
     assert prepared.session.source == "prefix_hash"

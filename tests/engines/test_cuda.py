@@ -74,7 +74,8 @@ def cuda_engine(random_model_dir):
     from server.config import load_settings
     from server.engines.hf import HFEngine
 
-    return HFEngine(load_settings(model=str(random_model_dir), device="cuda", dtype="float32"))
+    settings = load_settings(model=str(random_model_dir), device="cuda", dtype="float32")
+    return HFEngine(settings.engine_settings())
 
 
 def test_cached_logits_equal_scratch_on_cuda(cuda_engine):
@@ -97,11 +98,10 @@ def test_masked_tool_call_on_cuda(cuda_engine):
     from server.chat.toolcalls import parse_tool_calls
     from server.engines.base import GenerationRequest, SamplingParams
     from server.families.envelope import load_envelope
-    from server.masking.constraint import ConstraintFactory
+    from server.masking.spec import ToolSpec
     from server.masking.tool_choice import plan_tools
 
     env = load_envelope("hermes")
-    factory = ConstraintFactory(cuda_engine.tokenizer, cuda_engine.vocab_size, env)
     choice = {
         "type": "allowed_tools",
         "allowed_tools": {
@@ -115,10 +115,10 @@ def test_masked_tool_call_on_cuda(cuda_engine):
 
     async def one(seed: int) -> str:
         plan = plan_tools(TOOLS, choice, [{"role": "user", "content": "x"}], False, None, env)
-        constraint = factory.build(TOOLS, plan, cuda_engine.eos_token_ids)
+        spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", cuda_engine.eos_token_ids)
         prefill = cuda_engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"]
         req = GenerationRequest(
-            f"cuda-{seed}", prompt + prefill, SamplingParams(64, 1.0, seed=seed), constraint
+            f"cuda-{seed}", prompt + prefill, SamplingParams(64, 1.0, seed=seed), spec
         )
         ids = []
         async for chunk in cuda_engine.generate(req):

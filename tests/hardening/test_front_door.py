@@ -12,7 +12,7 @@ import pytest
 
 from server.app import build_app
 from server.config import AuthSettings, LimitsSettings
-from tests.conftest import running_server
+from tests.conftest import running_server, worker_settings
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"
@@ -20,7 +20,7 @@ KEYS = {"team-a": "sk-a-123", "team-b": "sk-b-456"}
 
 
 def app_with(hf_engine, **update):
-    return build_app(hf_engine.settings.model_copy(update=update), engine=hf_engine)
+    return build_app(worker_settings().model_copy(update=update), engine=hf_engine)
 
 
 def chat(url, key=None, timeout=120, **body):

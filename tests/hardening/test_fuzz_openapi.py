@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 from server.app import build_app  # noqa: E402
 from server.config import load_settings  # noqa: E402
+from tests.conftest import worker_settings  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -21,7 +22,7 @@ def fuzz_app(hf_engine):
     """An app on the session's shared engine; TestClient runs its lifespan (service wiring)."""
     from fastapi.testclient import TestClient
 
-    app = build_app(hf_engine.settings.model_copy(update={"default_max_tokens": 2}), engine=hf_engine)
+    app = build_app(worker_settings().model_copy(update={"default_max_tokens": 2}), engine=hf_engine)
     with TestClient(app):
         yield app
 

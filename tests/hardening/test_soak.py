@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from server.app import build_app
-from tests.conftest import running_server
+from tests.conftest import running_server, worker_settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SESSIONS = int(os.environ.get("AGENTSERVE_SOAK_SESSIONS", "32"))
@@ -35,7 +35,7 @@ async def session(client: httpx.AsyncClient, url: str, i: int, results: list, rs
 
 @pytest.mark.timeout(900)
 def test_soak(hf_engine):
-    with running_server(build_app(hf_engine.settings, engine=hf_engine)) as url:
+    with running_server(build_app(worker_settings(), engine=hf_engine)) as url:
         results: list = []
         rss: list[int] = []
 

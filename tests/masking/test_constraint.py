@@ -183,28 +183,3 @@ def test_grammars_are_compiled_once(factory, swe_tools, hermes):
     assert factory.trie(tuple(t["function"]["name"] for t in swe_tools)) is factory.trie(
         tuple(t["function"]["name"] for t in swe_tools)
     )
-
-
-def test_to_extra_args_round_trips_through_json(tokenizer):
-    """vLLM's engine core rebuilds the constraint from this spec: it must be JSON and complete."""
-    import json as _json
-
-    from server.families.envelope import load_envelope
-    from server.masking.constraint import ConstraintFactory
-    from server.masking.tool_choice import ToolPlan, plan_tools
-
-    env = load_envelope("hermes")
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "shell_exec",
-                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
-            },
-        }
-    ]
-    plan = plan_tools(tools, "required", [{"role": "user", "content": "x"}], False, None, env)
-    factory = ConstraintFactory(tokenizer, len(tokenizer), env)
-    spec = _json.loads(_json.dumps(factory.build(tools, plan, (2,)).to_extra_args()))["agentserve"]
-    assert spec["tools"] == tools and spec["envelope"] == "hermes" and spec["backend"] == "xgrammar"
-    assert ToolPlan.from_dict(spec["plan"]) == plan and spec["eos_token_ids"] == [2]

@@ -43,7 +43,7 @@ def test_route_flags_merge_with_the_yaml_routing_section(tmp_path, monkeypatch):
     assert got["workers"] == ["http://127.0.0.1:1", "b=http://127.0.0.1:2"]
     assert cli.main([*argv, "--load-epsilon", "0.1"]) == 0
     r = got["settings"].routing
-    assert (r.policy, r.load_epsilon, r.health_interval_s) == ("prefix_affinity", 0.1, 3.0)
+    assert (r.policy, r.load_epsilon, r.health_interval_s) == ("affinity", 0.1, 3.0)
 
 
 def test_route_rejects_a_bad_worker_url(capsys):

@@ -291,3 +291,66 @@ def test_prefix_policy_sends_every_session_of_an_agent_to_one_worker():
         }
     # no prefix given: it falls back to the key
     assert policy.select_worker("k", fleet()).worker == rendezvous_order("k", FLEET)[0]
+
+
+@pytest.mark.parametrize("policy", [RendezvousPolicy(), PrefixAffinityPolicy(spread=4)], ids=lambda p: p.name)
+def test_slow_start_sends_only_first_turns_to_a_warming_worker(policy):
+    warming = 3
+    joined = [WorkerLoad(w, True, 0, i == warming) for i, w in enumerate(FLEET)]
+    without = [w for w in fleet() if w.id != FLEET[warming]]
+    homed_there = 0
+    for prefix in AGENTS[:5]:
+        for s in range(60):
+            key = f"s{s}"
+            full_home = policy.select_worker(key, fleet(), prefix).worker
+            first = policy.select_worker(key, joined, prefix, new_session=True).worker
+            later = policy.select_worker(key, joined, prefix, new_session=False).worker
+            assert first == full_home  # new sessions: the worker counts as a full member
+            # established sessions: as if it were still down (for affinity: exactly where they
+            # were before it joined; prefix_affinity's bands may shift by one worker)
+            assert later == policy.select_worker(key, fleet(down=(warming,)), prefix).worker
+            if policy.name == "affinity":
+                assert FLEET[later] == without[policy.select_worker(key, without, prefix).worker].id
+            homed_there += full_home == warming
+    assert homed_there > 0
+    # only warming workers healthy: established sessions are still served
+    all_warming = [WorkerLoad(w, True, 0, True) for w in FLEET]
+    assert policy.select_worker("k", all_warming, AGENTS[0], new_session=False) is not None
+
+
+def test_first_turn_detection_is_conservative():
+    from server.routing.proxy import is_first_turn
+
+    assert is_first_turn(
+        json.dumps(
+            {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "go"}]}
+        ).encode()
+    )
+    assert not is_first_turn(
+        json.dumps(
+            {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"}]}
+        ).encode()
+    )
+    assert not is_first_turn(b'{"prompt": "hello"}')  # completions: no turns to tell
+    # the word inside a message's text is JSON-escaped, so it does not count
+    assert is_first_turn(json.dumps({"messages": [{"role": "user", "content": 'say "assistant"'}]}).encode())
+
+
+def test_pool_marks_workers_that_come_back_after_start_as_warming():
+    from server.routing.workers import WorkerPool, WorkerSpec
+
+    pool = WorkerPool(
+        [WorkerSpec("a", "http://127.0.0.1:9"), WorkerSpec("b", "http://127.0.0.1:9")],
+        RoutingSettings(slow_start_s=60, health_failures=1),
+    )
+
+    for w in pool.workers:  # the first round of checks, at start: warm
+        pool._mark(w, True, "")
+    pool._started = True
+    assert not any(x.warming for x in pool.loads())
+    pool._mark(pool.workers[1], False, "down")
+    assert [x.healthy for x in pool.loads()] == [True, False]
+    pool._mark(pool.workers[1], True, "")  # back after start: warming, for slow_start_s
+    assert [x.warming for x in pool.loads()] == [False, True]
+    pool.settings = RoutingSettings(slow_start_s=0)
+    assert not any(x.warming for x in pool.loads())

@@ -377,7 +377,7 @@ def test_workers_and_metrics_endpoints(workers, make_router):
     for s in range(5):
         post(r, chat(f"m-{s}"))
     info = httpx.get(r.url + "/workers", timeout=5).json()
-    assert info["policy"] == "prefix_affinity"
+    assert info["policy"] == "affinity"
     assert [(w["id"], w["url"], w["healthy"], w["in_flight"]) for w in info["workers"]] == [
         (w.id, w.url, True, 0) for w in workers
     ]

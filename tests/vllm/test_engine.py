@@ -67,7 +67,7 @@ def engine(loop, embedded_model_dir):
 
     model = str(embedded_model_dir)
     settings = load_settings(None, engine="vllm", model=model, vllm={"kv_cache_space_gib": 1})
-    eng = VllmEngine(settings)
+    eng = VllmEngine(settings.engine_settings())
     t0 = time.perf_counter()
     loop.run(eng.start())
     MEASURED["engine_start_s"] = round(time.perf_counter() - t0, 1)

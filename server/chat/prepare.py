@@ -1,0 +1,294 @@
+"""Preparing a request (CPU work, raises the 400s): validate, render + tokenize, plan tools, session key.
+
+The result, ``Prepared``, is everything the generate and respond steps need; nothing
+here touches the engine's decode loop. Tools are planned (``plan_tools``) and the
+engine's constraint builder builds the request's ``ToolSpec`` once, which compiles (and
+caches) the name trie and argument grammars: a bad tool choice or an unenforceable
+schema is a 400 here, before the request waits for a decode slot.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from server.auth import cache_salt, namespaced_session
+from server.cache_diag import Prompt, fingerprint
+from server.chat.template import render_chat
+from server.config import Settings
+from server.engines.base import Engine, SamplingParams
+from server.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from server.families.envelope import load_envelope
+from server.families.rendered import RenderedPrompt, Segment
+from server.masking.spec import ToolSpec
+from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
+from server.masking.tool_choice import ToolPlan, plan_tools
+from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.session_key import SessionKey, canonical_json, session_key
+
+
+@dataclass
+class Prepared:
+    kind: str  # "chat" | "text"
+    request_id: str
+    created: int
+    prompt_ids: list[int]
+    session_prompt: Prompt
+    session: SessionKey
+    sampling: SamplingParams
+    stops: list[str]
+    stream: bool
+    include_usage: bool
+    prefill: str = ""
+    plan: ToolPlan | None = None
+    tool_spec: ToolSpec | None = None
+    cache_salt: str = ""
+    call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
+    compare_with: str | None = None  # a response id to diagnose the cache against
+    tenant: str = ""
+
+
+class Preparer:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        renderer: Any,
+        envelope: str,
+        call_id_style: Mapping[str, Any] | None = None,
+        family_ref: str = "",
+    ) -> None:
+        """``renderer``: the family's prompt renderer; ``envelope``: the name of its call envelope."""
+        self.engine = engine
+        self.settings = settings
+        self.renderer = renderer
+        self.envelope_name = envelope
+        self.envelope = load_envelope(envelope)
+        self.call_id_style = call_id_style
+        self.family_ref = family_ref
+        self.default_machine = (
+            load_state_machine(settings.tool_state_machine) if settings.tool_state_machine else None
+        )
+        # the vocabulary and the configured envelope's factory now, not on the first tool request
+        engine.constraints.factory(envelope, settings.grammar_backend)
+
+    # -- checks ---------------------------------------------------------------------------------
+    def _check_common(self, req: SamplingFields) -> None:
+        if req.model != self.settings.served_model_name:
+            raise ModelNotFound(
+                f"model {req.model!r} is not served here: use {self.settings.served_model_name!r} "
+                f"(GET /v1/models lists it)",
+                param="model",
+            )
+        if req.n != 1:
+            raise InvalidRequest(f"n={req.n} is not supported: only n=1; send separate requests", param="n")
+
+    def _tokenize(self, rendered: RenderedPrompt) -> tuple[list[int], array]:
+        enc = self.engine.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), array("l", (s for s, _ in enc["offset_mapping"]))
+
+    def _sampling(self, req: SamplingFields, prompt_len: int) -> SamplingParams:
+        room = self.engine.max_model_len - prompt_len
+        if room < 1:
+            raise ContextLengthExceeded(
+                f"the prompt is {prompt_len} tokens but the context window is {self.engine.max_model_len}: "
+                f"shorten the conversation (nothing was truncated)",
+                param="messages",
+            )
+        asked = req.requested_max_tokens()
+        cap = self.settings.limits.max_tokens
+        if asked is not None and cap is not None and asked > cap:
+            raise InvalidRequest(
+                f"max_tokens={asked} is over this server's limit of {cap} (limits.max_tokens): ask for fewer",
+                param="max_tokens",
+            )
+        if asked is not None and asked > room:
+            raise ContextLengthExceeded(
+                f"prompt ({prompt_len} tokens) + max_tokens ({asked}) exceeds the context window "
+                f"({self.engine.max_model_len}): lower max_tokens to at most {room} or shorten the prompt",
+                param="max_tokens",
+            )
+        max_tokens = asked if asked is not None else min(self.settings.default_max_tokens, room)
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
+        )
+
+    def _prompt(
+        self,
+        req: SamplingFields,
+        tenant: str,
+        ids: list[int],
+        offsets: array,
+        rendered: RenderedPrompt,
+        messages: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Prompt:
+        """The prompt as the cache report keeps it (fingerprint + ids/text for the session baseline)."""
+        settings = {
+            "cache_namespace": cache_salt(tenant, self.settings.auth),
+            "family": self.family_ref,
+            "envelope": self.envelope_name,
+            "tool_state_machine": getattr(req, "tool_state_machine", None)
+            or self.settings.tool_state_machine,
+        }
+        fp = fingerprint(
+            model=self.settings.served_model_name,
+            settings=settings,
+            ids=ids,
+            offsets=offsets,
+            rendered=rendered,
+            messages=messages,
+            tools=tools,
+        )
+        return Prompt(fp, array("l", ids), rendered.text, offsets)
+
+    def _check_tools(self, tools: list[dict[str, Any]]) -> None:
+        """Size limits; names (missing, malformed, duplicate) are checked by ``tool_names`` in plan_tools."""
+        limits = self.settings.limits
+        if len(tools) > limits.max_tools:
+            raise InvalidRequest(
+                f"{len(tools)} tools sent; the limit is {limits.max_tools} (limits.max_tools)", param="tools"
+            )
+        for i, tool in enumerate(tools):
+            size = len(canonical_json(tool).encode())
+            if size > limits.max_tool_schema_bytes:
+                raise InvalidRequest(
+                    f"tool {tool['function']['name']!r} is {size} bytes of JSON; the limit is "
+                    f"{limits.max_tool_schema_bytes} (limits.max_tool_schema_bytes): shorten its schema",
+                    param=f"tools[{i}]",
+                )
+
+    def _machine(self, name: str | None) -> StateMachine | None:
+        """The request's state machine: the configured default, another by name, or "off"."""
+        if name is None:
+            return self.default_machine
+        if name == "off":
+            return None
+        if "/" in name or name.endswith(".yaml"):
+            raise InvalidRequest(
+                "tool_state_machine takes the name of a machine in grammars/ (or 'off'), not a path",
+                param="tool_state_machine",
+            )
+        try:
+            return load_state_machine(name)
+        except StateMachineError as exc:
+            raise InvalidRequest(str(exc), param="tool_state_machine") from None
+
+    def _session(
+        self, req: SamplingFields, raw_body: Mapping[str, Any] | None, headers: Mapping[str, str], tenant: str
+    ) -> SessionKey:
+        """The session key from the JSON body as sent (as the router computes it), tenant-prefixed.
+
+        Callers without an HTTP body (in-process use) pass None: the parsed request stands in.
+        """
+        body = raw_body if raw_body is not None else req.model_dump(exclude_none=True)
+        key = session_key(body, headers)
+        return SessionKey(namespaced_session(tenant, key.key), key.source)
+
+    def _tool_spec(self, tools: list[dict[str, Any]], plan: ToolPlan) -> ToolSpec | None:
+        """The request's ToolSpec, built once by the engine's builder (compiles and caches; 400s here)."""
+        if not tools:
+            return None
+        spec = ToolSpec(
+            tools, plan, self.envelope_name, self.settings.grammar_backend, self.engine.eos_token_ids
+        )
+        self.engine.constraints.build(spec)
+        return spec
+
+    # -- requests -------------------------------------------------------------------------------
+    def chat(
+        self,
+        req: ChatCompletionRequest,
+        headers: Mapping[str, str],
+        tenant: str = "",
+        raw_body: Mapping[str, Any] | None = None,
+    ) -> Prepared:
+        self._check_common(req)
+        if req.response_format is not None and req.response_format.type != "text":
+            raise InvalidRequest(
+                f"response_format type {req.response_format.type!r} is not supported yet: use tools with "
+                f"tool_choice to get schema-valid JSON",
+                param="response_format",
+            )
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        self._check_tools(tools)
+        rendered = render_chat(req.messages, tools, self.renderer)
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        machine = self._machine(req.tool_state_machine)
+        plan = plan_tools(tools, req.tool_choice, messages, req.parallel_tool_calls, machine, self.envelope)
+        ids, offsets = self._tokenize(rendered)
+        prefill_ids = (
+            self.engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"] if plan.prefill else []
+        )
+        prompt_ids = ids + list(prefill_ids)
+        sampling = self._sampling(req, len(prompt_ids))
+        return Prepared(
+            kind="chat",
+            request_id="chatcmpl-" + uuid.uuid4().hex[:24],
+            created=int(time.time()),
+            prompt_ids=prompt_ids,
+            session_prompt=self._prompt(req, tenant, ids, offsets, rendered, messages, tools),
+            session=self._session(req, raw_body, headers, tenant),
+            sampling=sampling,
+            stops=req.stop_list(),
+            stream=req.stream,
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            prefill=plan.prefill,
+            plan=plan,
+            tool_spec=self._tool_spec(tools, plan),
+            cache_salt=cache_salt(tenant, self.settings.auth),
+            call_id_style=self.call_id_style,
+            compare_with=req.comparison_response_id(),
+            tenant=tenant,
+        )
+
+    def completion(
+        self,
+        req: CompletionRequest,
+        headers: Mapping[str, str],
+        tenant: str = "",
+        raw_body: Mapping[str, Any] | None = None,
+    ) -> Prepared:
+        self._check_common(req)
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise InvalidRequest(
+                    "only one prompt per request is supported: send one string", param="prompt"
+                )
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            rendered = RenderedPrompt(prompt, (Segment(0, len(prompt), "prompt"),), ())
+            ids, offsets = self._tokenize(rendered)
+        else:
+            bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.engine.vocab_size]
+            if bad:
+                raise InvalidRequest(
+                    f"prompt token ids must be in [0, {self.engine.vocab_size}); got {bad[:5]}",
+                    param="prompt",
+                )
+            ids = [int(t) for t in prompt]
+            text = self.engine.tokenizer.decode(ids)
+            rendered = RenderedPrompt(text, (Segment(0, len(text), "prompt"),), ())
+            offsets = array("l", range(len(ids)))
+        if not ids:
+            raise InvalidRequest("the prompt is empty: send at least one token of text", param="prompt")
+        return Prepared(
+            kind="text",
+            request_id="cmpl-" + uuid.uuid4().hex[:24],
+            created=int(time.time()),
+            prompt_ids=ids,
+            session_prompt=self._prompt(req, tenant, ids, offsets, rendered),
+            session=self._session(req, raw_body, headers, tenant),
+            sampling=self._sampling(req, len(ids)),
+            stops=req.stop_list(),
+            stream=req.stream,
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            cache_salt=cache_salt(tenant, self.settings.auth),
+            compare_with=req.comparison_response_id(),
+            tenant=tenant,
+        )

@@ -1,0 +1,155 @@
+"""OpenAI response objects (``server.protocol`` models) from a prepared request and its outcome.
+
+``complete_response`` builds the whole reply (tool calls parsed from prefill + text);
+``StreamChunks`` builds the stream: the role chunk, content and tool-call deltas as
+text arrives, the final chunk (finish reason + extensions) and, when asked for, the
+usage chunk. Extensions on every reply: ``cache`` (cached tokens, where and why the
+session's prefix diverged) and ``tool_state`` (the tool plan) for chat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.chat.generate import GenerationResult
+from server.chat.prepare import Prepared
+from server.chat.toolcalls import CallDelta, ContentDelta, ParsedCall, StreamingToolCallParser
+from server.families.envelope import Envelope
+from server.families.render import call_id
+from server.protocol import (
+    AssistantMessage,
+    CacheInfo,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
+    CompletionChunk,
+    CompletionResponse,
+    FunctionCallOut,
+    PromptTokensDetails,
+    TextChoice,
+    ToolCallDelta,
+    ToolCallOut,
+    ToolStateInfo,
+    Usage,
+)
+
+
+def _tools(p: Prepared) -> list[dict[str, Any]] | None:
+    """The request's tools: their schemas type Qwen3-Coder's XML argument values."""
+    return p.tool_spec.tools if p.tool_spec is not None else None
+
+
+def _call(p: Prepared, index: int, call: ParsedCall) -> ToolCallOut:
+    return ToolCallOut(
+        # an id the model wrote itself (Mistral v3's envelope) is the call's id: the history renders it back
+        id=call.id or call_id(p.call_id_style or {}, p.request_id, index),
+        function=FunctionCallOut(name=call.name, arguments=call.arguments),
+    )
+
+
+def usage(p: Prepared, out: GenerationResult) -> Usage:
+    n = len(p.prompt_ids)
+    return Usage(
+        prompt_tokens=n,
+        completion_tokens=out.completion_tokens,
+        total_tokens=n + out.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
+    )
+
+
+def extensions(p: Prepared, out: GenerationResult) -> dict[str, Any]:
+    e = out.explanation
+    ext: dict[str, Any] = {
+        "cache": CacheInfo(
+            cached_tokens=out.cached_tokens,
+            prompt_tokens=len(p.prompt_ids),
+            session_key_source=p.session.source,
+            **(e.fields() if e else {}),
+        )
+    }
+    if p.plan is not None:
+        ext["tool_state"] = ToolStateInfo(mode=p.plan.mode, allowed=list(p.plan.allowed), state=p.plan.state)
+    return ext
+
+
+def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: Envelope) -> dict[str, Any]:
+    head = {"id": p.request_id, "created": p.created, "model": model, **extensions(p, out)}
+    if p.kind == "text":
+        text = TextChoice(text=out.text, finish_reason=out.finish_reason)
+        return CompletionResponse(**head, choices=[text], usage=usage(p, out)).model_dump()
+    parser = StreamingToolCallParser(envelope, _tools(p))
+    parser.feed(p.prefill + out.text)
+    parser.finish()
+    parsed = parser.result()
+    finish = out.finish_reason
+    calls = None
+    if parsed.tool_calls:
+        calls = [_call(p, i, c) for i, c in enumerate(parsed.tool_calls)]
+        if finish == "stop":
+            finish = "tool_calls"
+    message = AssistantMessage(content=parsed.content, tool_calls=calls)
+    choice = ChatChoice(message=message, finish_reason=finish)
+    return ChatCompletionResponse(**head, choices=[choice], usage=usage(p, out)).model_dump()
+
+
+class StreamChunks:
+    """The stream's chunks (dicts), in order: ``start``, ``text`` per delta, ``close``, ``final``."""
+
+    def __init__(self, p: Prepared, model: str, envelope: Envelope) -> None:
+        self.p = p
+        self.chat = p.kind == "chat"
+        self.head = {"id": p.request_id, "created": p.created, "model": model}
+        self.parser = StreamingToolCallParser(envelope, _tools(p)) if self.chat else None
+        self.finish_reason = "stop"
+
+    def _chunk(self, delta: ChatDelta | str, finish: str | None = None, **ext: Any) -> dict[str, Any]:
+        if isinstance(delta, ChatDelta):
+            choice = ChatChunkChoice(delta=delta, finish_reason=finish)
+            return ChatCompletionChunk(**self.head, **ext, choices=[choice]).model_dump()
+        text = TextChoice(text=delta, finish_reason=finish)
+        return CompletionChunk(**self.head, **ext, choices=[text]).model_dump()
+
+    def _deltas(self, events: list[ContentDelta | CallDelta]) -> list[dict[str, Any]]:
+        res = []
+        for ev in events:
+            if isinstance(ev, ContentDelta):
+                res.append(self._chunk(ChatDelta(content=ev.text)))
+            else:
+                call = _call(self.p, ev.index, ev.call)
+                res.append(
+                    self._chunk(ChatDelta(tool_calls=[ToolCallDelta(index=ev.index, **call.model_dump())]))
+                )
+        return res
+
+    def start(self) -> list[dict[str, Any]]:
+        """The role chunk and the prefill's deltas (chat); nothing for text completions."""
+        if self.parser is None:
+            return []
+        first = [self._chunk(ChatDelta(role="assistant", content=""))]
+        return first + (self._deltas(self.parser.feed(self.p.prefill)) if self.p.prefill else [])
+
+    def text(self, text: str) -> list[dict[str, Any]]:
+        if self.parser is None:
+            return [self._chunk(text)]
+        return self._deltas(self.parser.feed(text))
+
+    def close(self, out: GenerationResult) -> list[dict[str, Any]]:
+        """What the parser still holds; sets the finish reason ("tool_calls" when calls were made)."""
+        self.finish_reason = out.finish_reason
+        if self.parser is None:
+            return []
+        res = self._deltas(self.parser.finish())
+        if self.parser.calls and self.finish_reason == "stop":
+            self.finish_reason = "tool_calls"
+        return res
+
+    def final(self, out: GenerationResult) -> list[dict[str, Any]]:
+        """The final chunk (finish reason + extensions), then the usage chunk when asked for."""
+        ext = extensions(self.p, out)
+        end = self._chunk(ChatDelta() if self.chat else "", self.finish_reason, **ext)
+        if not self.p.include_usage:
+            return [end]
+        kind = ChatCompletionChunk if self.chat else CompletionChunk
+        return [end, kind(**self.head, **ext, choices=[], usage=usage(self.p, out)).model_dump()]

@@ -1,0 +1,52 @@
+"""``ConstraintBuilder``: a ``ToolSpec`` → the request's ``ToolConstraint``, where the engine decodes.
+
+One builder per engine process and tokenizer. It keeps one ``TokenVocab`` (built once,
+lazily) and one ``ConstraintFactory`` per (envelope, backend), whose trie and grammar
+caches make a second build of the same tools cheap. The chat service builds once at
+prepare time (warming the caches; a bad schema or tool choice is a 400 there), the engine
+builds again where it decodes: the hf engine in-process, vLLM's logits processor in the
+engine core (its own builder, from the spec in ``extra_args``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from server.families.envelope import load_envelope
+from server.masking.constraint import ConstraintFactory, ToolConstraint
+from server.masking.spec import ToolSpec
+from server.masking.vocab import TokenVocab
+
+
+class ConstraintBuilder:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)  # used when a spec carries none
+        self._vocab: TokenVocab | None = None
+        self._factories: dict[tuple[str, str], ConstraintFactory] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def vocab(self) -> TokenVocab:
+        with self._lock:
+            if self._vocab is None:
+                self._vocab = TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size)
+            return self._vocab
+
+    def factory(self, envelope: str, backend: str) -> ConstraintFactory:
+        """The factory of one (envelope, backend); ValueError for an unknown one (names the known)."""
+        key = (envelope, backend)
+        found = self._factories.get(key)
+        if found is None:
+            env = load_envelope(envelope)
+            found = ConstraintFactory(self.tokenizer, self.vocab_size, env, backend=backend, vocab=self.vocab)
+            with self._lock:
+                found = self._factories.setdefault(key, found)
+        return found
+
+    def build(self, spec: ToolSpec) -> ToolConstraint | None:
+        """The request's constraint (None when the spec has no tools: nothing to enforce)."""
+        eos = spec.eos_token_ids or self.eos_token_ids
+        return self.factory(spec.envelope, spec.backend).build(spec.tools, spec.plan, eos)
