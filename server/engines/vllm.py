@@ -154,6 +154,9 @@ class VllmEngine:
             kwargs["max_num_seqs"] = v.max_num_seqs
         if v.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = v.max_num_batched_tokens
+        from server.engines.kv_tier2 import vllm_offload_args
+
+        kwargs.update(vllm_offload_args(s.prefix_cache.tier2, self.on_cpu))  # docs/vllm.md
         kwargs.update(v.engine_args)
         return AsyncEngineArgs(**kwargs)
 
