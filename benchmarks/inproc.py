@@ -227,14 +227,12 @@ def paired_at_turn(eng: Any, ids: list[int], repeats: int = 3) -> dict[str, Any]
     run has the cache switched off. Alternating makes the ratio robust on a shared machine.
     """
     cache = eng.cache
-    with cache._lock:
-        saved, saved_bytes = cache._entries.copy(), cache._bytes
+    saved = cache.snapshot()
     cached_t, uncached_t, cached_n = [], [], 0
     for _ in range(repeats):
         t, cached_n = timed_prefill(eng, ids)
         cached_t.append(t)
-        with cache._lock:
-            cache._entries, cache._bytes = saved.copy(), saved_bytes
+        cache.restore(saved)
         cache.enabled = False
         uncached_t.append(timed_prefill(eng, ids)[0])
         cache.enabled = True

@@ -30,10 +30,31 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Tier2Settings(_Section):
+    """hf engine: where blocks evicted from the prefix cache go (server/engines/kv_tier2.py)."""
+
+    memory_mb: int = Field(0, ge=0, description="Tier-2 budget in MiB (0 = no second tier).")
+    path: str | None = Field(
+        None, description="A local folder for tier 2 (CPU engines); unset = host RAM (CUDA engines)."
+    )
+    restore: Literal["auto", "always", "never"] = Field(
+        "auto", description="auto = restore a block only when measured cheaper than recomputing it."
+    )
+
+
 class PrefixCacheSettings(_Section):
     enabled: bool = Field(True, description="Serve repeated prompt prefixes from the KV cache.")
     block_size: int = Field(32, ge=1, le=1024, description="Tokens per cache block (hf engine).")
-    memory_mb: int = Field(1024, ge=0, description="KV-cache memory budget in MiB; LRU eviction past it.")
+    memory_mb: int = Field(1024, ge=0, description="KV-cache memory budget in MiB; eviction past it.")
+    policy: Literal["lru", "session"] = Field(
+        "session",
+        description="Eviction: lru, or session = keep the blocks of sessions waiting on tools / a person "
+        "by expected time to return (server/engines/kv_retention.py).",
+    )
+    session_cap_s: float = Field(
+        600.0, gt=0, description="session policy: no idle session holds blocks longer than this."
+    )
+    tier2: Tier2Settings = Tier2Settings()
 
 
 class RoutingSettings(_Section):
@@ -186,8 +207,10 @@ class Settings(BaseSettings):
         description="Tool state machine used when a request has no tool_choice (grammars/NAME.yaml, or a "
         "path); null = plain OpenAI 'auto'. Requests may pick another with the field tool_state_machine.",
     )
-    grammar_backend: Literal["xgrammar", "outlines"] = Field(
-        "xgrammar", description="Argument constraint backend."
+    grammar_backend: str = Field(
+        "xgrammar",
+        description="Argument constraint backend: one registered in server/masking/arguments.py "
+        "(checked at start by server.app.check_settings).",
     )
     workers: int = Field(
         1, ge=1, description="Worker processes behind one router (1 = in-process, no router)."
@@ -196,7 +219,6 @@ class Settings(BaseSettings):
     vllm: VllmSettings = VllmSettings()
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
-    log_prompts: bool = Field(False, description="Log prompt and completion text (debug only).")
 
     def engine_settings(self) -> EngineSettings:
         """The engine's own section (model, device, dtype, context, prefix cache, vLLM knobs)."""

@@ -33,9 +33,9 @@ def test_reuse_longest_chain_and_partial_tail():
     assert calls == [0, 1]
     m = c.match(list(range(10)) + [50, 51, 52])
     assert m.cached_tokens == 8 and m.blocks == ("kv0", "kv1")
-    # diverging inside block 1 keeps only block 0
+    # diverging inside block 1 keeps block 0 and the 2 tokens of block 1 before the change
     m = c.match([0, 1, 2, 3, 4, 5, 99, 7, 8])
-    assert m.blocks == ("kv0",) and m.cached_tokens == 4
+    assert m.blocks == ("kv0", "kv1") and m.lengths == (4, 2) and m.cached_tokens == 6
     # re-inserting a longer prompt computes only the new blocks
     make2, calls2 = payload()
     assert c.insert(list(range(16)), "", make2) == 2

@@ -47,7 +47,9 @@ async def generate_text(
     ids: list[int] = []
     emitted = 0
     hold = max((len(s) for s in p.stops), default=1) - 1
-    request = GenerationRequest(p.request_id, p.prompt_ids, p.sampling, p.tool_spec, p.cache_salt)
+    request = GenerationRequest(
+        p.request_id, p.prompt_ids, p.sampling, p.tool_spec, p.cache_salt, p.session.key
+    )
     metrics.running.inc()
     gen = engine.generate(request)
     try:

@@ -93,6 +93,12 @@ class ChatService:
         m.generation_tokens.inc(out.completion_tokens)
         m.observe_cache(report.diagnosis.type, report.diagnosis.missed_tokens)
 
+    def _reply_finished(self, p: Prepared, tool_names: list[str]) -> None:
+        """Tell the engine's cache what the session now waits on: these tools, or a person (none)."""
+        hook = getattr(self.engine, "reply_finished", None)
+        if hook is not None:
+            hook(p.session.key, tool_names)
+
     def _on_first_token(self, p: Prepared, out: GenerationResult, seconds: float) -> None:
         self.cache_report.observe_prefill(len(p.prompt_ids) - out.cached_tokens, seconds)
 
@@ -102,7 +108,10 @@ class ChatService:
         async for _ in generate_text(self.engine, self.metrics, p, out, self._on_first_token):
             pass
         self._finish_accounting(p, out)
-        return complete_response(p, out, self.settings.served_model_name, self.envelope)
+        response = complete_response(p, out, self.settings.served_model_name, self.envelope)
+        message = response["choices"][0].get("message") or {}
+        self._reply_finished(p, [c["function"]["name"] for c in message.get("tool_calls") or []])
+        return response
 
     async def stream(self, p: Prepared) -> AsyncIterator[dict[str, Any]]:
         """Yield OpenAI stream chunks (dicts); the route turns them into SSE lines."""
@@ -115,6 +124,7 @@ class ChatService:
                 yield c
         for c in chunks.close(out):
             yield c
+        self._reply_finished(p, [c.name for c in chunks.parser.calls] if chunks.parser else [])
         self._finish_accounting(p, out)
         for c in chunks.final(out):
             yield c

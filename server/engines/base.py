@@ -36,6 +36,7 @@ class GenerationRequest:
     sampling: SamplingParams
     tool_spec: ToolSpec | None = None  # None: unconstrained
     cache_salt: str = ""  # namespace of the prefix cache (tenant); "" = shared
+    session_key: str = ""  # the session (prefix-cache retention, cache reports); "" = none
 
 
 @dataclass

@@ -24,7 +24,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from server.config import EngineSettings
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
-from server.engines.prefix_cache import PrefixCache
+from server.engines.kv_blocks import BlockCutter, cache_from_settings, cached_kv
+from server.engines.prefix_cache import LookupReport
 from server.engines.sampling import sample_token
 from server.masking.bitmask import MaskApplier, model_eos_ids
 from server.masking.builder import ConstraintBuilder
@@ -67,38 +68,6 @@ def _device_and_dtype(settings: EngineSettings) -> tuple[torch.device, torch.dty
     return device, getattr(torch, settings.dtype)
 
 
-class _BlockCutter:
-    """Cuts KV blocks out of a prefilled cache for the prefix cache, all new blocks at once.
-
-    The first call copies every block from there to the end with one stack per layer into
-    [n_blocks, layers, 2, kv_heads, block, head_dim]; each block is then a clone of one row
-    (one contiguous copy), so a block owns its memory and the byte budget stays exact.
-    Cutting block by block instead (a stack over all layers per block) cost ~1 s per 32k
-    tokens of an 8B shape on an H100.
-    """
-
-    def __init__(self, kv: DynamicCache, block_size: int) -> None:
-        self.kv, self.bs = kv, block_size
-        self.first: int | None = None
-        self.blocks: torch.Tensor | None = None
-
-    def __call__(self, index: int) -> tuple[torch.Tensor, int]:
-        if self.blocks is None or self.first is None or index < self.first:
-            self.first = index
-            start = index * self.bs
-            n = (self.kv.layers[0].keys.shape[2] - start) // self.bs
-            end = start + n * self.bs
-            layers = [
-                torch.stack((lay.keys[0, :, start:end], lay.values[0, :, start:end]))
-                for lay in self.kv.layers
-            ]
-            stacked = torch.stack(layers)  # [layers, 2, kv_heads, n*bs, head_dim]
-            L, two, H, _, D = stacked.shape
-            self.blocks = stacked.view(L, two, H, n, self.bs, D).permute(3, 0, 1, 2, 4, 5)
-        block = self.blocks[index - self.first].contiguous()  # a copy: the block owns its memory
-        return block, block.numel() * block.element_size()
-
-
 class HFEngine:
     name = "hf"
 
@@ -133,8 +102,9 @@ class HFEngine:
         )
         self._masks = MaskApplier(self.vocab_size)
         pc = settings.prefix_cache
-        self.cache = PrefixCache(pc.block_size, pc.memory_mb * 2**20, enabled=pc.enabled)
-        self.block_size = pc.block_size
+        self.cache = cache_from_settings(pc, self.device.type)
+        # cached_tokens is token-granular (tails, the reply's KV), not a multiple of pc.block_size
+        self.block_size = 1
         self._inbox: queue.SimpleQueue[_Sequence] = queue.SimpleQueue()
         self._running: list[_Sequence] = []
         self._wake = threading.Event()
@@ -164,12 +134,7 @@ class HFEngine:
             prefix_hits_tokens=s.prefix_hits_tokens,
             running=len(self._running),
             waiting=self._inbox.qsize(),
-            extra={
-                "prefix_cache_bytes": float(self.cache.used_bytes),
-                "prefix_cache_blocks": float(len(self.cache)),
-                "prefix_cache_evictions": float(self.cache.evictions),
-                "tokens_generated": float(self.tokens_generated),
-            },
+            extra={**self.cache.stats(), "tokens_generated": float(self.tokens_generated)},
         )
 
     # -- public API ---------------------------------------------------------------
@@ -193,7 +158,9 @@ class HFEngine:
             seq.cancelled = True
             self._wake.set()
 
-    def prefill_logits(self, prompt_ids: list[int], cache_salt: str = "") -> tuple[torch.Tensor, int]:
+    def prefill_logits(
+        self, prompt_ids: list[int], cache_salt: str = "", session_key: str = ""
+    ) -> tuple[torch.Tensor, int]:
         """Next-token logits of a prompt and how many of its tokens came from cache.
 
         For tests and in-process benchmarks: runs on the calling thread, so call it only
@@ -202,7 +169,9 @@ class HFEngine:
         from server.engines.base import SamplingParams
 
         seq = _Sequence(
-            GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt), None, None
+            GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt, session_key),
+            None,
+            None,
         )  # type: ignore[arg-type]
         with torch.no_grad():
             self._prefill(seq)
@@ -235,6 +204,7 @@ class HFEngine:
     def _run_guarded(self, seq: _Sequence, step) -> None:
         try:
             if seq.cancelled:
+                self._retain(seq)
                 seq.kv = None
                 return
             step(seq)
@@ -248,15 +218,16 @@ class HFEngine:
     def _prefill(self, seq: _Sequence) -> None:
         ids = seq.request.prompt_ids
         salt = seq.request.cache_salt
-        bs = self.cache.block_size
+        session = seq.request.session_key
         # always leave at least one token to compute: a cache covering the whole input gives no logits
-        match = self.cache.match(ids, salt, max_blocks=(len(ids) - 1) // bs)
+        match = self.cache.match(ids, salt, max_tokens=len(ids) - 1, session=session)
         n_cached = match.cached_tokens
         self._stats.prefix_queries_tokens += len(ids)
         self._stats.prefix_hits_tokens += n_cached
         kv = DynamicCache(config=self.model.config)
-        if match.blocks:
-            stacked = torch.cat([b.to(self.device, non_blocking=True) for b in match.blocks], dim=3)
+        stacked = cached_kv(match, self.device)
+        t0 = time.perf_counter()
+        if stacked is not None:
             for layer in range(stacked.shape[0]):
                 kv.update(stacked[layer, 0].unsqueeze(0), stacked[layer, 1].unsqueeze(0), layer)
         logits = None
@@ -267,7 +238,11 @@ class HFEngine:
             out = self.model(input_ids=chunk, past_key_values=kv, use_cache=True, logits_to_keep=1)
             logits = out.logits[0, -1]
         assert logits is not None
-        self.cache.insert(ids, salt, _BlockCutter(kv, self.cache.block_size))
+        if self.cache.tier2 is not None:  # the cost model weighs restoring against this, measured
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.cache.cost.observe_prefill(len(ids) - n_cached, time.perf_counter() - t0)
+        self.cache.insert(ids, salt, BlockCutter(kv, self.cache.block_size), session=session)
         seq.kv = kv
         seq.next_logits = logits
         seq.cached_tokens = n_cached
@@ -305,9 +280,40 @@ class HFEngine:
         )
         seq.next_logits = out.logits[0, -1]
 
+    def _retain(self, seq: _Sequence) -> None:
+        """Cache the KV of prompt + generated tokens, tail included: the next turn starts with them."""
+        if seq.kv is None:
+            return
+        req = seq.request
+        n = seq.kv.get_seq_length()
+        ids = (req.prompt_ids + seq.generated)[:n]
+        self.cache.insert(
+            ids,
+            req.cache_salt,
+            BlockCutter(seq.kv, self.cache.block_size, n),
+            tail=True,
+            session=req.session_key,
+        )
+        self.cache.reply_finished(req.session_key)
+
+    def reply_finished(self, session_key: str, tool_names: list[str] | tuple[str, ...] = ()) -> None:
+        """The service says what the session's reply ended with: tool calls (named) or text."""
+        self.cache.reply_finished(session_key, tuple(tool_names))
+
+    @property
+    def cache_tiers(self) -> tuple[str, ...]:
+        """The prefix cache's tiers, first to last (for cache-miss reasons)."""
+        return self.cache.tier_names(self.device.type)
+
+    def lookup_report(self, session_key: str) -> LookupReport | None:
+        """The prefix-cache lookup of the session's latest request (for cache-miss reasons)."""
+        return self.cache.last_lookup(session_key)
+
     def _finish(
         self, seq: _Sequence, reason: str, error: str | None = None, tokens: list[int] | None = None
     ) -> None:
         seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error))
+        if reason != "error":
+            self._retain(seq)
         seq.kv = None
         seq.next_logits = None

@@ -1,91 +1,205 @@
-"""Block-hash prefix cache (hf engine): reuse the KV of the longest cached chain of blocks.
+"""Block-hash prefix cache (hf engine): reuse the KV of the longest cached prefix, to the token.
 
-A prompt is cut into blocks of ``block_size`` tokens. Block i is keyed by a chained
-hash: H_i = blake2b(H_{i-1} || token ids of block i), H_{-1} = blake2b(salt), so a
-key names the whole prefix up to and including that block (as in vLLM v1 and
-nano-vllm). Only full blocks are cached; the partial tail is always recomputed.
+A sequence is cut into blocks of ``block_size`` tokens; the last block may be partial
+(a *tail*). Block i is keyed by a chained hash: H_i = blake2b(H_{i-1} || token ids of
+block i), H_{-1} = blake2b(salt), so a key names the whole prefix up to and including
+that block (as in vLLM v1 and nano-vllm). Every block also records its parent key and
+its tokens, and the cache indexes children by parent.
 
-Lookup walks the chain from the first block and stops at the first miss. Eviction is
-LRU under a byte budget. On a hit the chain is touched from its last block to its
-first, so within a chain the tail is the least recently used: eviction trims chains
-from the end and never leaves a cached block whose parent is gone.
+Lookup walks the chain of full blocks from the first and stops at the first miss; then,
+among the cached children of the last hit (full blocks and tails), it takes the one
+sharing the longest run of tokens with the rest of the prompt, and reuses that many of
+its tokens (a block's KV at position p depends only on tokens <= p, so any prefix of a
+block is valid). This is what makes the whole previous prompt and the generated reply
+reusable: the engine inserts, when a request ends, the KV of prompt + generated tokens
+including the partial last block (``insert(..., tail=True)``). A tail that a later full
+block covers is a duplicate and is dropped.
 
-The cache stores opaque payloads with a byte size; the engine decides what a block's
-KV is (for transformers: one tensor [layers, 2, kv_heads, block_size, head_dim]).
+Eviction under the byte budget: ``policy="lru"`` evicts least recently used first (a hit
+touches its chain tail first, so chains are trimmed from the end); ``policy="session"``
+asks ``kv_retention`` (blocks no waiting session needs first, then sessions by expected
+time to return). With a second tier (``kv_tier2``), evicted blocks move there and come
+back on a hit when restoring is measured to cost less than recomputing.
+
+The cache stores opaque payloads with a byte size; the engine decides what a block's KV
+is (for transformers: one tensor [layers, 2, kv_heads, tokens, head_dim]). Tier 2 needs
+tensor payloads.
+
+For diagnostics (cache-miss reasons) each lookup with a session key yields a
+``LookupReport``: what the session was waiting on and for how long, how many tokens of
+its previous prompt + reply were still a prefix, how many came from tier 2 and how many
+had been evicted from both tiers. ``stats()`` gives the counters /metrics shows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
-from array import array
-from collections import OrderedDict
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
+
+from server.engines.kv_index import Block, BlockIndex
+from server.engines.kv_retention import session_eviction_order
+from server.engines.kv_sessions import CacheCounters, LookupReport, SessionBook, cache_metrics
+from server.engines.kv_tier2 import CostModel, Tier2Store, chain_key
+
+POLICIES = ("lru", "session")
 
 
 @dataclass(frozen=True)
 class MatchResult:
-    """The cached chain for a prompt: ``len(blocks) * block_size`` tokens are served from cache."""
+    """The cached prefix of a prompt: block ``i`` serves its first ``lengths[i]`` tokens."""
 
     hashes: tuple[bytes, ...]
     blocks: tuple[Any, ...]
     block_size: int
+    lengths: tuple[int, ...] = ()
+    tier2_tokens: int = 0
+    report: LookupReport | None = None
 
     @property
     def cached_tokens(self) -> int:
-        return len(self.blocks) * self.block_size
+        return sum(self.lengths) if self.lengths else len(self.blocks) * self.block_size
 
 
-@dataclass
-class _Entry:
-    payload: Any
-    nbytes: int
-
-
-class PrefixCache:
-    def __init__(self, block_size: int, capacity_bytes: int, enabled: bool = True) -> None:
+class PrefixCache(BlockIndex):
+    def __init__(
+        self,
+        block_size: int,
+        capacity_bytes: int,
+        enabled: bool = True,
+        *,
+        policy: str = "lru",
+        tier2: Tier2Store | None = None,
+        cost: CostModel | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_sessions: int = 4096,
+        session_cap_s: float = 600.0,
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if policy not in POLICIES:
+            raise ValueError(f"prefix cache policy must be one of {POLICIES}, got {policy!r}")
         self.block_size = block_size
         self.capacity_bytes = capacity_bytes
         self.enabled = enabled and capacity_bytes > 0
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # LRU first
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self.policy = policy
+        self.tier2 = tier2 if tier2 is not None and tier2.enabled else None
+        self.cost = cost or CostModel()
+        self.clock = clock
+        self.counters = CacheCounters()
+        self.book = SessionBook(max_sessions, session_cap_s, block_size, self.counters)
+        self.sessions = self.book.sessions
+        super().__init__()
+        self._lock = threading.RLock()
         self.evictions = 0
 
     # -- keys -----------------------------------------------------------------
+    def root(self, salt: str = "") -> bytes:
+        return hashlib.blake2b(salt.encode(), digest_size=16).digest()
+
     def block_hashes(self, token_ids: Sequence[int], salt: str = "") -> list[bytes]:
         """Chained hashes of every full block of ``token_ids``."""
-        parent = hashlib.blake2b(salt.encode(), digest_size=16).digest()
+        parent = self.root(salt)
         out: list[bytes] = []
-        n_full = len(token_ids) // self.block_size
-        for i in range(n_full):
-            chunk = array("q", token_ids[i * self.block_size : (i + 1) * self.block_size]).tobytes()
-            parent = hashlib.blake2b(parent + chunk, digest_size=16).digest()
+        bs = self.block_size
+        for i in range(len(token_ids) // bs):
+            parent = chain_key(parent, token_ids[i * bs : (i + 1) * bs])
             out.append(parent)
         return out
 
     # -- lookup ---------------------------------------------------------------
-    def match(self, token_ids: Sequence[int], salt: str = "", max_blocks: int | None = None) -> MatchResult:
-        """The longest cached chain of full blocks of ``token_ids`` (at most ``max_blocks``)."""
+    def match(
+        self,
+        token_ids: Sequence[int],
+        salt: str = "",
+        max_blocks: int | None = None,
+        *,
+        max_tokens: int | None = None,
+        session: str = "",
+    ) -> MatchResult:
+        """The longest cached prefix of ``token_ids`` (at most ``max_tokens`` / ``max_blocks`` blocks)."""
         if not self.enabled:
             return MatchResult((), (), self.block_size)
-        hashes = self.block_hashes(token_ids, salt)
+        limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
         if max_blocks is not None:
-            hashes = hashes[:max_blocks]
+            limit = min(limit, max_blocks * self.block_size)
+        bs = self.block_size
         with self._lock:
-            found: list[bytes] = []
-            for h in hashes:
-                if h not in self._entries:
+            hashes = partial(self.block_hashes, salt=salt)
+            pre = self.book.begin(session, token_ids, hashes, self.clock()) if session else None
+            keys: list[bytes] = []
+            lengths: list[int] = []
+            payloads: list[Any] = []
+            tier2_tokens = 0
+            parent = self.root(salt)
+            pos = 0
+            missed = b""
+            while pos + bs <= limit:
+                h = chain_key(parent, token_ids[pos : pos + bs])
+                payload, restored = self._take(h, keys)
+                if payload is None:
+                    missed = h
                     break
-                found.append(h)
-            for h in reversed(found):  # tail first, so the head ends most recently used
-                self._entries.move_to_end(h)
-            blocks = tuple(self._entries[h].payload for h in found)
-        return MatchResult(tuple(found), blocks, self.block_size)
+                keys.append(h)
+                lengths.append(bs)
+                payloads.append(payload)
+                tier2_tokens += bs if restored else 0
+                parent = h
+                pos += bs
+            # token-granular: the cached child of the last hit that shares the most tokens
+            best, best_n = self._best_child(parent, token_ids[pos:limit], skip=missed)
+            if best is not None:
+                payload, restored = self._take(best, keys)
+                if payload is not None:
+                    keys.append(best)
+                    lengths.append(best_n)
+                    payloads.append(payload)
+                    tier2_tokens += best_n if restored else 0
+                    self.counters.tail_hit_tokens += best_n
+            self._touch(keys)
+            cached = sum(lengths)
+            self.counters.hit_tokens_tier1 += cached - tier2_tokens
+            self.counters.hit_tokens_tier2 += tier2_tokens
+            report = (
+                self.book.report(session, pre, len(token_ids), cached, tier2_tokens)
+                if pre is not None
+                else None
+            )
+        return MatchResult(tuple(keys), tuple(payloads), bs, tuple(lengths), tier2_tokens, report)
+
+    def _take(self, h: bytes, protect: list[bytes]) -> tuple[Any, bool]:
+        """The payload of block ``h`` (restored from tier 2 if worth it), and whether it was restored."""
+        blk = self._blocks.get(h)
+        if blk is None:
+            return None, False
+        if blk.tier == 1:
+            return blk.payload, False
+        if self.tier2 is None:
+            return None, False
+        protected = sum(self._blocks[k].nbytes for k in protect if k in self._lru)
+        if protected + blk.nbytes > self.capacity_bytes:
+            return None, False
+        if not self.cost.worth_restoring(blk.nbytes, len(blk.tokens)):
+            self.counters.restores_skipped += 1
+            return None, False
+        t0 = time.perf_counter()
+        payload = self.tier2.get(h, blk.parent, blk.tokens)
+        if payload is None:
+            self.counters.tier2_faults += 1
+            self._forget(h)
+            return None, False
+        self.cost.observe_restore(blk.nbytes, time.perf_counter() - t0)
+        self.counters.blocks_restored += 1
+        self.counters.bytes_from_tier2 += blk.nbytes
+        blk.payload, blk.tier = payload, 1
+        self._lru[h] = None
+        self._bytes += blk.nbytes
+        self._evict_locked(protect=frozenset([*protect, h]))
+        return payload, True
 
     # -- insert ---------------------------------------------------------------
     def insert(
@@ -93,62 +207,149 @@ class PrefixCache:
         token_ids: Sequence[int],
         salt: str,
         payload_for_block: Callable[[int], tuple[Any, int]],
+        *,
+        tail: bool = False,
+        session: str = "",
     ) -> int:
-        """Cache every full block of ``token_ids`` not cached yet; returns how many were added.
+        """Cache every block of ``token_ids`` not cached yet; returns how many were added.
 
-        ``payload_for_block(i)`` returns (payload, nbytes) for block i; it is only called
-        for blocks not already cached, and not past the point where this prompt's chain
-        alone would exceed the budget. The chain is then touched tail-first and LRU
-        eviction brings the cache back under budget.
+        Full blocks always; with ``tail`` also the partial last block. ``payload_for_block(i)``
+        returns (payload, nbytes) of block i (tokens ``[i*bs, min((i+1)*bs, len))``); it is only
+        called for blocks not already in tier 1, and not past the point where this chain alone
+        would exceed the budget. ``session`` makes this chain the session's latest.
         """
         if not self.enabled:
             return 0
-        hashes = self.block_hashes(token_ids, salt)
+        bs = self.block_size
+        n_blocks = (len(token_ids) + (bs - 1 if tail else 0)) // bs
         added = 0
-        chain_bytes = last_nbytes = 0
+        chain_bytes = last_nbytes = covered = 0
         kept: list[bytes] = []
-        for i, h in enumerate(hashes):
-            with self._lock:
-                entry = self._entries.get(h)
-            if entry is None:
-                if chain_bytes + last_nbytes > self.capacity_bytes:
-                    break  # blocks of one engine are the same size: the next one cannot fit
-                payload, nbytes = payload_for_block(i)
-                if chain_bytes + nbytes > self.capacity_bytes:
-                    break
-                entry = _Entry(payload, nbytes)
-                with self._lock:
-                    self._entries[h] = entry
-                    self._bytes += nbytes
-                added += 1
-            chain_bytes += entry.nbytes
-            last_nbytes = entry.nbytes
-            kept.append(h)
+        tokens: tuple[int, ...] = ()
+        parent = self.root(salt)
         with self._lock:
-            for h in reversed(kept):
-                if h in self._entries:
-                    self._entries.move_to_end(h)
+            for i in range(n_blocks):
+                tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+                h = chain_key(parent, tokens)
+                blk = self._blocks.get(h)
+                if blk is None and len(tokens) < bs:
+                    cover = self._covering_sibling(parent, tokens)
+                    if cover is not None:  # a cached block already holds these tokens' KV
+                        kept.append(cover)
+                        covered += len(tokens)
+                        break
+                if blk is None or blk.tier == 2:
+                    if chain_bytes + last_nbytes > self.capacity_bytes:
+                        break  # blocks of one engine are the same size: the next one cannot fit
+                    payload, nbytes = payload_for_block(i)
+                    if chain_bytes + nbytes > self.capacity_bytes:
+                        break
+                    if blk is not None:  # recomputed anyway: the fresh copy replaces tier 2's
+                        self._forget(h)
+                    blk = self._add(h, parent, tokens, payload, nbytes)
+                    added += 1
+                chain_bytes += blk.nbytes
+                last_nbytes = blk.nbytes
+                kept.append(h)
+                covered += len(tokens)
+                parent = h
+            self._touch(kept)
+            if session:
+                last = tuple(token_ids[(len(kept) - 1) * bs : covered]) if kept else ()
+                self.book.set_chain(session, kept, covered, last)
             self._evict_locked()
         return added
 
-    def _evict_locked(self) -> None:
-        while self._bytes > self.capacity_bytes and self._entries:
-            _, entry = self._entries.popitem(last=False)
-            self._bytes -= entry.nbytes
-            self.evictions += 1
+    def _add(self, h: bytes, parent: bytes, tokens: tuple[int, ...], payload: Any, nbytes: int) -> Block:
+        for dup in self._duplicates_of(parent, tokens):
+            self._forget(dup)
+        return self._link(h, parent, tokens, payload, nbytes)
+
+    def _forget(self, h: bytes) -> None:
+        blk = self._unlink(h)
+        if blk is not None and blk.tier == 2 and self.tier2 is not None:
+            self.tier2.discard(h)
+
+    # -- eviction ---------------------------------------------------------------
+    def _evict_locked(self, protect: frozenset[bytes] = frozenset()) -> None:
+        if self._bytes <= self.capacity_bytes:
+            return
+        if self.policy == "session":
+            order = session_eviction_order(self._lru, list(self._lru), self.sessions, self.clock())
+        else:
+            order = list(self._lru)
+        for h in order:
+            if self._bytes <= self.capacity_bytes:
+                break
+            if h not in protect and h in self._lru:
+                self._demote(h)
+
+    def _demote(self, h: bytes) -> None:
+        """Move a tier-1 block to tier 2, or drop it when there is no tier 2."""
+        blk = self._blocks[h]
+        self.evictions += 1
+        store = self.tier2
+        if store is None or not hasattr(blk.payload, "element_size"):
+            self._forget(h)
+            return
+        self._lru.pop(h)
+        self._bytes -= blk.nbytes
+        payload, blk.payload, blk.tier = blk.payload, None, 2
+        dropped = store.put(h, blk.parent, blk.tokens, payload)
+        if h not in dropped:
+            self.counters.bytes_to_tier2 += blk.nbytes
+        if not store.enabled:  # degraded (unwritable): forget every tier-2 block, go on with one tier
+            self.tier2 = None
+            for k in [k for k, b in self._blocks.items() if b.tier == 2]:
+                self._forget(k)
+            return
+        for k in dropped:
+            self._forget(k)
+
+    # -- sessions -----------------------------------------------------------------
+    def reply_finished(self, session: str, tool_names: Sequence[str] = ()) -> None:
+        """The session's reply ended: it now waits on ``tool_names`` (or on a person if none)."""
+        if session and self.enabled:
+            with self._lock:
+                self.book.reply_finished(session, tool_names, self.clock())
+
+    def end_session(self, session: str) -> None:
+        """The session is over: its blocks are the first to go."""
+        with self._lock:
+            self.book.end(session)
+
+    def last_lookup(self, session: str) -> LookupReport | None:
+        """The report of the session's latest lookup (see kv_sessions; diagnostics read it)."""
+        with self._lock:
+            return self.book.last(session)
 
     # -- introspection ----------------------------------------------------------
     @property
-    def used_bytes(self) -> int:
-        return self._bytes
+    def tier2_bytes(self) -> int:
+        return self.tier2.used_bytes if self.tier2 is not None else 0
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    def tier_names(self, device_type: str) -> tuple[str, ...]:
+        """Where blocks live, tier 1 first (cache-miss reasons name the last as where blocks were lost)."""
+        names = [f"tier 1 ({device_type} memory)"]
+        if self.tier2 is not None:
+            where = getattr(self.tier2, "path", None)
+            names.append(f"tier 2 (disk folder {where})" if where else "tier 2 (host RAM)")
+        return tuple(names)
 
-    def __contains__(self, block_hash: bytes) -> bool:
-        return block_hash in self._entries
+    def stats(self) -> dict[str, float]:
+        """Counters and gauges for /metrics (``agentserve_engine_prefix_cache_*``; see kv_sessions)."""
+        with self._lock:
+            return cache_metrics(
+                self.counters,
+                self._bytes,
+                len(self._lru),
+                self.evictions,
+                len(self._blocks),
+                self.tier2_bytes,
+            )
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+            self._clear_index()
+            if self.tier2 is not None:
+                self.tier2.clear()

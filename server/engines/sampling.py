@@ -21,4 +21,3 @@ def sample_token(
         choice = torch.multinomial(sorted_probs, 1, generator=generator)
         return int(order[choice].item())
     return int(torch.multinomial(probs, 1, generator=generator).item())
-

@@ -1,7 +1,7 @@
 """On vLLM the report works from what our session table knows plus vLLM's num_cached_tokens.
 
 vLLM caches whole blocks (16 tokens on GPU, 128 on CPU) and recomputes at least the last
-token; the service reads the engine's block size (``cache_block_size``) so the report's
+token; the service reads the engine's block size (``Engine.block_size``) so the report's
 unit is vLLM's, not the hf engine's setting. Simulated here with vLLM's reuse rule.
 """
 

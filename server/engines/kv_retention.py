@@ -1,0 +1,153 @@
+"""Session-aware retention for the prefix cache: which tier-1 blocks to evict first.
+
+The cache tells this module, per session (the request's session key), the chain of
+blocks of its latest prompt + reply and what the session is doing:
+
+- ``running``: a request of the session is being served;
+- ``tool``: its last reply ended with tool calls (``waiting_on`` = the tool names);
+- ``person``: its last reply ended with text (a person reads it and answers);
+- ``done``: ended explicitly, or idle past its cap: it holds nothing any more.
+
+Eviction order (``session`` policy), first evicted first:
+1. blocks no live session holds (finished sessions, superseded branches, duplicated
+   tails), least recently used first;
+2. blocks of sessions by expected time to return, latest first, each chain from its
+   tail. A block shared by several sessions counts for the one that returns soonest.
+
+Distance to the expected return = |learned pause of what the session waits on (per tool
+name; "person" for a text reply) - how long it has waited|: a session about to be back
+is kept first; one that is overdue drifts down (heavy tails, abandoned sessions).
+Pauses are learned from what the server sees (the time between a reply and the
+session's next request), as an exponential moving average per tool, capped at
+``cap_s``. A session idle for longer than ``min(cap_s, EXPIRE_FACTOR x its expected
+pause)`` counts as done: no session holds memory forever.
+
+Time comes from an injected clock (virtual in tests and benchmarks); nothing here
+touches the prompt.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+PERSON = "person"  # the "tool" a text reply waits on
+DEFAULT_TOOL_PAUSE_S = 10.0
+DEFAULT_PERSON_PAUSE_S = 60.0
+EMA_ALPHA = 0.3
+EXPIRE_FACTOR = 4.0
+
+
+class PauseEstimator:
+    """Per tool name: an exponential moving average of observed pauses (seconds), capped."""
+
+    def __init__(self, cap_s: float) -> None:
+        self.cap_s = cap_s
+        self._ema: dict[str, float] = {}
+        self.observations = 0
+
+    def observe(self, waiting_on: Iterable[str], pause_s: float) -> None:
+        pause = min(max(pause_s, 0.0), self.cap_s)
+        for name in waiting_on:
+            prev = self._ema.get(name)
+            self._ema[name] = pause if prev is None else (1 - EMA_ALPHA) * prev + EMA_ALPHA * pause
+            self.observations += 1
+
+    def expected(self, waiting_on: Iterable[str]) -> float:
+        """The expected pause of a wait on all of ``waiting_on`` (they may run in parallel: the max)."""
+        best = 0.0
+        for name in waiting_on:
+            default = DEFAULT_PERSON_PAUSE_S if name == PERSON else DEFAULT_TOOL_PAUSE_S
+            best = max(best, self._ema.get(name, default))
+        return min(best, self.cap_s)
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(sorted(self._ema.items()))
+
+
+@dataclass
+class SessionState:
+    key: str
+    chain: list[bytes] = field(default_factory=list)  # block keys of the latest prompt + reply
+    chain_tokens: int = 0
+    tail_tokens: tuple[int, ...] = ()  # tokens of the chain's last block (partial or full)
+    state: str = "running"  # running | tool | person | done
+    waiting_on: tuple[str, ...] = ()
+    since: float = 0.0  # when the last reply ended (or the request began, while running)
+
+
+class Sessions:
+    """Bounded table of sessions (least recently active dropped first) + the pause estimator."""
+
+    def __init__(self, capacity: int, cap_s: float) -> None:
+        self.capacity = capacity
+        self.cap_s = cap_s
+        self.pauses = PauseEstimator(cap_s)
+        self._items: OrderedDict[str, SessionState] = OrderedDict()
+
+    def get(self, key: str) -> SessionState | None:
+        return self._items.get(key)
+
+    def touch(self, key: str) -> tuple[SessionState, list[SessionState]]:
+        """The session (created if new), most recently active; plus sessions dropped past capacity."""
+        s = self._items.get(key)
+        if s is None:
+            s = self._items[key] = SessionState(key)
+        self._items.move_to_end(key)
+        dropped = []
+        while len(self._items) > self.capacity:
+            dropped.append(self._items.popitem(last=False)[1])
+        return s, dropped
+
+    def values(self) -> list[SessionState]:
+        return list(self._items.values())
+
+    def expired(self, s: SessionState, now: float) -> bool:
+        if s.state == "done":
+            return True
+        if s.state == "running":
+            return False
+        limit = min(self.cap_s, EXPIRE_FACTOR * max(self.pauses.expected(s.waiting_on), 1e-3))
+        return now - s.since > limit
+
+    def time_to_return(self, s: SessionState, now: float) -> float:
+        """How far the session is from its expected return (-1 while running).
+
+        Before the expected pause is over: the time left. After it: the time it is overdue.
+        Pauses are heavy-tailed (a build that is late is likely to be much later; a session
+        may be abandoned), so an overdue session becomes less likely to be back soon.
+        """
+        if s.state == "running":
+            return -1.0
+        return abs(s.since + self.pauses.expected(s.waiting_on) - now)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def session_eviction_order(
+    tier1: Mapping[bytes, object],
+    lru: Iterable[bytes],
+    sessions: Sessions,
+    now: float,
+) -> list[bytes]:
+    """Tier-1 block keys in the order the ``session`` policy evicts them.
+
+    ``lru`` lists the tier-1 keys least recently used first (a chain's tail before its head).
+    """
+    live = [s for s in sessions.values() if not sessions.expired(s, now) and s.chain]
+    # most needed first: each block is claimed by the first (soonest-returning) session holding it
+    live.sort(key=lambda s: (sessions.time_to_return(s, now), -s.since))
+    claim: dict[bytes, tuple[float, int]] = {}
+    for s in live:
+        ttr = sessions.time_to_return(s, now)
+        for depth in range(len(s.chain) - 1, -1, -1):
+            h = s.chain[depth]
+            if h in claim:
+                break  # this block and its ancestors were claimed by a session returning sooner
+            claim[h] = (ttr, depth)
+    unowned = [h for h in lru if h not in claim]
+    owned = [h for h in claim if h in tier1]
+    owned.sort(key=lambda h: (-claim[h][0], -claim[h][1]))
+    return unowned + owned
