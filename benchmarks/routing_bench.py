@@ -38,6 +38,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from server.ports import free_port, wait_for_health  # noqa: E402
 from server.routing.fake_worker import FakeEngine, _prompt_text  # noqa: E402
 
 PY = sys.executable
@@ -62,17 +63,7 @@ def _listening_socket() -> socket.socket:
 
 
 def _wait(url: str, proc: subprocess.Popen, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(url)
+    wait_for_health(url, timeout_s, proc, poll_s=0.1)
 
 
 def start_fake_workers(n: int, prefill_s_per_token: float) -> tuple[list[str], list[subprocess.Popen]]:
@@ -107,9 +98,7 @@ def start_router(
     policy: str,
     env: dict[str, str] | None = None,
 ) -> tuple[str, subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = [PY, "-m", "server.cli", "route", "--port", str(port), "--policy", policy]
     for i, u in enumerate(worker_urls):
         argv += ["--worker", f"w{i}={u}"]

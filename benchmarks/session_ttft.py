@@ -20,29 +20,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def start_local_server() -> tuple[str, object]:
-    import socket
 
     import uvicorn
 
     from server.app import build_app
     from server.config import load_settings
+    from server.ports import free_port, wait_for_health
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(build_app(load_settings()), host="127.0.0.1", port=port, log_level="warning")
     )
     threading.Thread(target=server.run, daemon=True).start()
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return url, server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("server did not start")
+    try:
+        wait_for_health(url, 120)
+    except TimeoutError:
+        raise SystemExit("server did not start") from None
+    return url, server
 
 
 def timed_stream(url: str, body: dict) -> dict:

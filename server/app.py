@@ -16,12 +16,23 @@ from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
 from server.auth import authenticate
 from server.chat.service import ChatService
-from server.config import Settings
+from server.config import ConfigError, Settings
 from server.engines.base import Engine
 from server.errors import AgentServeError, PayloadTooLarge, internal_error_body
 from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+
+def check_settings(settings: Settings) -> None:
+    """What the config schema cannot know: names that must exist in a registry (ConfigError)."""
+    from server.masking.arguments import backend_names
+
+    if settings.grammar_backend not in backend_names():
+        raise ConfigError(
+            f"grammar_backend {settings.grammar_backend!r} is not available: use one of {backend_names()} "
+            f"(a backend whose package is not installed is not registered)"
+        )
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -49,6 +60,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    check_settings(settings)
     metrics = Metrics()
 
     @asynccontextmanager

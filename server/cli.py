@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             settings = _settings(args, workers=args.workers)
+            from server.app import check_settings
+
+            check_settings(settings)  # before any worker starts
             if settings.workers > 1:
                 from server.routing.cluster import ClusterError, serve_cluster
 

@@ -207,8 +207,10 @@ class Settings(BaseSettings):
         description="Tool state machine used when a request has no tool_choice (grammars/NAME.yaml, or a "
         "path); null = plain OpenAI 'auto'. Requests may pick another with the field tool_state_machine.",
     )
-    grammar_backend: Literal["xgrammar", "outlines"] = Field(
-        "xgrammar", description="Argument constraint backend."
+    grammar_backend: str = Field(
+        "xgrammar",
+        description="Argument constraint backend: one registered in server/masking/arguments.py "
+        "(checked at start by server.app.check_settings).",
     )
     workers: int = Field(
         1, ge=1, description="Worker processes behind one router (1 = in-process, no router)."
@@ -217,7 +219,6 @@ class Settings(BaseSettings):
     vllm: VllmSettings = VllmSettings()
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
-    log_prompts: bool = Field(False, description="Log prompt and completion text (debug only).")
 
     def engine_settings(self) -> EngineSettings:
         """The engine's own section (model, device, dtype, context, prefix cache, vLLM knobs)."""

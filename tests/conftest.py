@@ -15,6 +15,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
+from server.ports import free_port, wait_for_health  # noqa: E402,F401  (free_port: for test modules)
+
 # Property tests draw the same examples in every clone and on every run (CI must be
 # deterministic): derandomize (examples derived from the test itself), no example database.
 # HYPOTHESIS_PROFILE=explore draws new examples locally, to hunt for bugs.
@@ -37,14 +39,6 @@ def tokenizer(embedded_model_dir: Path):
     return AutoTokenizer.from_pretrained(embedded_model_dir)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @functools.cache
 def worker_settings():
     """The Settings of the shared test worker (the engine gets only its section of them)."""
@@ -65,9 +59,7 @@ def hf_engine(embedded_model_dir: Path):
 def running_server(app):
     """Serve an ASGI app with uvicorn on a free loopback port (in a thread); yields its URL."""
     import threading
-    import time
 
-    import httpx
     import uvicorn
 
     port = free_port()
@@ -75,15 +67,10 @@ def running_server(app):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code in (200, 401):
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    else:
-        raise RuntimeError("test server did not start")
+    try:
+        wait_for_health(url, 60, ok=(200, 401))
+    except TimeoutError:
+        raise RuntimeError("test server did not start") from None
     try:
         yield url
     finally:

@@ -37,3 +37,24 @@ def test_shipped_configs_load():
     root = Path(__file__).resolve().parents[1]
     s = load_settings(root / "configs" / "embedded.yaml")
     assert s.model == "embedded" and s.engine == "hf"
+
+
+def test_a_grammar_backend_that_is_not_registered_is_refused_before_start():
+    from server.app import build_app, check_settings
+    from server.config import ConfigError
+
+    settings = load_settings(grammar_backend="nope")  # the schema cannot know the registry
+    with pytest.raises(
+        ConfigError, match=r"grammar_backend 'nope' is not available: use one of \['xgrammar'"
+    ):
+        check_settings(settings)
+    with pytest.raises(ConfigError):
+        build_app(settings)
+    check_settings(load_settings())  # the default passes
+
+
+def test_log_prompts_is_gone():
+    from server.config import ConfigError
+
+    with pytest.raises(ConfigError, match="log_prompts"):
+        load_settings(log_prompts=True)

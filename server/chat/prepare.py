@@ -87,7 +87,7 @@ class Preparer:
         if req.n != 1:
             raise InvalidRequest(f"n={req.n} is not supported: only n=1; send separate requests", param="n")
 
-    def _tokenize(self, rendered: RenderedPrompt) -> tuple[list[int], array]:
+    def _tokenize(self, rendered: RenderedPrompt) -> tuple[list[int], array[int]]:
         enc = self.engine.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc["input_ids"]), array("l", (s for s, _ in enc["offset_mapping"]))
 
@@ -122,7 +122,7 @@ class Preparer:
         req: SamplingFields,
         tenant: str,
         ids: list[int],
-        offsets: array,
+        offsets: array[int],
         rendered: RenderedPrompt,
         messages: list[dict[str, Any]] | None = None,
         tools: list[dict[str, Any]] | None = None,

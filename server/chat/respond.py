@@ -36,9 +36,15 @@ from server.protocol import (
 )
 
 
+def _tools(p: Prepared) -> list[dict[str, Any]] | None:
+    """The request's tools: their schemas type Qwen3-Coder's XML argument values."""
+    return p.tool_spec.tools if p.tool_spec is not None else None
+
+
 def _call(p: Prepared, index: int, call: ParsedCall) -> ToolCallOut:
     return ToolCallOut(
-        id=call_id(p.call_id_style or {}, p.request_id, index),
+        # an id the model wrote itself (Mistral v3's envelope) is the call's id: the history renders it back
+        id=call.id or call_id(p.call_id_style or {}, p.request_id, index),
         function=FunctionCallOut(name=call.name, arguments=call.arguments),
     )
 
@@ -73,7 +79,7 @@ def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: 
     if p.kind == "text":
         text = TextChoice(text=out.text, finish_reason=out.finish_reason)
         return CompletionResponse(**head, choices=[text], usage=usage(p, out)).model_dump()
-    parser = StreamingToolCallParser(envelope)
+    parser = StreamingToolCallParser(envelope, _tools(p))
     parser.feed(p.prefill + out.text)
     parser.finish()
     parsed = parser.result()
@@ -95,7 +101,7 @@ class StreamChunks:
         self.p = p
         self.chat = p.kind == "chat"
         self.head = {"id": p.request_id, "created": p.created, "model": model}
-        self.parser = StreamingToolCallParser(envelope) if self.chat else None
+        self.parser = StreamingToolCallParser(envelope, _tools(p)) if self.chat else None
         self.finish_reason = "stop"
 
     def _chunk(self, delta: ChatDelta | str, finish: str | None = None, **ext: Any) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from server.errors import AgentServeError, ContextLengthExceeded, GenerationErro
 from server.masking.bitmask import model_eos_ids
 from server.masking.builder import ConstraintBuilder
 from server.masking.constraint import ToolConstraint
-from server.masking.spec import PROCESSOR_FQCN
+from server.masking.spec import PROCESSOR_FQCN, ToolSpec
 from server.model_store import resolve_model
 
 log = logging.getLogger(__name__)
@@ -252,6 +252,10 @@ class VllmEngine:
             seed = None
         extra: dict[str, Any] | None = None
         if request.tool_spec is not None:
+            try:  # the processor's own check (validate_params), here before the mirror is built
+                ToolSpec.from_json(request.tool_spec.to_json())
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), param="tools") from None
             extra = replace(request.tool_spec, request_id=request.request_id).to_extra_args()
         try:
             return SamplingParams(

@@ -77,13 +77,13 @@ class MaskApplier:
 
     def fill(
         self, constraints: Sequence[TokenConstraint | None], pin: bool = False
-    ) -> tuple[torch.Tensor, list]:
+    ) -> tuple[torch.Tensor, list[int]]:
         """Fill the rows of the constrained requests; returns (bitmask[:B], constrained row indices)."""
         if pin and not self._pin and self._host:
             self._host.clear()  # reallocate pinned
         self._pin = self._pin or pin
         bitmask = self.buffer(len(constraints))
-        rows = []
+        rows: list[int] = []
         for i, c in enumerate(constraints):
             if c is not None:
                 c.fill_next_token_bitmask(bitmask, i)

@@ -49,4 +49,7 @@ class ConstraintBuilder:
     def build(self, spec: ToolSpec) -> ToolConstraint | None:
         """The request's constraint (None when the spec has no tools: nothing to enforce)."""
         eos = spec.eos_token_ids or self.eos_token_ids
-        return self.factory(spec.envelope, spec.backend).build(spec.tools, spec.plan, eos)
+        built: ToolConstraint | None = self.factory(spec.envelope, spec.backend).build(
+            spec.tools, spec.plan, eos
+        )
+        return built

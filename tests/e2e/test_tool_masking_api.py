@@ -144,8 +144,13 @@ def test_state_machine_switches_and_mode_switches_keep_the_cache(server_url):
     r2 = post(server_url, msgs, prompt_cache_key=key, tool_state_machine="reply_first")
     assert r2["tool_state"]["state"] == "browsing" and r2["tool_state"]["mode"] == "auto"
     assert all(n.startswith("browser_") for n in r2["tool_state"]["allowed"])
-    for call in r2["choices"][0]["message"].get("tool_calls") or []:
-        assert call["function"]["name"].startswith("browser_")
+    message = r2["choices"][0]["message"]
+    if message.get("tool_calls"):  # the model may call a browser_ tool or answer in text, nothing else
+        assert all(c["function"]["name"].startswith("browser_") for c in message["tool_calls"])
+    else:
+        assert (
+            "<tool_call>" not in (message["content"] or "") and r2["choices"][0]["finish_reason"] != "error"
+        )
     # the prompt grew and the mode changed, yet the cache still covers the earlier turn
     assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.9 * r1["usage"]["prompt_tokens"] - 32
     # 3. after a shell_ call -> shell state; an explicit tool_choice wins over the machine

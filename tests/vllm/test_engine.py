@@ -27,7 +27,7 @@ from server.config import load_settings  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.errors import ContextLengthExceeded, InvalidRequest  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
-from server.masking.constraint import ConstraintFactory  # noqa: E402
+from server.masking.spec import ToolSpec  # noqa: E402
 from server.masking.tool_choice import plan_tools  # noqa: E402
 from server.protocol import ChatMessage  # noqa: E402
 
@@ -92,29 +92,6 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 def ids_of(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-class SpecConstraint:
-    """A ToolConstraint plus its JSON spec (what ToolConstraint.to_extra_args() is to return)."""
-
-    def __init__(self, constraint, spec: dict) -> None:
-        self.c, self.spec = constraint, spec
-
-    @property
-    def error(self):
-        return self.c.error
-
-    def fill_next_token_bitmask(self, bitmask, index=0):
-        self.c.fill_next_token_bitmask(bitmask, index)
-
-    def accept_token(self, token_id):
-        return self.c.accept_token(token_id)
-
-    def is_terminated(self):
-        return self.c.is_terminated()
-
-    def to_extra_args(self) -> dict:
-        return {"agentserve": self.spec}
 
 
 def test_engine_shape(engine):
@@ -193,7 +170,9 @@ def test_prompt_over_the_context_is_a_400(engine, loop):
 
 
 def test_spec_rejected_by_the_processor_is_a_400(engine, loop, tokenizer):
-    bad = SpecConstraint(None, {"tools": "not a list", "plan": {}})
+    hermes = load_envelope("hermes")
+    plan = plan_tools(TOOLS, "required", [{"role": "user", "content": "x"}], False, None, hermes)
+    bad = ToolSpec(TOOLS, plan, backend="nope")  # what the processor's validate_params refuses too
     with pytest.raises(InvalidRequest, match="vllm_xargs") as info:
         loop.run(collect(engine, GenerationRequest("badspec", [1, 2, 3], SamplingParams(max_tokens=4), bad)))
     assert info.value.status == 400
@@ -205,12 +184,9 @@ def _tool_request(engine, tokenizer, rid: str, choice, temperature: float, seed:
     plan = plan_tools(TOOLS, choice, [m.model_dump(exclude_none=True) for m in messages], False, None, hermes)
     rendered = render_chat(messages, TOOLS, hermes)
     prompt = ids_of(tokenizer, rendered.text) + (ids_of(tokenizer, plan.prefill) if plan.prefill else [])
-    factory = ConstraintFactory(engine.tokenizer, engine.vocab_size, hermes)
-    eos = list(engine.eos_token_ids)
-    spec = {"tools": TOOLS, "plan": plan.to_dict(), "envelope": "hermes", "eos_token_ids": eos}
-    constraint = SpecConstraint(factory.build(TOOLS, plan, engine.eos_token_ids), spec)
+    spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", engine.eos_token_ids)
     sampling = SamplingParams(max_tokens=200, temperature=temperature, seed=seed)
-    return GenerationRequest(rid, prompt, sampling, constraint), plan
+    return GenerationRequest(rid, prompt, sampling, spec), plan
 
 
 def test_constrained_requests_return_valid_tool_calls_beside_a_free_one(engine, loop, tokenizer):
@@ -239,7 +215,6 @@ def test_constrained_requests_return_valid_tool_calls_beside_a_free_one(engine, 
         call = parsed.tool_calls[0]
         assert call.name in plan.allowed, text
         jsonschema.validate(json.loads(call.arguments), schemas[call.name])
-        assert req.constraint.is_terminated()
     assert plain[-1].finish_reason in ("stop", "length") and plain[-1].error is None
     assert "<tool_call>" not in tokenizer.decode([t for c in plain for t in c.token_ids])
 
@@ -263,15 +238,6 @@ def test_chat_service_on_vllm_returns_a_tool_call_and_cached_tokens(engine, loop
 
     settings = load_settings(None, engine="vllm", served_model_name="smol")
     service = ChatService(engine, settings, Metrics())
-    build = service.constraints.build
-
-    def build_with_spec(tools, plan, eos):  # what ToolConstraint.to_extra_args() will provide
-        c = build(tools, plan, eos)
-        spec = {"tools": tools, "plan": plan.to_dict(), "envelope": settings.envelope,
-                "backend": settings.grammar_backend, "eos_token_ids": list(eos)}
-        return None if c is None else SpecConstraint(c, spec)
-
-    monkeypatch.setattr(service.constraints, "build", build_with_spec)
     body = {
         "model": "smol",
         "messages": [{"role": "user", "content": "Open https://example.org in the browser."}],

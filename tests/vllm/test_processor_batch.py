@@ -115,9 +115,16 @@ def test_more_constrained_rows_than_max_num_seqs_grows_the_bitmask():
 
 
 def test_validate_params_rejects_bad_specs_with_value_error():
-    with pytest.raises(ValueError, match="must be a list"):
-        AllowListProcessor.validate_params(SamplingParams(extra_args={"agentserve": {"allow": 3}}))
-    AllowListProcessor.validate_params(SamplingParams(extra_args={"other": 1}))
+    """The real processor's check (not the test helper's override): ToolSpec.from_json."""
+    from server.masking.vllm_processor import AgentserveLogitsProcessor
+
+    with pytest.raises(ValueError, match="tools must be a list"):
+        AgentserveLogitsProcessor.validate_params(
+            SamplingParams(extra_args={"agentserve": {"tools": 3, "plan": {}}})
+        )
+    with pytest.raises(ValueError, match="unknown keys"):
+        AgentserveLogitsProcessor.validate_params(SamplingParams(extra_args={"agentserve": {"allow": [1]}}))
+    AgentserveLogitsProcessor.validate_params(SamplingParams(extra_args={"other": 1}))  # not ours: untouched
 
 
 @pytest.mark.parametrize("seed", range(5))
