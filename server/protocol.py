@@ -255,11 +255,19 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda v: v is None)
 
 
+class IncompleteToolCall(BaseModel):
+    """Extension: the call a reply was cut inside (finish_reason "length"); never executed-looking."""
+
+    name: str  # the tool name as far as it was written (may itself be cut)
+    arguments_so_far: str  # the arguments text as written, unaltered (not valid JSON)
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     logprobs: None = None
     finish_reason: str
+    incomplete_tool_call: IncompleteToolCall | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class TextChoice(BaseModel):
@@ -284,6 +292,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: None = None
     finish_reason: str | None = None
+    incomplete_tool_call: IncompleteToolCall | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class _Response(BaseModel):

@@ -189,12 +189,17 @@ class Preparer:
         key = session_key(body, headers)
         return SessionKey(namespaced_session(tenant, key.key), key.source)
 
-    def _tool_spec(self, tools: list[dict[str, Any]], plan: ToolPlan) -> ToolSpec | None:
+    def _tool_spec(self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int) -> ToolSpec | None:
         """The request's ToolSpec, built once by the engine's builder (compiles and caches; 400s here)."""
         if not tools:
             return None
         spec = ToolSpec(
-            tools, plan, self.envelope_name, self.settings.grammar_backend, self.engine.eos_token_ids
+            tools,
+            plan,
+            self.envelope_name,
+            self.settings.grammar_backend,
+            self.engine.eos_token_ids,
+            budget=budget,
         )
         self.engine.constraints.build(spec)
         return spec
@@ -239,7 +244,7 @@ class Preparer:
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             prefill=plan.prefill,
             plan=plan,
-            tool_spec=self._tool_spec(tools, plan),
+            tool_spec=self._tool_spec(tools, plan, sampling.max_tokens),
             cache_salt=cache_salt(tenant, self.settings.auth),
             call_id_style=self.call_id_style,
             compare_with=req.comparison_response_id(),

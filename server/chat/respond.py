@@ -27,6 +27,7 @@ from server.protocol import (
     CompletionChunk,
     CompletionResponse,
     FunctionCallOut,
+    IncompleteToolCall,
     PromptTokensDetails,
     TextChoice,
     ToolCallDelta,
@@ -47,6 +48,24 @@ def _call(p: Prepared, index: int, call: ParsedCall) -> ToolCallOut:
         id=call.id or call_id(p.call_id_style or {}, p.request_id, index),
         function=FunctionCallOut(name=call.name, arguments=call.arguments),
     )
+
+
+def finish_parser(parser: StreamingToolCallParser, finish: str, envelope: Envelope):
+    """Flush the parser. A reply cut ("length") inside a call keeps the call's text out of the
+    content and returns it as an ``IncompleteToolCall`` (name + arguments as written, unaltered)."""
+    cut = finish == "length" and parser.in_call
+    events = parser.finish(unfinished_as_content=not cut)
+    return events, (incomplete_call(parser.unfinished or "", envelope) if cut else None)
+
+
+def incomplete_call(text: str, envelope: Envelope) -> IncompleteToolCall:
+    """Name and arguments so far of a cut call's text (``<tool_call>\n{"name": "x", "arguments": {"a``)."""
+    at = text.rfind(envelope.name_open)
+    body = text[at + len(envelope.name_open) :] if at >= 0 else ""
+    name, sep, args = body.partition(envelope.name_close)
+    if not sep and envelope.name_close:  # cut inside the name or inside name_close ('"', '[ARGS'):
+        name = name.split(envelope.name_close[0])[0]  # names hold no quote and no '['
+    return IncompleteToolCall(name=name, arguments_so_far=args)
 
 
 def usage(p: Prepared, out: GenerationResult) -> Usage:
@@ -81,7 +100,7 @@ def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: 
         return CompletionResponse(**head, choices=[text], usage=usage(p, out)).model_dump()
     parser = StreamingToolCallParser(envelope, _tools(p))
     parser.feed(p.prefill + out.text)
-    parser.finish()
+    _, cut = finish_parser(parser, out.finish_reason, envelope)
     parsed = parser.result()
     finish = out.finish_reason
     calls = None
@@ -90,7 +109,7 @@ def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: 
         if finish == "stop":
             finish = "tool_calls"
     message = AssistantMessage(content=parsed.content, tool_calls=calls)
-    choice = ChatChoice(message=message, finish_reason=finish)
+    choice = ChatChoice(message=message, finish_reason=finish, incomplete_tool_call=cut)
     return ChatCompletionResponse(**head, choices=[choice], usage=usage(p, out)).model_dump()
 
 
@@ -101,12 +120,16 @@ class StreamChunks:
         self.p = p
         self.chat = p.kind == "chat"
         self.head = {"id": p.request_id, "created": p.created, "model": model}
+        self.envelope = envelope
         self.parser = StreamingToolCallParser(envelope, _tools(p)) if self.chat else None
         self.finish_reason = "stop"
+        self.incomplete: IncompleteToolCall | None = None
 
-    def _chunk(self, delta: ChatDelta | str, finish: str | None = None, **ext: Any) -> dict[str, Any]:
+    def _chunk(
+        self, delta: ChatDelta | str, finish: str | None = None, cut: Any = None, **ext: Any
+    ) -> dict[str, Any]:
         if isinstance(delta, ChatDelta):
-            choice = ChatChunkChoice(delta=delta, finish_reason=finish)
+            choice = ChatChunkChoice(delta=delta, finish_reason=finish, incomplete_tool_call=cut)
             return ChatCompletionChunk(**self.head, **ext, choices=[choice]).model_dump()
         text = TextChoice(text=delta, finish_reason=finish)
         return CompletionChunk(**self.head, **ext, choices=[text]).model_dump()
@@ -140,7 +163,8 @@ class StreamChunks:
         self.finish_reason = out.finish_reason
         if self.parser is None:
             return []
-        res = self._deltas(self.parser.finish())
+        events, self.incomplete = finish_parser(self.parser, out.finish_reason, self.envelope)
+        res = self._deltas(events)
         if self.parser.calls and self.finish_reason == "stop":
             self.finish_reason = "tool_calls"
         return res
@@ -148,7 +172,7 @@ class StreamChunks:
     def final(self, out: GenerationResult) -> list[dict[str, Any]]:
         """The final chunk (finish reason + extensions), then the usage chunk when asked for."""
         ext = extensions(self.p, out)
-        end = self._chunk(ChatDelta() if self.chat else "", self.finish_reason, **ext)
+        end = self._chunk(ChatDelta() if self.chat else "", self.finish_reason, self.incomplete, **ext)
         if not self.p.include_usage:
             return [end]
         kind = ChatCompletionChunk if self.chat else CompletionChunk

@@ -50,6 +50,6 @@ class ConstraintBuilder:
         """The request's constraint (None when the spec has no tools: nothing to enforce)."""
         eos = spec.eos_token_ids or self.eos_token_ids
         built: ToolConstraint | None = self.factory(spec.envelope, spec.backend).build(
-            spec.tools, spec.plan, eos
+            spec.tools, spec.plan, eos, budget=spec.budget
         )
         return built

@@ -26,7 +26,9 @@ Phases (Hermes strings in brackets; what differs per envelope is precomputed in
   call id where the envelope has one). Special tokens are masked out of its rows.
 * AFTER: end of sequence, or (``parallel``) another call: its separator, or its special
   token. Without parallel calls only EOS may follow, so ``is_terminated()`` is already
-  True. An envelope with ``calls_close`` (Mistral v3's ``]``) has each call's grammar end
+  True. With a token budget (``max_tokens``), another call may start only while the
+  budget left holds the shortest complete call of an allowed tool (``min_call``): a call
+  that cannot finish is never begun. An envelope with ``calls_close`` (Mistral v3's ``]``) has each call's grammar end
   with the close (then DONE) or the separator (then CALL, in the next call's lead).
 * DONE / ERROR: nothing may follow; the mask allows EOS only so a stray step is safe.
 
@@ -44,6 +46,7 @@ import numpy as np
 from server.families.envelope import Envelope
 from server.masking.arguments import make_backend, sorted_properties, tool_schema
 from server.masking.envelope_masks import EnvelopeMasks
+from server.masking.min_call import minimal_call_tokens
 from server.masking.tool_choice import ToolPlan, tool_names
 from server.masking.trie import NameTrie
 from server.masking.vocab import TokenVocab
@@ -71,6 +74,7 @@ class ConstraintFactory:
         any_whitespace: bool = False,
         vocab: TokenVocab | None = None,
     ) -> None:
+        self.tokenizer = tokenizer
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size)
         self.envelope = envelope
         self.backend_name = backend
@@ -82,8 +86,17 @@ class ConstraintFactory:
         """The trie of further (parallel) calls; ``masks.first_trie`` is the first call's."""
         return self.masks.next_trie(names)
 
-    def build(self, tools: list[dict] | None, plan: ToolPlan, eos_token_ids: tuple[int, ...] | list[int]):
-        """The constraint for one request, or None when no tools were given (nothing to enforce)."""
+    def build(
+        self,
+        tools: list[dict] | None,
+        plan: ToolPlan,
+        eos_token_ids: tuple[int, ...] | list[int],
+        budget: int | None = None,
+    ):
+        """The constraint for one request, or None when no tools were given (nothing to enforce).
+
+        ``budget``: the tokens the reply may have (max_tokens), None = unlimited.
+        """
         names = tool_names(tools)
         if not names:
             return None
@@ -113,7 +126,11 @@ class ConstraintFactory:
                     call_id=env.call_id,
                     tails=tails,
                 )
-        return ToolConstraint(self, plan, tries, subset, compiled, eos)
+        c = ToolConstraint(self, plan, tries, subset, compiled, eos)
+        if budget is not None and c.parallel and plan.allowed and self.tokenizer is not None:
+            c.budget = budget
+            c.min_call = minimal_call_tokens(self.tokenizer, self.envelope, tools or [], plan.allowed)
+        return c
 
     # --- rows (kept here for callers of the factory) ------------------------------------------------
     def eos_row(self, eos: tuple[int, ...]) -> np.ndarray:
@@ -130,6 +147,9 @@ class ToolConstraint:
         self.eos, self.eos_set = eos, frozenset(eos)
         self.error: str | None = None
         self.calls: list[str] = []  # names of the calls written so far
+        self.budget: int | None = None  # tokens the reply may have (None: no limit); see more_calls
+        self.min_call = 0  # tokens of the shortest complete further call of an allowed tool
+        self.used = 0  # tokens accepted so far
         self.q, self.node, self.tool, self.matcher, self.tail = 0, 0, -1, None, b""
         self.parallel = plan.parallel and factory.envelope.parallel
         self.at_start = (
@@ -166,7 +186,7 @@ class ToolConstraint:
             self.matcher.fill(bitmask, index)  # opaque tokens are never in its rows
             return
         elif ph == Phase.AFTER:
-            row = m.after_row(self.next_trie, self.subset, self.eos, self.parallel)
+            row = m.after_row(self.next_trie, self.subset, self.eos, self.more_calls())
         else:
             row = m.eos_row(self.eos)
         self._write(bitmask, index, row)
@@ -175,13 +195,21 @@ class ToolConstraint:
         if self.phase == Phase.ERROR:
             return False
         try:
-            return self._accept(int(token_id))
+            ok = self._accept(int(token_id))
+            self.used += ok
+            return ok
         except Exception as exc:  # never raise inside the decode loop
             return self._reject(f"internal error in the tool constraint ({type(exc).__name__}: {exc})")
 
     def is_terminated(self) -> bool:
         ph = self.phase
-        return ph >= Phase.DONE or (ph == Phase.AFTER and not self.parallel)
+        return ph >= Phase.DONE or (ph == Phase.AFTER and not self.more_calls())
+
+    def more_calls(self) -> bool:
+        """May another (parallel) call start now? Not without budget to finish the shortest one."""
+        if not self.parallel:
+            return False
+        return self.budget is None or self.budget - self.used >= self.min_call
 
     # --- internals -------------------------------------------------------------------------------
     def _view(self, bitmask: Any) -> Any:
@@ -306,7 +334,7 @@ class ToolConstraint:
         if tid in self.eos_set:
             self.phase = Phase.DONE
             return True
-        if self.parallel:
+        if self.more_calls():
             if m.next_token is not None:
                 if tid == m.next_token:
                     self.trie = self.next_trie
@@ -317,7 +345,7 @@ class ToolConstraint:
                 if st is not None:
                     self.trie = self.next_trie
                     return self._advance(st)
-        more = " or another tool call" if self.parallel else ""
+        more = " or another tool call" if self.more_calls() else ""
         return self._reject(
             f"token {self._what(tid)} is not allowed after a tool call: only end of sequence{more}"
         )

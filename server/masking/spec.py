@@ -22,7 +22,7 @@ from server.masking.tool_choice import ToolPlan
 
 EXTRA_ARGS_KEY = "agentserve"  # the key of the spec in vLLM's SamplingParams.extra_args
 PROCESSOR_FQCN = "server.masking.vllm_processor:AgentserveLogitsProcessor"  # vLLM logits_processors entry
-_KEYS = ("tools", "plan", "envelope", "backend", "eos_token_ids", "request_id")
+_KEYS = ("tools", "plan", "envelope", "backend", "eos_token_ids", "request_id", "budget")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class ToolSpec:
     backend: str = "xgrammar"  # an arguments backend registered in server.masking.arguments
     eos_token_ids: tuple[int, ...] = ()  # () = the model's own (the engine fills them in)
     request_id: str | None = field(default=None, compare=False)  # only to tag log lines
+    budget: int | None = None  # max_tokens of the reply: no parallel call is begun that cannot finish
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-safe form (what ``from_json`` reads back)."""
@@ -45,6 +46,8 @@ class ToolSpec:
         }
         if self.request_id is not None:
             out["request_id"] = self.request_id
+        if self.budget is not None:
+            out["budget"] = self.budget
         return out
 
     def to_extra_args(self) -> dict[str, Any]:
@@ -93,6 +96,9 @@ class ToolSpec:
         if missing:
             raise ValueError(f"{where}.plan allows tools {missing} that are not in {where}.tools: add them")
         request_id = spec.get("request_id")
+        budget = spec.get("budget")
+        if budget is not None and (not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"{where}.budget must be a token count (int >= 0) or absent, got {budget!r}")
         return cls(
             tools,
             plan,
@@ -100,4 +106,5 @@ class ToolSpec:
             backend,
             tuple(eos or ()),
             str(request_id) if request_id is not None else None,
+            budget,
         )
