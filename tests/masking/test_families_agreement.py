@@ -86,8 +86,6 @@ def test_history_call_equals_what_the_masks_write(official, ref, case):
     canonical = [(n, json.dumps(a, sort_keys=env.key_order == "sorted", ensure_ascii=False), IDS[i])
                  for i, (n, a) in enumerate(calls)]  # fmt: skip
     expected = env.render_calls(canonical, content + ("\n\n" if content and env.trigger == "text" else ""))
-    if ref == "hermes" and case != "one":
-        pytest.xfail("hermes keeps the schema's key order (as before); the history sorts keys")
     if ref == "llama3_json" and case == "keys_out_of_order":
         pytest.xfail("llama-models writes arguments with ensure_ascii (\\u00e4); the grammar writes UTF-8")
     if ref == "hermes" and content:
