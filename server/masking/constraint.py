@@ -28,8 +28,9 @@ Phases (Hermes strings in brackets; what differs per envelope is precomputed in
   token. Without parallel calls only EOS may follow, so ``is_terminated()`` is already
   True. With a token budget (``max_tokens``), another call may start only while the
   budget left holds the shortest complete call of an allowed tool (``min_call``): a call
-  that cannot finish is never begun. An envelope with ``calls_close`` (Mistral v3's ``]``) has each call's grammar end
-  with the close (then DONE) or the separator (then CALL, in the next call's lead).
+  that cannot finish is never begun. An envelope with ``calls_close`` (Mistral v3's ``]``)
+  has each call's grammar end with the close (then DONE) or the separator (then CALL, in
+  the next call's lead).
 * DONE / ERROR: nothing may follow; the mask allows EOS only so a stray step is safe.
 
 ``accept_token`` never raises: a rejected token returns False, sets ``error`` (what

@@ -37,10 +37,9 @@ def test_another_call_needs_the_budget_of_the_shortest_call(factory, tokenizer, 
 
     probe = factory.build(swe_tools, plan, EOS, budget=10_000)
     need = probe.min_call
-    shortest = min(
-        len(tokenizer.encode(minimal_call_text(hermes, t["function"]["name"], t["function"].get("parameters"))))
-        for t in swe_tools
-    )
+    fns = [t["function"] for t in swe_tools]
+    texts = [minimal_call_text(hermes, f["name"], f.get("parameters")) for f in fns]
+    shortest = min(len(tokenizer.encode(text)) for text in texts)
     assert need == shortest > 5
 
     enough = factory.build(swe_tools, plan, EOS, budget=used + need)
