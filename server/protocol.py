@@ -155,7 +155,28 @@ class PromptCacheOptions(_Loose):
     comparison_response_id: str | None = Field(None, max_length=256)
 
 
+# OpenAI (and vLLM-extension) parameters that change what is generated but are not implemented
+# yet: sent with a value other than the neutral one, they are a 400 naming the field (never
+# silently dropped). Other unknown top-level fields (metadata, store, service_tier, ...) change
+# nothing here and are accepted.
+UNSUPPORTED_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0, None),
+    "presence_penalty": (0, 0.0, None),
+    "repetition_penalty": (1, 1.0, None),
+    "logit_bias": (None,),  # {} is neutral too (checked as empty)
+    "logprobs": (False, None),
+    "top_logprobs": (0, None),
+    "top_k": (-1, 0, None),
+    "min_p": (0, 0.0, None),
+    "best_of": (1, None),
+    "functions": (None,),
+    "function_call": (None,),
+    "prediction": (None,),
+}
+
+
 class SamplingFields(_Loose):
+    model_config = ConfigDict(extra="allow")  # unknown fields are kept so the service can judge them
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -170,6 +191,15 @@ class SamplingFields(_Loose):
     prompt_cache_key: str | None = None
     prompt_cache_options: PromptCacheOptions | None = None  # OpenAI's comparison_response_id
     cache_compare_with: str | None = Field(None, max_length=256)  # extension: a response id
+
+    def unsupported_fields(self) -> list[str]:
+        """Sent fields that would change the output but are not implemented (see UNSUPPORTED_NEUTRAL)."""
+        extra = self.model_extra or {}
+        return [
+            k
+            for k, neutral in UNSUPPORTED_NEUTRAL.items()
+            if k in extra and extra[k] not in neutral and extra[k] != {}
+        ]
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

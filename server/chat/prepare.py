@@ -86,6 +86,13 @@ class Preparer:
             )
         if req.n != 1:
             raise InvalidRequest(f"n={req.n} is not supported: only n=1; send separate requests", param="n")
+        bad = req.unsupported_fields()
+        if bad:
+            raise InvalidRequest(
+                f"{bad[0]} is not supported by this server yet (it would change the output, so it is not "
+                f"ignored): leave it out or send its neutral value",
+                param=bad[0],
+            )
 
     def _tokenize(self, rendered: RenderedPrompt) -> tuple[list[int], array[int]]:
         enc = self.engine.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
