@@ -294,7 +294,8 @@ class HFEngine:
             tail=True,
             session=req.session_key,
         )
-        self.cache.reply_finished(req.session_key)
+        # a person by default (a client of the engine alone); the service's word, if it came first, stands
+        self.cache.reply_finished(req.session_key, if_running=True)
 
     def reply_finished(self, session_key: str, tool_names: list[str] | tuple[str, ...] = ()) -> None:
         """The service says what the session's reply ended with: tool calls (named) or text."""

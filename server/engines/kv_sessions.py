@@ -156,8 +156,15 @@ class SessionBook:
         rest = s.chain_tokens - n_full * bs
         return n_full * bs + (_lcp(s.tail_tokens[:rest], token_ids[n_full * bs :]) if rest else 0)
 
-    def reply_finished(self, session: str, tool_names: Sequence[str], now: float) -> None:
+    def reply_finished(
+        self, session: str, tool_names: Sequence[str], now: float, *, if_running: bool = False
+    ) -> None:
+        """The reply ended: the session waits on ``tool_names`` (or a person). ``if_running``: only
+        when nobody said so yet for this turn (the engine's default must not overwrite the service's
+        word, which can arrive first: the final chunk is emitted before the engine retains the KV)."""
         s, _ = self.sessions.touch(session)
+        if if_running and s.state != "running":
+            return
         s.state = "tool" if tool_names else "person"
         s.waiting_on = tuple(tool_names) if tool_names else (PERSON,)
         s.since = now

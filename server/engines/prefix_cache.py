@@ -307,11 +307,14 @@ class PrefixCache(BlockIndex):
             self._forget(k)
 
     # -- sessions -----------------------------------------------------------------
-    def reply_finished(self, session: str, tool_names: Sequence[str] = ()) -> None:
-        """The session's reply ended: it now waits on ``tool_names`` (or on a person if none)."""
+    def reply_finished(
+        self, session: str, tool_names: Sequence[str] = (), *, if_running: bool = False
+    ) -> None:
+        """The session's reply ended: it now waits on ``tool_names`` (or on a person if none);
+        ``if_running``: only if the session's state was not set since its request began."""
         if session and self.enabled:
             with self._lock:
-                self.book.reply_finished(session, tool_names, self.clock())
+                self.book.reply_finished(session, tool_names, self.clock(), if_running=if_running)
 
     def end_session(self, session: str) -> None:
         """The session is over: its blocks are the first to go."""
