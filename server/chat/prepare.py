@@ -228,6 +228,13 @@ class Preparer:
             )
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self._check_tools(tools)
+        rules = getattr(getattr(self.renderer, "family", None), "rules", None)
+        if tools and rules is not None and rules.tools_unsupported:  # family data: masks cannot serve it
+            raise InvalidRequest(
+                f"tool calling is not supported for this model's family ({self.family_ref}) yet: "
+                f"{rules.tools_unsupported}",
+                param="tools",
+            )
         rendered = render_chat(req.messages, tools, self.renderer)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         machine = self._machine(req.tool_state_machine)

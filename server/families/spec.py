@@ -53,6 +53,7 @@ class Rules:
     tool_result_needs_id: bool = False  # a tool message must carry tool_call_id
     calls_with_content: bool = True  # an assistant message may have both text and tool calls
     arguments_must_be_object: bool = False  # call arguments must be a JSON object
+    tools_unsupported: str | None = None  # why tools cannot be served for this family yet (a 400)
 
 
 @dataclass(frozen=True)
