@@ -13,7 +13,7 @@ from typing import Any
 
 from server.chat.generate import GenerationResult
 from server.chat.prepare import Prepared
-from server.chat.toolcalls import CallDelta, ContentDelta, ParsedCall, StreamingToolCallParser
+from server.chat.toolcalls import CallDelta, ContentDelta, Events, ParsedCall, StreamingToolCallParser
 from server.families.envelope import Envelope
 from server.families.render import call_id
 from server.protocol import (
@@ -50,7 +50,9 @@ def _call(p: Prepared, index: int, call: ParsedCall) -> ToolCallOut:
     )
 
 
-def finish_parser(parser: StreamingToolCallParser, finish: str, envelope: Envelope):
+def finish_parser(
+    parser: StreamingToolCallParser, finish: str, envelope: Envelope
+) -> tuple[Events, IncompleteToolCall | None]:
     """Flush the parser. A reply cut ("length") inside a call keeps the call's text out of the
     content and returns it as an ``IncompleteToolCall`` (name + arguments as written, unaltered)."""
     cut = finish == "length" and parser.in_call
