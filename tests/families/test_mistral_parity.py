@@ -11,7 +11,6 @@ from the same vocabulary file.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -27,51 +26,9 @@ VERSIONS = ["v3", "v3_spm", "v7", "v11", "v13"]
 CASES = conversations()
 
 
-def _tekken(version: str, folder: Path) -> Path:
-    """The bundled tekken vocabulary labelled as ``version`` (with [ARGS]/[CALL_ID] from v11 on)."""
-    from server.families.tokenizers import tekken_file
-
-    data = json.loads(tekken_file().read_text())
-    data["config"]["version"] = version
-    data.pop("image", None)
-    if version in ("v11", "v13"):
-        names = (
-            [
-                "<unk>",
-                "<s>",
-                "</s>",
-                "[INST]",
-                "[/INST]",
-                "[AVAILABLE_TOOLS]",
-                "[/AVAILABLE_TOOLS]",
-                "[TOOL_RESULTS]",
-                "[/TOOL_RESULTS]",
-                "[TOOL_CALLS]",
-                "[IMG]",
-                "<pad>",
-                "[IMG_BREAK]",
-                "[IMG_END]",
-                "[PREFIX]",
-                "[MIDDLE]",
-                "[SUFFIX]",
-                "[SYSTEM_PROMPT]",
-                "[/SYSTEM_PROMPT]",
-                "[TOOL_CONTENT]",
-            ]
-            + [f"<SPECIAL_{i}>" for i in range(20, 32)]
-            + ["[ARGS]", "[CALL_ID]"]
-        )
-        data["special_tokens"] = [
-            {"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(names)
-        ]
-    path = folder / f"tekken_{version}.json"
-    path.write_text(json.dumps(data))
-    return path
-
-
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
-    from server.families.tokenizers import mistral_spm_tokenizer, tekken_tokenizer
+    from server.families.tokenizers import mistral_spm_tokenizer, tekken_tokenizer, write_tekken
 
     folder = tmp_path_factory.mktemp("tekken")
     out = {}
@@ -84,7 +41,7 @@ def tokenizers(tmp_path_factory):
             official = MistralTokenizer.v3()
             ours = mistral_spm_tokenizer()
         else:
-            path = _tekken(v, folder)
+            path = write_tekken(v, folder / f"tekken_{v}.json")
             official = MistralTokenizer.from_file(str(path))
             ours = tekken_tokenizer(str(path))
         out[v] = (official, ours)
