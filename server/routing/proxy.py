@@ -91,7 +91,8 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
     call = ProxyCall(
-        router, scope["method"], target.decode("latin-1"), out, body, key, prefix, t0, new_session
+        router, scope["method"], target.decode("latin-1"), out, body, key, prefix, t0, new_session,
+        assistant_turns(body),
     )
     await call(receive, send)
 
@@ -119,6 +120,13 @@ def is_first_turn(body: bytes) -> bool:
     """A chat request with no assistant message yet: a session's first turn (slow start lets only
     these onto a warming worker). Conservative: the bytes '"assistant"' anywhere mean no."""
     return b'"messages"' in body and b'"assistant"' not in body
+
+
+def assistant_turns(body: bytes) -> int | None:
+    """A chat request's turn: its assistant messages (counted as the bytes '"assistant"', so text
+    quoting that word only makes the request look older: a looser load bound, never a stricter
+    one); None for a request without messages."""
+    return body.count(b'"assistant"') if b'"messages"' in body else None
 
 
 def route_keys(body: bytes, headers: dict[str, str], with_prefix: bool) -> tuple[str, str | None]:
@@ -152,10 +160,12 @@ class ProxyCall:
         prefix: str | None,
         t0: float,
         new_session: bool = True,
+        turns: int | None = None,
     ) -> None:
         self.router, self.method, self.target, self.headers = router, method, target, headers
         self.body, self.key, self.prefix, self.t0 = body, key, prefix, t0
         self.new_session = new_session
+        self.turns = turns
 
     async def __call__(self, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -190,7 +200,7 @@ class ProxyCall:
     async def _run(self, send: Send) -> None:
         m = self.router.metrics
         try:
-            order, outcome = self.router.plan(self.key, self.prefix, self.new_session)
+            order, outcome = self.router.plan(self.key, self.prefix, self.new_session, self.turns)
         except UpstreamUnavailable as exc:
             m.upstream_errors.labels("none", "no_worker").inc()
             await send_json(send, exc.status, exc.body())
