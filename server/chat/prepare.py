@@ -18,6 +18,7 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_diag import Prompt, fingerprint
+from server.chat.sampling import check_fields, sampling_params
 from server.chat.template import render_chat
 from server.config import Settings
 from server.engines.base import Engine, SamplingParams
@@ -86,13 +87,7 @@ class Preparer:
             )
         if req.n != 1:
             raise InvalidRequest(f"n={req.n} is not supported: only n=1; send separate requests", param="n")
-        bad = req.unsupported_fields()
-        if bad:
-            raise InvalidRequest(
-                f"{bad[0]} is not supported by this server yet (it would change the output, so it is not "
-                f"ignored): leave it out or send its neutral value",
-                param=bad[0],
-            )
+        check_fields(req)  # refused parameters are 400s naming them; unknown ones are logged once
 
     def _tokenize(self, rendered: RenderedPrompt) -> tuple[list[int], array[int]]:
         enc = self.engine.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
@@ -107,22 +102,21 @@ class Preparer:
                 param="messages",
             )
         asked = req.requested_max_tokens()
+        name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         cap = self.settings.limits.max_tokens
         if asked is not None and cap is not None and asked > cap:
             raise InvalidRequest(
-                f"max_tokens={asked} is over this server's limit of {cap} (limits.max_tokens): ask for fewer",
-                param="max_tokens",
+                f"{name}={asked} is over this server's limit of {cap} (limits.max_tokens): ask for fewer",
+                param=name,
             )
         if asked is not None and asked > room:
             raise ContextLengthExceeded(
-                f"prompt ({prompt_len} tokens) + max_tokens ({asked}) exceeds the context window "
-                f"({self.engine.max_model_len}): lower max_tokens to at most {room} or shorten the prompt",
-                param="max_tokens",
+                f"prompt ({prompt_len} tokens) + {name} ({asked}) exceeds the context window "
+                f"({self.engine.max_model_len}): lower {name} to at most {room} or shorten the prompt",
+                param=name,
             )
         max_tokens = asked if asked is not None else min(self.settings.default_max_tokens, room)
-        return SamplingParams(
-            max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
-        )
+        return sampling_params(req, max_tokens, self.engine)
 
     def _prompt(
         self,

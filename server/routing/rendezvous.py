@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from server.config import RoutingSettings
-from server.routing.policy import Selection, WorkerLoad, register_policy
+from server.routing.policy import Outcome, Selection, WorkerLoad, register_policy
 
 
 def score(key: str, worker_id: str) -> int:
@@ -109,6 +109,7 @@ def bounded_pick(
         return None
     cap = load_cap([workers[i].in_flight for i in healthy], epsilon, floor)
     chosen = next(i for i in healthy if workers[i].in_flight + 1 <= cap)
+    outcome: Outcome
     if chosen == ranked[0]:
         outcome = "kept"
     elif chosen == healthy[0]:

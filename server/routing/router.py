@@ -9,7 +9,7 @@ need an API key, as a worker's /metrics does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -20,9 +20,10 @@ from server.auth import authenticate_key, router_headers
 from server.config import ConfigError, Settings
 from server.errors import AgentServeError, NotFound, UpstreamUnavailable
 from server.routing.discovery import DnsDiscovery
+from server.routing.forward import WORKER_HEADER
 from server.routing.metrics import RouterMetrics
 from server.routing.policy import Outcome, make_policy
-from server.routing.proxy import WORKER_HEADER, LeanPath
+from server.routing.proxy import LeanPath
 from server.routing.upstream import UpstreamError, make_upstream
 from server.routing.workers import Worker, WorkerPool, WorkerSpec, parse_worker_specs
 
@@ -99,7 +100,7 @@ def create_router_app(
     auth = settings.auth
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await router.start()
         yield
         await router.close()
