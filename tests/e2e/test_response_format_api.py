@@ -89,13 +89,15 @@ def test_json_object_is_parseable_json(server_url):
         assert isinstance(json.loads(choice["message"]["content"]), dict)
 
 
+@pytest.mark.timeout(1200)
 def test_with_tools_auto_the_reply_is_a_call_or_schema_json(server_url):
     """Tools + response_format, tool_choice auto: either valid calls, or content that follows the schema."""
     kinds = set()
     tasks = ["Open https://example.com in the browser.", "Describe a user as JSON.", "List the files here."]
-    for seed in range(6):
-        msgs = [{"role": "user", "content": tasks[seed % 3]}]
-        resp = ok(server_url, messages=msgs, tools=TOOLS, response_format=RF, temperature=0.9, seed=seed)
+    for seed in range(3):
+        msgs = [{"role": "user", "content": tasks[seed]}]
+        extra = {"prompt_cache_key": "rf-tools", "temperature": 0.9, "seed": seed}
+        resp = ok(server_url, messages=msgs, tools=TOOLS, response_format=RF, **extra)
         msg = resp["choices"][0]["message"]
         if msg.get("tool_calls"):
             kinds.add("call")
