@@ -43,6 +43,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ PREFILL_S_PER_TOKEN_8B = 43e-6
 RESTORE_S_PER_TOKEN_8B = 131072 / 25e9
 TTFT_FLOOR_8B = 0.03
 DECODE_S_PER_TOKEN = 0.02  # virtual service time of a reply (8B decode on an H100, ~50 tok/s/seq)
+CACHE_ONLY = False  # --cache-only: drive the engine's cache without the model (hit rates only)
 
 
 @dataclass
@@ -177,6 +179,9 @@ def make_engine(model: Any, tokenizer: Any, policy: str, t1_bytes: int | None, t
         eng.cache.tier2.capacity_bytes = t2_bytes
     clock = VClock()
     eng.cache.clock = clock
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    eng._kv_floats_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim
     return eng, clock
 
 
@@ -201,6 +206,34 @@ def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     return ttft, seq.cached_tokens, report.tier2_tokens if report else 0
 
 
+class ZeroBlocks:
+    """``payload_for_block`` of the cache-only mode: zero tensors of the model's KV size per token."""
+
+    def __init__(self, n_tokens: int, block_size: int, floats_per_token: int) -> None:
+        self.n, self.bs, self.f = n_tokens, block_size, floats_per_token
+
+    def __call__(self, index: int) -> tuple[torch.Tensor, int]:
+        tokens = min(self.bs, self.n - index * self.bs)
+        block = torch.zeros(tokens * self.f)
+        return block, block.numel() * block.element_size()
+
+
+def serve_cache_only(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
+    """The engine's cache calls for one request, in its order, without running the model:
+    ``_prefill`` (match leaving one token, insert the prompt) and ``_retain`` (prompt + reply
+    with the tail), then the reply's tool names. Hit rates are the same as ``serve``'s (they
+    depend only on tokens); there is no measured TTFT."""
+    cache = eng.cache
+    floats = eng._kv_floats_per_token
+    match = cache.match(turn.prompt, "", max_tokens=len(turn.prompt) - 1, session=key)
+    cache.insert(turn.prompt, "", ZeroBlocks(len(turn.prompt), cache.block_size, floats), session=key)
+    full = turn.prompt + turn.reply
+    cache.insert(full, "", ZeroBlocks(len(full), cache.block_size, floats), tail=True, session=key)
+    cache.reply_finished(key, if_running=True)
+    eng.reply_finished(key, turn.tools)
+    return 0.0, match.cached_tokens, match.tier2_tokens
+
+
 def run_arm(name, eng, clock, sessions, reqs) -> dict[str, Any]:
     cached: list[int] = []
     ttft: list[float] = []
@@ -209,7 +242,7 @@ def run_arm(name, eng, clock, sessions, reqs) -> dict[str, Any]:
     for r in reqs:
         turn = sessions[r.session][r.turn]
         clock.t = max(clock.t, r.t)
-        t, c, t2 = serve(eng, f"s{r.session}", turn)
+        t, c, t2 = (serve_cache_only if CACHE_ONLY else serve)(eng, f"s{r.session}", turn)
         clock.t += len(turn.reply) * DECODE_S_PER_TOKEN
         cached.append(c)
         ttft.append(t)
@@ -235,7 +268,13 @@ def unbounded_arms(model: Any, tok: Any, sessions, reqs) -> tuple[dict[str, Any]
     unbounded = run_arm("unbounded", eng, clock, sessions, reqs)
     eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
     eng._retain = lambda seq: None  # type: ignore[method-assign]
+    if CACHE_ONLY:  # the old engine's reuse: full prompt blocks only, nothing retained at the end
+        eng.cache.insert = partial(_full_blocks_only, eng.cache.insert)
     return unbounded, run_arm("unbounded_prompt_blocks_only", eng, clock, sessions, reqs)
+
+
+def _full_blocks_only(insert: Any, ids: list[int], salt: str, cutter: Any, **kw: Any) -> int:
+    return 0 if kw.get("tail") else insert(ids, salt, cutter, session=kw.get("session", ""))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -348,6 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a shared box: 1)")
     ap.add_argument("--arms", nargs="+", default=["lru", "session", "session+tier2", "lru+tier2"])
     ap.add_argument("--out", default=str(RESULTS / "kv_pressure"))
+    ap.add_argument(
+        "--cache-only",
+        action="store_true",
+        help="drive the engine's prefix cache without running the model: same hit rates, no TTFT, minutes",
+    )
     ap.add_argument("--swe", action="store_true", help="also: tail + reply reuse on the SWE-agent traces")
     args = ap.parse_args(argv)
 
@@ -355,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.report import git_commit, machine
     from benchmarks.tokens import load_tokenizer
 
+    global CACHE_ONLY
+    CACHE_ONLY = args.cache_only
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)
     tok = load_tokenizer()

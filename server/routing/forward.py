@@ -59,10 +59,12 @@ class ProxyCall:
         prefix: str | None,
         t0: float,
         new_session: bool = True,
+        turns: int | None = None,
     ) -> None:
         self.router, self.method, self.target, self.headers = router, method, target, headers
         self.body, self.key, self.prefix, self.t0 = body, key, prefix, t0
         self.new_session = new_session
+        self.turns = turns
 
     async def __call__(self, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -97,7 +99,7 @@ class ProxyCall:
     async def _run(self, send: Send) -> None:
         m = self.router.metrics
         try:
-            order, outcome = self.router.plan(self.key, self.prefix, self.new_session)
+            order, outcome = self.router.plan(self.key, self.prefix, self.new_session, self.turns)
         except UpstreamUnavailable as exc:
             m.upstream_errors.labels("none", "no_worker").inc()
             await send_json(send, exc.status, exc.body())
