@@ -140,6 +140,7 @@ def parser() -> argparse.ArgumentParser:
     pe.add_argument(
         "--quick", action="store_true", help="peers: a smoke test (4 turns, 2 BFCL cases, no SWE)"
     )
+    pe.add_argument("--merge", help="peers: one report from these results JSON files (comma list)")
     pe.add_argument("--no-swe", action="store_true", help="peers: leave out the SWE-agent replays")
     pe.add_argument("--bfcl-sets", default="simple,live_simple", help="peers: BFCL sets (comma list)")
     pe.add_argument("--bfcl-cases", type=int, default=20, help="peers: cases per BFCL set (spread evenly)")

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from benchmarks import bfcl, report
@@ -94,9 +95,10 @@ def _replays(
 
 
 def _warm_up(url: str, model: str, sessions: dict[str, list[Session]], args: argparse.Namespace) -> None:
-    """Two turns of a session tagged apart from the measured ones (loads kernels, fills nothing used)."""
+    """One turn of a session tagged apart from the measured ones (loads kernels; the system prompt +
+    tools block it caches is the same for every server)."""
     s = (sessions["agent"] or sessions["swe"])[0]
-    warm = argparse.Namespace(**{**vars(args), "max_turns": 2})
+    warm = argparse.Namespace(**{**vars(args), "max_turns": 1})
     run_jobs_sync(
         url,
         arm_jobs(Arm("warm-up", "good"), [s], warm, "warmup", True),
@@ -137,7 +139,27 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def merge(args: argparse.Namespace) -> None:
+    """One report from the JSON of several runs (e.g. servers measured in separate processes)."""
+    servers, rows, brows, reps, bfs, notes = [], [], [], [], [], []
+    for path in args.merge.split(","):
+        doc = json.loads(Path(path).read_text())
+        m = doc["meta"]
+        servers += m["servers"]
+        rows += doc["summary"]["replays"]
+        brows += doc["summary"]["bfcl"]
+        reps += doc["records"]["replays"]
+        bfs += doc["records"]["bfcl"]
+        notes += [f"from {Path(path).name}: {m['command']}"] + m["notes"]
+    from benchmarks.compare.peers_report import write
+
+    write(args, servers, rows, brows, reps, bfs, notes, {"agent": [], "swe": []})
+
+
 def run(args: argparse.Namespace) -> None:
+    if args.merge:
+        merge(args)
+        return
     if args.quick:  # a smoke test: a few turns, a few BFCL cases
         args.max_turns = args.max_turns or 4
         args.bfcl_cases = min(args.bfcl_cases, 2)
@@ -199,7 +221,21 @@ def run(args: argparse.Namespace) -> None:
             }
         )
         _say(f"{peer.name}: done in {measured:.0f} s (load {_load()})")
+        if i < len(peers):  # a partial report after each server: a stopped run keeps what it measured
+            _write(args, servers, replay_recs, bfcl_recs, notes, sessions, quiet=True)
     _say(f"all servers done in {time.perf_counter() - t_start:.0f} s")
+    _write(args, servers, replay_recs, bfcl_recs, notes, sessions)
+
+
+def _write(
+    args: argparse.Namespace,
+    servers: list[dict[str, Any]],
+    replay_recs: list[dict[str, Any]],
+    bfcl_recs: list[dict[str, Any]],
+    notes: list[str],
+    sessions: dict[str, list[Session]],
+    quiet: bool = False,
+) -> None:
     from benchmarks.compare.peers_report import write
 
     write(
@@ -211,6 +247,7 @@ def run(args: argparse.Namespace) -> None:
         bfcl_recs,
         notes,
         sessions,
+        quiet,
     )
 
 

@@ -23,7 +23,7 @@ FAIRNESS = [
     "Prompts: stock vLLM renders tools with a Hermes template written for SmolLM2 in the usual way "
     "(tool | tojson, as Qwen2.5's template); agentserve renders the same layout with keys sorted "
     "(canonical). The two prompts have the same length (checked on a session: 15,148 characters each).",
-    "Warm-up excluded: two turns of a separate session per server before measuring.",
+    "Warm-up excluded: one turn of a separate session per server before measuring.",
     "One server at a time, in the order listed; the load of the machine before and after each is in the "
     "Servers table: it is shared with other jobs, so compare ratios within this run, not across runs.",
     "Restricting tools: agentserve keeps every tool and sends allowed_tools (name_prefix); stock vLLM has "
@@ -199,6 +199,7 @@ def write(
     bfcl_recs: list[dict[str, Any]],
     notes: list[str],
     sessions: dict[str, list[Session]],
+    quiet: bool = False,
 ) -> dict[str, Path]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,5 +229,6 @@ def write(
         plot(rows, brows, paths["png"], "agentserve vs peers: " + ", ".join(s["name"] for s in servers))
     else:
         paths.pop("png")
-    print("\n".join(lines))
+    if not quiet:
+        print("\n".join(lines))
     return paths

@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from server.config import EngineSettings
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
 from server.engines.kv_blocks import BlockCutter, cache_from_settings, cached_kv
-from server.engines.prefix_cache import LookupReport
+from server.engines.kv_sessions import LookupReport
 from server.engines.sampling import TokenSampler
 from server.masking.bitmask import MaskApplier, model_eos_ids
 from server.masking.builder import ConstraintBuilder
@@ -81,7 +81,8 @@ class HFEngine:
             path = resolve_model(settings.model)
             t0 = time.perf_counter()
             tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+            model = model.to(self.device).eval()
             log.info(
                 "loaded %s on %s (%s) in %.1f s", path, self.device, self.dtype, time.perf_counter() - t0
             )
@@ -174,9 +175,9 @@ class HFEngine:
 
         seq = _Sequence(
             GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt, session_key),
-            None,
-            None,
-        )  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]  # a probe emits nothing: no loop
+            None,  # type: ignore[arg-type]  # and no queue
+        )
         with torch.no_grad():
             self._prefill(seq)
         assert seq.next_logits is not None
@@ -205,7 +206,7 @@ class HFEngine:
                 self._wake.wait(0.5)
                 self._wake.clear()
 
-    def _run_guarded(self, seq: _Sequence, step) -> None:
+    def _run_guarded(self, seq: _Sequence, step: Callable[[_Sequence], None]) -> None:
         try:
             if seq.cancelled:
                 self._retain(seq)

@@ -36,7 +36,7 @@ from server.engines.base import EngineStats, GenerationChunk, GenerationRequest,
 from server.errors import AgentServeError, ContextLengthExceeded, GenerationError, InvalidRequest
 from server.masking.bitmask import model_eos_ids
 from server.masking.builder import ConstraintBuilder
-from server.masking.constraint import ToolConstraint
+from server.masking.interface import TokenConstraint
 from server.masking.spec import PROCESSOR_FQCN, ToolSpec
 from server.model_store import resolve_model
 
@@ -83,11 +83,13 @@ class _Stats:
 def _stat_logger_factory(stats: _Stats) -> Any:
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class _Logger(StatLoggerBase):
+    class _Logger(StatLoggerBase):  # type: ignore[misc]  # vllm is untyped to mypy
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):  # noqa: ANN001
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             stats.record(scheduler_stats, iteration_stats)
 
         def log_engine_initialized(self) -> None:
@@ -131,6 +133,7 @@ class VllmEngine:
 
         s, v = self.settings, self.settings.vllm
         self.on_cpu = current_platform.is_cpu() or s.device == "cpu"
+        dtype: str
         if s.dtype != "auto":
             dtype = s.dtype
         else:
@@ -358,7 +361,7 @@ class VllmEngine:
                 await self._abort(rid)
             await stream.aclose()
 
-    def _mirror(self, request: GenerationRequest) -> ToolConstraint | None:
+    def _mirror(self, request: GenerationRequest) -> TokenConstraint | None:
         """This side's copy of the request's constraint, fed the same tokens as the engine core's.
 
         It must stay: vLLM v1's logits processor can only shape logits. It has no channel

@@ -141,3 +141,21 @@ def test_peers_quick_against_fake_servers(tmp_path):
         assert bf[("bad", mode)]["ok"] == 0 and bf[("good", mode)]["n"] == 4  # 2 cases x 2 sets
     md = (tmp_path / "peers_quick.md").read_text()
     assert "## Fairness" in md and f"good={good}".split("=")[1] in md
+    # runs measured apart (e.g. one server per process) merge into one report
+    assert (
+        run.main(
+            [
+                "peers",
+                "--merge",
+                str(tmp_path / "peers_quick.json"),
+                "--name",
+                "merged",
+                "--out",
+                str(tmp_path),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["summary"] == doc["summary"] and (tmp_path / "merged.png").is_file()
