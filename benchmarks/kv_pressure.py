@@ -140,6 +140,12 @@ def schedule(sessions: list[list[Turn]], stagger_s: float, seed: int) -> list[Re
     return reqs
 
 
+def shared_prefix_tokens(sessions: list[list[Turn]]) -> int:
+    """Tokens every session's first prompt starts with (system prompt + tools)."""
+    firsts = [s[0].prompt for s in sessions]
+    return min(_lcp(firsts[0], f) for f in firsts)
+
+
 def working_set_tokens(sessions: list[list[Turn]], reqs: list[Request]) -> float:
     """Time-average of the live sessions' latest prompt + reply, their shared prefix counted once."""
     firsts = [s[0].prompt for s in sessions]
@@ -416,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     kv = probe.model.config
     bytes_per_token = 2 * kv.num_hidden_layers * kv.num_key_value_heads * kv.head_dim * 4
     ws_tokens = working_set_tokens(sessions, reqs)
+    shared = shared_prefix_tokens(sessions)
     ideal = ideal_tokens(sessions, reqs)
     unbounded, blocks_only = unbounded_arms(model, tok, sessions, reqs)
     rows = [
@@ -443,7 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(json.dumps(swe), file=sys.stderr)
     for ratio in args.ratios:
-        t1 = int(ws_tokens * bytes_per_token / ratio)
+        # the sessions' own KV (past the shared prefix, which any tier 1 holds) is `ratio` x what
+        # tier 1 has room for; before 2026-11-23 tier 1 was ws / ratio, which at 4x and 8x was
+        # smaller than the shared prefix itself: no chain fit and every policy scored the same
+        t1 = int((shared + (ws_tokens - shared) / ratio) * bytes_per_token)
         for arm in args.arms:
             policy, _, t2 = arm.partition("+")
             eng, clock = make_engine(
@@ -463,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_tokens": sum(len(sessions[r.session][r.turn].prompt) for r in reqs),
         "virtual_hours": reqs[-1].t / 3600,
         "working_set_tokens": ws_tokens,
+        "shared_prefix_tokens": shared,
         "kv_bytes_per_token": bytes_per_token,
         "tier2_factor": args.tier2_factor,
         "ideal_hit_of_prompt": sum(ideal) / sum(len(sessions[r.session][r.turn].prompt) for r in reqs),
@@ -486,7 +497,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"`{meta['command']}` at {meta['commit']} on {meta['machine']}.",
         f"{meta['sessions']} sessions, {meta['requests']} requests, {meta['prompt_tokens']:,} prompt tokens, "
         f"{meta['virtual_hours']:.1f} h of virtual agent time; working set {meta['working_set_tokens']:,.0f} "
-        f"tokens of KV; tier 2 = {meta['tier2_factor']:g} x tier 1. Random-weight tiny model: hit rates "
+        f"tokens of KV, of which {meta.get('shared_prefix_tokens', 0):,} the prefix every session shares; "
+        "ws/R = tier 1 holds the shared prefix + 1/R of the sessions' own KV; "
+        f"tier 2 = {meta['tier2_factor']:g} x tier 1. Random-weight tiny model: hit rates "
         "are token-exact, `ttft` is the tiny model's, `8b` TTFT is modeled (see the script).",
         "",
         f"Unbounded cache vs the token-exact ideal: {100 * meta['unbounded_vs_token_ideal']:.2f}% "

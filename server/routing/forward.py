@@ -139,8 +139,7 @@ class ProxyCall:
                 await self._timeout(worker, send, exc)
                 return
             except UpstreamLost as exc:
-                m.upstream_errors.labels(worker.id, "disconnect").inc()
-                raise _Retry(f"connection lost before an answer ({exc})") from None
+                raise self._lost(worker, exc) from None
             try:
                 status = str(resp.status)
                 headers = [(k, v) for k, v in resp.headers if k not in HOP_HEADERS]
@@ -157,8 +156,7 @@ class ProxyCall:
                     await self._timeout(worker, send, exc)
                     return
                 except UpstreamLost as exc:
-                    m.upstream_errors.labels(worker.id, "disconnect").inc()
-                    raise _Retry(f"connection lost before an answer ({exc})") from None
+                    raise self._lost(worker, exc) from None
                 t_answer = time.perf_counter()
                 if not is_stream:
                     headers.append((b"content-length", str(len(first)).encode()))
@@ -190,6 +188,11 @@ class ProxyCall:
         finally:
             worker.in_flight -= 1
             m.requests.labels(worker.id, status).inc()
+
+    def _lost(self, worker: Worker, exc: Exception) -> _Retry:
+        """The connection dropped before anything reached the client: count it, try the next worker."""
+        self.router.metrics.upstream_errors.labels(worker.id, "disconnect").inc()
+        return _Retry(f"connection lost before an answer ({exc})")
 
     async def _timeout(self, worker: Worker, send: Send, exc: Exception) -> None:
         self.router.metrics.upstream_errors.labels(worker.id, "timeout").inc()
