@@ -12,6 +12,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"
 TOOLS = json.loads((Path(__file__).parents[1] / "fixtures" / "prefixed_agent_tools.json").read_text())
+FEW_TOOLS = [t for t in TOOLS if t["function"]["name"] in ("browser_open_site", "shell_exec", "submit")]
 
 PERSON = {
     "type": "object",
@@ -30,7 +31,7 @@ ASK = [{"role": "user", "content": "Describe a user of our system as JSON: name,
 
 def post(url, **body):
     body = {"model": MODEL, "messages": ASK, "max_tokens": 64, **body}
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
 
 
 def ok(url, **body):
@@ -97,7 +98,7 @@ def test_with_tools_auto_the_reply_is_a_call_or_schema_json(server_url):
     for seed in range(3):
         msgs = [{"role": "user", "content": tasks[seed]}]
         extra = {"prompt_cache_key": "rf-tools", "temperature": 0.9, "seed": seed}
-        resp = ok(server_url, messages=msgs, tools=TOOLS, response_format=RF, **extra)
+        resp = ok(server_url, messages=msgs, tools=FEW_TOOLS, response_format=RF, max_tokens=48, **extra)
         msg = resp["choices"][0]["message"]
         if msg.get("tool_calls"):
             kinds.add("call")
