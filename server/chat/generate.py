@@ -10,9 +10,8 @@ the text. An engine error ends the request with ``GenerationError`` (never a sil
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from server.cache_diag import CacheReport
 from server.chat.prepare import Prepared
@@ -57,7 +56,7 @@ class LogprobText:
     def __init__(self, engine: Engine) -> None:
         self.tokenizer = engine.tokenizer
         vocab = getattr(getattr(engine, "constraints", None), "vocab", None)
-        self.token_bytes: list[bytes] = list(vocab.token_bytes) if vocab is not None else []
+        self.token_bytes: Sequence[bytes] = vocab.token_bytes if vocab is not None else ()
 
     def bytes_of(self, token_id: int) -> bytes:
         raw = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else b""
@@ -89,9 +88,9 @@ async def generate_text(
     ids: list[int] = []
     emitted = 0
     hold = max((len(s) for s in p.stops), default=1) - 1
-    fmt: Any = None
-    if p.sampling.logprobs is not None:
-        fmt, out.logprobs = LogprobText(engine), []
+    fmt = LogprobText(engine) if p.sampling.logprobs is not None else None
+    if fmt is not None:
+        out.logprobs = []
     request = GenerationRequest(
         p.request_id, p.prompt_ids, p.sampling, p.tool_spec, p.cache_salt, p.session.key
     )
@@ -109,7 +108,7 @@ async def generate_text(
                 raise GenerationError(chunk.error)
             ids.extend(chunk.token_ids)
             text = tok.decode(ids, skip_special_tokens=False)
-            if out.logprobs is not None:
+            if fmt is not None and out.logprobs is not None:
                 out.logprobs.extend(fmt.entry(lp) for lp in chunk.logprobs or ())
                 out.token_ends.extend([len(text)] * len(chunk.token_ids))
             if text.endswith("\ufffd") and chunk.finish_reason is None:

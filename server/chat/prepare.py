@@ -25,6 +25,7 @@ from server.engines.base import Engine, SamplingParams
 from server.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
 from server.families.rendered import RenderedPrompt, Segment
+from server.masking.response_format import text_schema
 from server.masking.spec import ToolSpec
 from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.masking.tool_choice import ToolPlan, plan_tools
@@ -190,9 +191,14 @@ class Preparer:
         key = session_key(body, headers)
         return SessionKey(namespaced_session(tenant, key.key), key.source)
 
-    def _tool_spec(self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int) -> ToolSpec | None:
-        """The request's ToolSpec, built once by the engine's builder (compiles and caches; 400s here)."""
-        if not tools:
+    def _tool_spec(
+        self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int, json_text: dict[str, Any] | None
+    ) -> ToolSpec | None:
+        """The request's ToolSpec, built once by the engine's builder (compiles and caches; 400s here).
+
+        ``json_text``: the schema of the reply's text (response_format), None for free text.
+        """
+        if not tools and json_text is None:
             return None
         spec = ToolSpec(
             tools,
@@ -201,6 +207,7 @@ class Preparer:
             self.settings.grammar_backend,
             self.engine.eos_token_ids,
             budget=budget,
+            text_schema=json_text,
         )
         self.engine.constraints.build(spec)
         return spec
@@ -214,12 +221,8 @@ class Preparer:
         raw_body: Mapping[str, Any] | None = None,
     ) -> Prepared:
         self._check_common(req)
-        if req.response_format is not None and req.response_format.type != "text":
-            raise InvalidRequest(
-                f"response_format type {req.response_format.type!r} is not supported yet: use tools with "
-                f"tool_choice to get schema-valid JSON",
-                param="response_format",
-            )
+        rf = req.response_format
+        json_text = text_schema(rf.type, rf.json_schema) if rf is not None else None
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self._check_tools(tools)
         rules = getattr(getattr(self.renderer, "family", None), "rules", None)
@@ -252,7 +255,7 @@ class Preparer:
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             prefill=plan.prefill,
             plan=plan,
-            tool_spec=self._tool_spec(tools, plan, sampling.max_tokens),
+            tool_spec=self._tool_spec(tools, plan, sampling.max_tokens, json_text),
             cache_salt=cache_salt(tenant, self.settings.auth),
             call_id_style=self.call_id_style,
             compare_with=req.comparison_response_id(),

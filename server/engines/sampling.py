@@ -114,23 +114,29 @@ def sample_rows(
         if p.temperature <= 0.0:
             out.append(int(torch.argmax(row).item()))
             continue
-        probs = torch.softmax(row.float() / p.temperature, dim=-1)
-        probs = filter_probs(probs, p.top_k, p.top_p, p.min_p)
-        out.append(int(torch.multinomial(probs, 1, generator=gen).item()))
+        probs, ids = candidates(torch.softmax(row.float() / p.temperature, dim=-1), p.top_k, p.top_p, p.min_p)
+        choice = int(torch.multinomial(probs, 1, generator=gen).item())
+        out.append(choice if ids is None else int(ids[choice].item()))
     return out
 
 
-def filter_probs(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """min_p, then top_k, then top_p on a probability row (unnormalized result; multinomial rescales)."""
+def candidates(
+    probs: torch.Tensor, top_k: int, top_p: float, min_p: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """min_p, then top_k, then top_p on a probability row: (candidate probs, their ids or None = all).
+
+    With top_k or top_p the candidates are the most likely tokens in order (top_k: a
+    ``topk`` of k, no full sort); the probabilities are left unnormalized (multinomial rescales).
+    """
     if min_p > 0.0:
         probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
-    if top_k > 0 and top_k < probs.shape[-1]:
-        kth = torch.topk(probs, top_k).values[-1]
-        probs = probs.masked_fill(probs < kth, 0.0)
+    ids: torch.Tensor | None = None
+    if 0 < top_k < probs.shape[-1]:
+        probs, ids = torch.topk(probs, top_k)
     if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1) / sorted_probs.sum()
+        if ids is None:
+            probs, ids = torch.sort(probs, descending=True)
+        mass = probs / probs.sum()
         # keep the smallest set whose mass reaches top_p (always at least the top token)
-        drop = cumulative - sorted_probs / sorted_probs.sum() >= top_p
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-    return probs
+        probs = probs.masked_fill(torch.cumsum(mass, dim=-1) - mass >= top_p, 0.0)
+    return probs, ids

@@ -36,7 +36,7 @@ from server.engines.base import EngineStats, GenerationChunk, GenerationRequest,
 from server.errors import AgentServeError, ContextLengthExceeded, GenerationError, InvalidRequest
 from server.masking.bitmask import model_eos_ids
 from server.masking.builder import ConstraintBuilder
-from server.masking.constraint import ToolConstraint
+from server.masking.interface import TokenConstraint
 from server.masking.spec import PROCESSOR_FQCN, ToolSpec
 from server.model_store import resolve_model
 
@@ -361,7 +361,7 @@ class VllmEngine:
                 await self._abort(rid)
             await stream.aclose()
 
-    def _mirror(self, request: GenerationRequest) -> ToolConstraint | None:
+    def _mirror(self, request: GenerationRequest) -> TokenConstraint | None:
         """This side's copy of the request's constraint, fed the same tokens as the engine core's.
 
         It must stay: vLLM v1's logits processor can only shape logits. It has no channel

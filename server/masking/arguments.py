@@ -228,3 +228,6 @@ class XGrammarBackend:
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
         return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))
+
+
+import server.masking.outlines_backend  # noqa: E402,F401  (registers "outlines"; imports outlines-core lazily)

@@ -59,10 +59,12 @@ class ProxyCall:
         prefix: str | None,
         t0: float,
         new_session: bool = True,
+        turns: int | None = None,
     ) -> None:
         self.router, self.method, self.target, self.headers = router, method, target, headers
         self.body, self.key, self.prefix, self.t0 = body, key, prefix, t0
         self.new_session = new_session
+        self.turns = turns
 
     async def __call__(self, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -97,7 +99,7 @@ class ProxyCall:
     async def _run(self, send: Send) -> None:
         m = self.router.metrics
         try:
-            order, outcome = self.router.plan(self.key, self.prefix, self.new_session)
+            order, outcome = self.router.plan(self.key, self.prefix, self.new_session, self.turns)
         except UpstreamUnavailable as exc:
             m.upstream_errors.labels("none", "no_worker").inc()
             await send_json(send, exc.status, exc.body())
@@ -137,8 +139,7 @@ class ProxyCall:
                 await self._timeout(worker, send, exc)
                 return
             except UpstreamLost as exc:
-                m.upstream_errors.labels(worker.id, "disconnect").inc()
-                raise _Retry(f"connection lost before an answer ({exc})") from None
+                raise self._lost(worker, exc) from None
             try:
                 status = str(resp.status)
                 headers = [(k, v) for k, v in resp.headers if k not in HOP_HEADERS]
@@ -155,8 +156,7 @@ class ProxyCall:
                     await self._timeout(worker, send, exc)
                     return
                 except UpstreamLost as exc:
-                    m.upstream_errors.labels(worker.id, "disconnect").inc()
-                    raise _Retry(f"connection lost before an answer ({exc})") from None
+                    raise self._lost(worker, exc) from None
                 t_answer = time.perf_counter()
                 if not is_stream:
                     headers.append((b"content-length", str(len(first)).encode()))
@@ -188,6 +188,11 @@ class ProxyCall:
         finally:
             worker.in_flight -= 1
             m.requests.labels(worker.id, status).inc()
+
+    def _lost(self, worker: Worker, exc: Exception) -> _Retry:
+        """The connection dropped before anything reached the client: count it, try the next worker."""
+        self.router.metrics.upstream_errors.labels(worker.id, "disconnect").inc()
+        return _Retry(f"connection lost before an answer ({exc})")
 
     async def _timeout(self, worker: Worker, send: Send, exc: Exception) -> None:
         self.router.metrics.upstream_errors.labels(worker.id, "timeout").inc()

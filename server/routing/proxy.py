@@ -73,7 +73,8 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
     call = ProxyCall(
-        router, scope["method"], target.decode("latin-1"), out, body, key, prefix, t0, new_session
+        router, scope["method"], target.decode("latin-1"), out, body, key, prefix, t0, new_session,
+        assistant_turns(body),
     )
     await call(receive, send)
 
@@ -101,6 +102,13 @@ def is_first_turn(body: bytes) -> bool:
     """A chat request with no assistant message yet: a session's first turn (slow start lets only
     these onto a warming worker). Conservative: the bytes '"assistant"' anywhere mean no."""
     return b'"messages"' in body and b'"assistant"' not in body
+
+
+def assistant_turns(body: bytes) -> int | None:
+    """A chat request's turn: its assistant messages (counted as the bytes '"assistant"', so text
+    quoting that word only makes the request look older: a looser load bound, never a stricter
+    one); None for a request without messages."""
+    return body.count(b'"assistant"') if b'"messages"' in body else None
 
 
 def route_keys(body: bytes, headers: dict[str, str], with_prefix: bool) -> tuple[str, str | None]:

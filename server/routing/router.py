@@ -68,6 +68,7 @@ class Router:
         key: str | None,
         prefix: str | None = None,
         new_session: bool = True,
+        turns: int | None = None,
     ) -> tuple[list[Worker], Outcome | None]:
         """Workers to try, in order, for a session key (None: any worker, least loaded first)."""
         workers = self.pool.workers
@@ -75,7 +76,7 @@ class Router:
             order = sorted((w for w in workers if w.healthy), key=lambda w: w.in_flight)
             outcome = None
         else:
-            sel = self.policy.select_worker(key, self.pool.loads(), prefix, new_session)
+            sel = self.policy.select_worker(key, self.pool.loads(), prefix, new_session, turns)
             order = [workers[i] for i in sel.order] if sel else []
             outcome = sel.outcome if sel else None
         if not order:

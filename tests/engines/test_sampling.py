@@ -9,7 +9,7 @@ import torch
 
 from server.chat.sampling import check_fields, parse_logit_bias
 from server.engines.base import SamplingParams
-from server.engines.sampling import TokenSampler, filter_probs, sample_rows, token_logprobs
+from server.engines.sampling import TokenSampler, candidates, sample_rows, token_logprobs
 from server.errors import InvalidRequest
 from server.protocol import ChatCompletionRequest
 
@@ -61,12 +61,21 @@ def test_a_bias_cannot_lift_a_masked_token():
     assert s.sample(again[0]) != 3
 
 
+def kept(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> set[int]:
+    values, ids = candidates(probs, top_k, top_p, min_p)
+    ids = torch.arange(len(probs)) if ids is None else ids
+    return set(ids[values > 0].tolist())
+
+
 def test_top_k_min_p_top_p_filters():
-    probs = torch.tensor([0.4, 0.3, 0.2, 0.1])
-    assert (filter_probs(probs, 2, 1.0, 0.0) > 0).tolist() == [True, True, False, False]
-    assert (filter_probs(probs, 0, 1.0, 0.5) > 0).tolist() == [True, True, True, False]  # p >= 0.2
-    assert (filter_probs(probs, 0, 0.65, 0.0) > 0).tolist() == [True, True, False, False]
-    assert (filter_probs(probs, 0, 1.0, 0.0) > 0).all()
+    probs = torch.tensor([0.1, 0.4, 0.2, 0.3])
+    assert kept(probs, 2, 1.0, 0.0) == {1, 3}
+    assert kept(probs, 0, 1.0, 0.5) == {1, 2, 3}  # p >= 0.2
+    assert kept(probs, 0, 0.65, 0.0) == {1, 3}
+    assert kept(probs, 0, 0.75, 0.0) == {1, 2, 3}
+    assert kept(probs, 3, 0.65, 0.0) == {1, 3}  # top_k then top_p
+    assert kept(probs, 0, 1.0, 0.0) == {0, 1, 2, 3}
+    assert kept(probs, 0, 0.01, 0.0) == {1}  # always at least the top token
 
 
 def test_top_k_1_at_temperature_1_is_greedy_and_a_seed_reproduces():
