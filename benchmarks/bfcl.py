@@ -134,6 +134,7 @@ def score(
     out["cut_reported"] = bool(choice.get("incomplete_tool_call"))
     content = msg.get("content") or ""
     out["leak"] = any(m in content for m in ENVELOPE_MARKERS)
+    out["content"] = content[:200]  # kept so a leak can be read in the results
     calls = msg.get("tool_calls") or []
     out["calls"] = len(calls)
     out["no_call"] = not calls
