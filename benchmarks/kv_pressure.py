@@ -43,6 +43,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ PREFILL_S_PER_TOKEN_8B = 43e-6
 RESTORE_S_PER_TOKEN_8B = 131072 / 25e9
 TTFT_FLOOR_8B = 0.03
 DECODE_S_PER_TOKEN = 0.02  # virtual service time of a reply (8B decode on an H100, ~50 tok/s/seq)
+CACHE_ONLY = False  # --cache-only: drive the engine's cache without the model (hit rates only)
 
 
 @dataclass
@@ -138,6 +140,12 @@ def schedule(sessions: list[list[Turn]], stagger_s: float, seed: int) -> list[Re
     return reqs
 
 
+def shared_prefix_tokens(sessions: list[list[Turn]]) -> int:
+    """Tokens every session's first prompt starts with (system prompt + tools)."""
+    firsts = [s[0].prompt for s in sessions]
+    return min(_lcp(firsts[0], f) for f in firsts)
+
+
 def working_set_tokens(sessions: list[list[Turn]], reqs: list[Request]) -> float:
     """Time-average of the live sessions' latest prompt + reply, their shared prefix counted once."""
     firsts = [s[0].prompt for s in sessions]
@@ -177,6 +185,9 @@ def make_engine(model: Any, tokenizer: Any, policy: str, t1_bytes: int | None, t
         eng.cache.tier2.capacity_bytes = t2_bytes
     clock = VClock()
     eng.cache.clock = clock
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    eng._kv_floats_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim
     return eng, clock
 
 
@@ -201,6 +212,34 @@ def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     return ttft, seq.cached_tokens, report.tier2_tokens if report else 0
 
 
+class ZeroBlocks:
+    """``payload_for_block`` of the cache-only mode: zero tensors of the model's KV size per token."""
+
+    def __init__(self, n_tokens: int, block_size: int, floats_per_token: int) -> None:
+        self.n, self.bs, self.f = n_tokens, block_size, floats_per_token
+
+    def __call__(self, index: int) -> tuple[torch.Tensor, int]:
+        tokens = min(self.bs, self.n - index * self.bs)
+        block = torch.zeros(tokens * self.f)
+        return block, block.numel() * block.element_size()
+
+
+def serve_cache_only(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
+    """The engine's cache calls for one request, in its order, without running the model:
+    ``_prefill`` (match leaving one token, insert the prompt) and ``_retain`` (prompt + reply
+    with the tail), then the reply's tool names. Hit rates are the same as ``serve``'s (they
+    depend only on tokens); there is no measured TTFT."""
+    cache = eng.cache
+    floats = eng._kv_floats_per_token
+    match = cache.match(turn.prompt, "", max_tokens=len(turn.prompt) - 1, session=key)
+    cache.insert(turn.prompt, "", ZeroBlocks(len(turn.prompt), cache.block_size, floats), session=key)
+    full = turn.prompt + turn.reply
+    cache.insert(full, "", ZeroBlocks(len(full), cache.block_size, floats), tail=True, session=key)
+    cache.reply_finished(key, if_running=True)
+    eng.reply_finished(key, turn.tools)
+    return 0.0, match.cached_tokens, match.tier2_tokens
+
+
 def run_arm(name, eng, clock, sessions, reqs) -> dict[str, Any]:
     cached: list[int] = []
     ttft: list[float] = []
@@ -209,7 +248,7 @@ def run_arm(name, eng, clock, sessions, reqs) -> dict[str, Any]:
     for r in reqs:
         turn = sessions[r.session][r.turn]
         clock.t = max(clock.t, r.t)
-        t, c, t2 = serve(eng, f"s{r.session}", turn)
+        t, c, t2 = (serve_cache_only if CACHE_ONLY else serve)(eng, f"s{r.session}", turn)
         clock.t += len(turn.reply) * DECODE_S_PER_TOKEN
         cached.append(c)
         ttft.append(t)
@@ -235,7 +274,13 @@ def unbounded_arms(model: Any, tok: Any, sessions, reqs) -> tuple[dict[str, Any]
     unbounded = run_arm("unbounded", eng, clock, sessions, reqs)
     eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
     eng._retain = lambda seq: None  # type: ignore[method-assign]
+    if CACHE_ONLY:  # the old engine's reuse: full prompt blocks only, nothing retained at the end
+        eng.cache.insert = partial(_full_blocks_only, eng.cache.insert)
     return unbounded, run_arm("unbounded_prompt_blocks_only", eng, clock, sessions, reqs)
+
+
+def _full_blocks_only(insert: Any, ids: list[int], salt: str, cutter: Any, **kw: Any) -> int:
+    return 0 if kw.get("tail") else insert(ids, salt, cutter, session=kw.get("session", ""))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -348,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a shared box: 1)")
     ap.add_argument("--arms", nargs="+", default=["lru", "session", "session+tier2", "lru+tier2"])
     ap.add_argument("--out", default=str(RESULTS / "kv_pressure"))
+    ap.add_argument(
+        "--cache-only",
+        action="store_true",
+        help="drive the engine's prefix cache without running the model: same hit rates, no TTFT, minutes",
+    )
     ap.add_argument("--swe", action="store_true", help="also: tail + reply reuse on the SWE-agent traces")
     args = ap.parse_args(argv)
 
@@ -355,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.report import git_commit, machine
     from benchmarks.tokens import load_tokenizer
 
+    global CACHE_ONLY
+    CACHE_ONLY = args.cache_only
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)
     tok = load_tokenizer()
@@ -370,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     kv = probe.model.config
     bytes_per_token = 2 * kv.num_hidden_layers * kv.num_key_value_heads * kv.head_dim * 4
     ws_tokens = working_set_tokens(sessions, reqs)
+    shared = shared_prefix_tokens(sessions)
     ideal = ideal_tokens(sessions, reqs)
     unbounded, blocks_only = unbounded_arms(model, tok, sessions, reqs)
     rows = [
@@ -397,7 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(json.dumps(swe), file=sys.stderr)
     for ratio in args.ratios:
-        t1 = int(ws_tokens * bytes_per_token / ratio)
+        # the sessions' own KV (past the shared prefix, which any tier 1 holds) is `ratio` x what
+        # tier 1 has room for; before 2026-11-23 tier 1 was ws / ratio, which at 4x and 8x was
+        # smaller than the shared prefix itself: no chain fit and every policy scored the same
+        t1 = int((shared + (ws_tokens - shared) / ratio) * bytes_per_token)
         for arm in args.arms:
             policy, _, t2 = arm.partition("+")
             eng, clock = make_engine(
@@ -417,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_tokens": sum(len(sessions[r.session][r.turn].prompt) for r in reqs),
         "virtual_hours": reqs[-1].t / 3600,
         "working_set_tokens": ws_tokens,
+        "shared_prefix_tokens": shared,
         "kv_bytes_per_token": bytes_per_token,
         "tier2_factor": args.tier2_factor,
         "ideal_hit_of_prompt": sum(ideal) / sum(len(sessions[r.session][r.turn].prompt) for r in reqs),
@@ -440,7 +497,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"`{meta['command']}` at {meta['commit']} on {meta['machine']}.",
         f"{meta['sessions']} sessions, {meta['requests']} requests, {meta['prompt_tokens']:,} prompt tokens, "
         f"{meta['virtual_hours']:.1f} h of virtual agent time; working set {meta['working_set_tokens']:,.0f} "
-        f"tokens of KV; tier 2 = {meta['tier2_factor']:g} x tier 1. Random-weight tiny model: hit rates "
+        f"tokens of KV, of which {meta.get('shared_prefix_tokens', 0):,} the prefix every session shares; "
+        "ws/R = tier 1 holds the shared prefix + 1/R of the sessions' own KV; "
+        f"tier 2 = {meta['tier2_factor']:g} x tier 1. Random-weight tiny model: hit rates "
         "are token-exact, `ttft` is the tiny model's, `8b` TTFT is modeled (see the script).",
         "",
         f"Unbounded cache vs the token-exact ideal: {100 * meta['unbounded_vs_token_ideal']:.2f}% "

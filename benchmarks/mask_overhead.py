@@ -8,6 +8,8 @@ Replays a fixed Hermes tool call token by token (the model's own tokenization) t
 
 timing ``fill_next_token_bitmask`` (compute) and ``accept_token`` per token, by phase, and
 the batched apply of the bitmask to logits [B, V] (MaskApplier: copy + xgrammar kernel).
+The last table compares the arguments backends (``--backends xgrammar,outlines``) side by
+side: setup per vocabulary, compile time per tool, fill and accept per argument token, apply.
 Prints markdown tables and the overhead against a decode step (``--decode-step-ms``; the
 SmolLM2-135M fp32 decode step on 2 CPU cores is ~60 ms).
 
@@ -171,6 +173,38 @@ def apply_cost(factory, tools, plan, device, batches, reps, eos=(2, 0)):
     return out
 
 
+def backends_side_by_side(tok, width, envelope, tools, plan, tokens, eos, args) -> str:
+    """Per arguments backend: compile ms per tool (uncached), fill/accept µs per argument token, apply."""
+    from server.masking.vocab import TokenVocab
+
+    vocab = TokenVocab.from_tokenizer(tok, width)
+    med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+    rows = [
+        f"\n## Arguments backends side by side ({len(tools)} tools, the call to {CALL['name']})\n",
+        "| backend | setup ms (once per vocab) | compile ms per tool | fill µs/tok (arguments) "
+        "| accept µs/tok | fill + copy + apply µs (batch 1) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in [b for b in args.backends.split(",") if b]:
+        t0 = time.perf_counter()
+        try:
+            factory = ConstraintFactory(tok, width, envelope, backend=name, vocab=vocab)
+        except ValueError as exc:
+            rows.append(f"| {name} | unavailable: {exc} | | | | |")
+            continue
+        setup_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        factory.build(tools, plan, eos)  # one grammar per tool, uncached
+        per_tool = (time.perf_counter() - t0) * 1e3 / len(tools)
+        fill, accept = ours(factory, tools, plan, tokens, args.reps, eos)
+        ((applied, _),) = apply_cost(factory, tools, plan, args.device, [1], args.reps * 3, eos).values()
+        rows.append(
+            f"| {name} | {setup_ms:.0f} | {per_tool:.0f} | {med(fill.get('arguments', [])):.1f} "
+            f"| {med(accept.get('arguments', [])):.1f} | {applied:.1f} |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -179,6 +213,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--decode-step-ms", type=float, default=60.0)
     ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument(
+        "--backends", default="xgrammar,outlines", help="arguments backends compared side by side"
+    )
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -251,12 +288,7 @@ def main() -> None:
             f"\n{phase} phase, batch {batches[0]}: fill + accept + apply = {cost:.1f} µs = {pct:.2f}% of a",
             step,
         )
-    try:
-        import outlines_core  # noqa: F401
-
-        print("\noutlines-core is installed but not benchmarked here (no outlines backend yet).")
-    except ImportError:
-        print("\noutlines-core: not installed (the outlines backend is not implemented; see README).")
+    print(backends_side_by_side(tok, width, envelope, tools, plan, tokens, eos, args))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,10 @@ _KEEP = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 
 def tools_from_yaml(path: Path) -> list[dict[str, Any]]:
-    """SWE-agent tool YAML -> OpenAI tools (JSON Schema parameters from typed ``arguments``)."""
+    """SWE-agent tool YAML -> OpenAI tools, the shape SWE-agent's function-calling mode sends:
+    description = the docstring (whitespace folded), parameters = an object schema with one
+    property per argument (type, description, enum, items) and ``required`` (always present).
+    The only converter: tests/fixtures/make_swe_agent_tools.py writes the fixtures with it."""
     doc = yaml.safe_load(path.read_text())
     out = []
     for name, spec in (doc.get("tools") or {}).items():
@@ -70,9 +73,7 @@ def tools_from_yaml(path: Path) -> list[dict[str, Any]]:
             props[arg["name"]] = schema
             if arg.get("required"):
                 required.append(arg["name"])
-        params: dict[str, Any] = {"type": "object", "properties": props}
-        if required:
-            params["required"] = required
+        params: dict[str, Any] = {"type": "object", "properties": props, "required": required}
         desc = " ".join(str(spec.get("docstring", "")).split())
         out.append(
             {"type": "function", "function": {"name": name, "description": desc, "parameters": params}}

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server.admission import Admission
 from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
-from server.auth import authenticate
+from server.auth import authenticate, needs_key
 from server.chat.service import ChatService
 from server.config import ConfigError, Settings
 from server.engines.base import Engine
@@ -89,7 +89,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         """Auth (tenant), body-size limit, and request counting, before any route runs."""
         path = request.url.path
         try:
-            protected = path.startswith("/v1/") or (path == "/metrics" and settings.auth.protect_metrics)
+            protected = needs_key(path, settings.auth.protect_metrics)
             request.state.tenant = authenticate(request.headers, settings.auth) if protected else ""
             length = request.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > max_body:

@@ -28,6 +28,12 @@ from server.errors import Unauthorized
 ANONYMOUS = ""
 TENANT_HEADER = "x-agentserve-tenant"
 TOKEN_HEADER = "x-agentserve-router-token"
+KEYED_PATHS = ("/tokenize", "/detokenize")  # outside /v1 but they run the model's tokenizer: keyed too
+
+
+def needs_key(path: str, protect_metrics: bool) -> bool:
+    """Whether a worker request on ``path`` must authenticate (/health is always open)."""
+    return path.startswith("/v1/") or path in KEYED_PATHS or (path == "/metrics" and protect_metrics)
 
 
 def authenticate(headers: Mapping[str, str], auth: AuthSettings) -> str:

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from server.config import ConfigError, Settings, load_settings
+from server.model_store import ModelFileMissing
 
 
 def _add_settings_flags(p: argparse.ArgumentParser) -> None:
@@ -100,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             settings = _settings(args, workers=args.workers)
             from server.app import check_settings
+            from server.model_store import check_model
 
             check_settings(settings)  # before any worker starts
+            check_model(settings.model)  # a missing model is a one-line exit 2, not a failed app startup
             if settings.workers > 1:
                 from server.routing.cluster import ClusterError, serve_cluster
 
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             from server.model_store import resolve_model
 
             print(resolve_model(args.model))
-    except ConfigError as exc:
+    except (ConfigError, ModelFileMissing) as exc:
         print(f"agentserve: {exc}", file=sys.stderr)
         return 2
     return 0

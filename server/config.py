@@ -80,8 +80,15 @@ class RoutingSettings(_Section):
         10.0, gt=0, description="route --workers-dns: seconds between re-resolving the worker DNS name."
     )
     load_epsilon: float = Field(
-        1.0, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests "
-        "(a spill re-prefills the session's context elsewhere: see benchmarks/results/fleet_sim.md)."
+        2.0, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests "
+        "(a spill re-prefills the session's context elsewhere: see benchmarks/results/fleet_sim.md); with "
+        "load_epsilon_new, the bound of established sessions (first turns are held to a tighter one)."
+    )
+    load_epsilon_new: float | None = Field(
+        0.1, ge=0.0, description="A session's first turn spills past (1+eps) x mean in-flight, its second "
+        "past (1+2 eps), doubling per turn up to load_epsilon: young sessions (little KV to lose) keep the "
+        "fleet "
+        "level, old ones stay put. null = one flat bound (load_epsilon) for every turn.",
     )
     load_floor: int = Field(
         4, ge=1, description="Never spill from a worker that would hold at most this many requests in flight."

@@ -69,7 +69,7 @@ def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> Path:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
         # A GGUF-loaded model refuses save_pretrained while it still looks quantised; the
         # weights are already plain fp32 after loading.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # transformers types it as always set
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp)
@@ -80,18 +80,28 @@ def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> Path:
         return out
 
 
-def resolve_model(model: str, progress: bool = True) -> Path:
-    """Turn a configured model (``embedded``, a folder, or a .gguf file) into a loadable folder."""
+def check_model(model: str) -> None:
+    """``ModelFileMissing`` (the fix in its message) unless ``model`` can be resolved; loads nothing."""
     if model == EMBEDDED:
-        return convert_gguf(embedded_gguf(), cache_dir() / "models" / EMBEDDED_NAME, progress)
+        embedded_gguf()
+        return
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelFileMissing(f"model file {path} does not exist: pass an existing .gguf file or folder")
-        return convert_gguf(path, cache_dir() / "models" / path.stem, progress)
-    if not (path / "config.json").is_file():
+    elif not (path / "config.json").is_file():
         raise ModelFileMissing(
             f"model folder {path} has no config.json: pass a transformers model folder, a .gguf file, "
             f"or 'embedded' for the built-in SmolLM2-135M-Instruct"
         )
+
+
+def resolve_model(model: str, progress: bool = True) -> Path:
+    """Turn a configured model (``embedded``, a folder, or a .gguf file) into a loadable folder."""
+    check_model(model)
+    if model == EMBEDDED:
+        return convert_gguf(embedded_gguf(), cache_dir() / "models" / EMBEDDED_NAME, progress)
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        return convert_gguf(path, cache_dir() / "models" / path.stem, progress)
     return path

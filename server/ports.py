@@ -1,7 +1,7 @@
 """One helper for local servers: a free loopback port, and waiting for GET /health.
 
-Used by the test fixtures and the benchmarks (``server/routing/cluster.py`` and
-``tests/routing/conftest.py`` still carry their own copies: they belong to the router).
+Used by the cluster launcher (``server/routing/cluster.py``), the test fixtures and the
+benchmarks.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Container
+from typing import Any
 
 import httpx
 
@@ -21,10 +22,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A bound, listening socket on a free (or the given) port, to hand to a child process by fd."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return sock
+
+
+def health_ok(url: str, ok: Container[int] = (200,), client: httpx.Client | None = None) -> bool:
+    """One probe: does ``GET url/health`` answer a status in ``ok``? (False if it does not answer.)"""
+    try:
+        if client is not None:
+            return client.get(url + "/health").status_code in ok
+        return httpx.get(url + "/health", timeout=2, trust_env=False).status_code in ok
+    except httpx.HTTPError:
+        return False
+
+
 def wait_for_health(
     url: str,
     timeout_s: float,
-    proc: subprocess.Popen | None = None,  # type: ignore[type-arg]
+    proc: subprocess.Popen[Any] | None = None,
     ok: Container[int] = (200,),
     poll_s: float = 0.2,
 ) -> float:
@@ -39,10 +59,7 @@ def wait_for_health(
             raise RuntimeError(
                 f"{url}: the server process exited with code {proc.returncode} before it was healthy"
             )
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code in ok:
-                return time.monotonic() - start
-        except httpx.HTTPError:
-            pass
+        if health_ok(url, ok):
+            return time.monotonic() - start
         time.sleep(poll_s)
     raise TimeoutError(f"{url} did not answer GET /health within {timeout_s:.0f} s")

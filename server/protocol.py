@@ -1,6 +1,8 @@
 """Request and response types: OpenAI Chat Completions / Completions shapes plus our extensions.
 
-Requests: unknown top-level fields are ignored (clients send many); wrong types are 400s.
+Requests: unknown top-level fields are kept in ``model_extra``: those that would change the
+output but are not implemented are 400s naming them (``UNSUPPORTED_NEUTRAL``), the rest are
+accepted and logged once per name; wrong types and out-of-range values are 400s.
 ``tool_choice`` is parsed into types here, at the edge (``parse_tool_choice``; a malformed
 one is a 400 that lists the accepted forms). Extensions: ``tool_state_machine`` and
 ``cache_compare_with`` in requests; ``cache`` and ``tool_state`` in responses (built in
@@ -155,24 +157,29 @@ class PromptCacheOptions(_Loose):
     comparison_response_id: str | None = Field(None, max_length=256)
 
 
-# OpenAI (and vLLM-extension) parameters that change what is generated but are not implemented
-# yet: sent with a value other than the neutral one, they are a 400 naming the field (never
-# silently dropped). Other unknown top-level fields (metadata, store, service_tier, ...) change
-# nothing here and are accepted.
+# Top-level request fields that would change the output but are not implemented: sent with a
+# value other than a neutral one, they are a 400 naming the field (never silently dropped).
+# Every other unknown top-level field (metadata, store, service_tier, ...) changes nothing
+# here: it is accepted and logged once per field name (``server/chat/sampling.py``).
 UNSUPPORTED_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0, 0.0, None),
-    "presence_penalty": (0, 0.0, None),
-    "repetition_penalty": (1, 1.0, None),
-    "logit_bias": (None,),  # {} is neutral too (checked as empty)
-    "logprobs": (False, None),
-    "top_logprobs": (0, None),
-    "top_k": (-1, 0, None),
-    "min_p": (0, 0.0, None),
     "best_of": (1, None),
-    "functions": (None,),
-    "function_call": (None,),
+    "functions": (None,),  # legacy: send tools
+    "function_call": (None,),  # legacy: send tool_choice
     "prediction": (None,),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "web_search_options": (None,),
+    "min_tokens": (0, None),  # vLLM extension
+    "ignore_eos": (False, None),  # vLLM extension
+    "guided_json": (None,),  # vLLM extensions: use tools or response_format
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "structured_outputs": (None,),
 }
+# Unknown fields accepted without a log line: they never change a reply (OpenAI bookkeeping).
+ACCEPTED_QUIETLY = frozenset({"metadata", "store", "service_tier", "safety_identifier"})
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit (vLLM's default max_logprobs too)
 
 
 class SamplingFields(_Loose):
@@ -182,7 +189,7 @@ class SamplingFields(_Loose):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
     stream: bool = False
@@ -191,6 +198,13 @@ class SamplingFields(_Loose):
     prompt_cache_key: str | None = None
     prompt_cache_options: PromptCacheOptions | None = None  # OpenAI's comparison_response_id
     cache_compare_with: str | None = Field(None, max_length=256)  # extension: a response id
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)  # vLLM extension
+    logit_bias: dict[str, Any] | None = None  # token id -> bias in [-100, 100] (chat/sampling.py)
+    top_k: int | None = Field(None, ge=-1)  # vLLM extension; 0 or -1: off
+    min_p: float | None = Field(None, ge=0.0, le=1.0)  # vLLM extension
+    stop_token_ids: list[int] | None = None  # vLLM extension
 
     def unsupported_fields(self) -> list[str]:
         """Sent fields that would change the output but are not implemented (see UNSUPPORTED_NEUTRAL)."""
@@ -200,6 +214,15 @@ class SamplingFields(_Loose):
             for k, neutral in UNSUPPORTED_NEUTRAL.items()
             if k in extra and extra[k] not in neutral and extra[k] != {}
         ]
+
+    def unknown_fields(self) -> list[str]:
+        """Sent top-level fields this server neither uses nor refuses (accepted; logged once each)."""
+        extra = self.model_extra or {}
+        return [k for k in extra if k not in UNSUPPORTED_NEUTRAL and k not in ACCEPTED_QUIETLY]
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no logprobs; N: the chosen token's logprob plus the N most likely (per endpoint)."""
+        raise NotImplementedError
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -223,6 +246,16 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     tool_state_machine: str | None = None  # extension: a state machine in grammars/, or "off"
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def top_logprobs_asked(self) -> int | None:
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequest(
+                "top_logprobs needs logprobs: true (send both, or leave top_logprobs out)",
+                param="top_logprobs",
+            )
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -233,6 +266,10 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # legacy: the number of top logprobs
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
 
 # --- responses -----------------------------------------------------------------------------------
@@ -292,10 +329,36 @@ class IncompleteToolCall(BaseModel):
     arguments_so_far: str  # the arguments text as written, unaltered (not valid JSON)
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(TopLogprob):
+    """One generated token in ``choices[].logprobs.content``: the model's raw log-softmax at it."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobOut] | None
+    refusal: list[TokenLogprobOut] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape (``/v1/completions`` with ``logprobs: N``)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str
     incomplete_tool_call: IncompleteToolCall | None = Field(None, exclude_if=lambda v: v is None)
 
@@ -303,7 +366,7 @@ class ChatChoice(BaseModel):
 class TextChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 
@@ -320,7 +383,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
     incomplete_tool_call: IncompleteToolCall | None = Field(None, exclude_if=lambda v: v is None)
 

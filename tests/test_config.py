@@ -45,9 +45,10 @@ def test_a_grammar_backend_that_is_not_registered_is_refused_before_start():
 
     settings = load_settings(grammar_backend="nope")  # the schema cannot know the registry
     with pytest.raises(
-        ConfigError, match=r"grammar_backend 'nope' is not available: use one of \['xgrammar'"
+        ConfigError, match=r"grammar_backend 'nope' is not available: use one of \['outlines', 'xgrammar'\]"
     ):
         check_settings(settings)
+    check_settings(load_settings(grammar_backend="outlines"))  # the second backend starts
     with pytest.raises(ConfigError):
         build_app(settings)
     check_settings(load_settings())  # the default passes

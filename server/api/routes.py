@@ -11,7 +11,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from server.api.sse import sse_stream
-from server.chat.service import ChatService, Prepared
+from server.chat.prepare import Prepared
+from server.chat.service import ChatService
 from server.errors import Timeout
 from server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -20,7 +21,8 @@ DISCONNECT_POLL_S = 0.25
 
 
 def _service(request: Request) -> ChatService:
-    return request.app.state.service
+    service: ChatService = request.app.state.service
+    return service
 
 
 async def _await_unless_gone(
@@ -93,7 +95,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 @router.get("/v1/models")
-async def models(request: Request) -> dict:
+async def models(request: Request) -> dict[str, Any]:
     s = request.app.state.settings
     engine = request.app.state.service.engine
     return {
@@ -113,7 +115,7 @@ async def models(request: Request) -> dict:
 
 
 @router.get("/health")
-async def health(request: Request) -> dict:
+async def health(request: Request) -> dict[str, Any]:
     return {"status": "ok", "engine": request.app.state.service.engine.name}
 
 

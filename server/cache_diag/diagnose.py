@@ -205,7 +205,7 @@ def _change(prev: Prompt, cur: Prompt, lcp: int, where: tuple[int, bool, str], m
     pfp, cfp = prev.fp, cur.fp
     if not (pfp.structured and cfp.structured):
         _, fix = fixes.prompt_edit(at, exact)
-        detail = {"segment": "prompt", "character": at, "change": "edited"}
+        detail: dict[str, Any] = {"segment": "prompt", "character": at, "change": "edited"}
         return Diagnosis("messages_changed", missed, lcp, text, fix, detail)
     change = _pick(structural_changes(pfp, cfp, len(cur.text or "")), at)
     if change is None:

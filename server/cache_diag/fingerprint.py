@@ -62,8 +62,8 @@ class Fingerprint:
     messages: tuple[tuple[str, bytes], ...]  # (role, digest), every message in request order
     n_tokens: int
     core_tokens: int  # tokens up to the end of the last labelled segment (no generation prompt)
-    blocks: array  # 'Q': chained hash of each full block of BLOCK tokens
-    marks: array  # 'H': per-token mark
+    blocks: array[int]  # 'Q': chained hash of each full block of BLOCK tokens
+    marks: array[int]  # 'H': per-token mark
     segments: tuple[SegmentMark, ...]
     structured: bool = True  # False for raw completions prompts (no messages / tools)
     notes: tuple[str, ...] = ()  # what the renderer noticed (e.g. "template_rewrote_history")
@@ -91,7 +91,7 @@ def segment_key(label: str) -> str:
     return ""
 
 
-def token_hashes(ids: Sequence[int]) -> tuple[array, array]:
+def token_hashes(ids: Sequence[int]) -> tuple[array[int], array[int]]:
     """(chained block hashes, per-token marks) of a token stream.
 
     A token's mark is a keyed 64-bit mix of its id, xor-ed with its block's parent chain hash

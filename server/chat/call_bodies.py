@@ -37,13 +37,13 @@ class ParsedCall:
 class BodyParser:
     """Per (envelope, tools): turns one call's text into a ParsedCall."""
 
-    def __init__(self, envelope: Envelope, tools: list[dict] | None = None) -> None:
+    def __init__(self, envelope: Envelope, tools: list[dict[str, Any]] | None = None) -> None:
         self.envelope = envelope
         keys = _KEY_RE.findall(envelope.name_close)
         self.args_key = keys[-1] if keys else "arguments"
         id_keys = _KEY_RE.findall(envelope.call_end.split("{call_id}")[0]) if envelope.call_id else []
         self.id_key = id_keys[-1] if id_keys else None
-        self.schemas: dict[str, dict] = {}
+        self.schemas: dict[str, dict[str, Any]] = {}
         for tool in tools or []:
             fn = tool.get("function") if isinstance(tool, dict) else None
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
@@ -87,7 +87,7 @@ class BodyParser:
         return self.json_text(body.strip())
 
 
-def _as_object(args: Any) -> dict | None:
+def _as_object(args: Any) -> dict[str, Any] | None:
     if isinstance(args, str):
         try:
             args = json.loads(args)

@@ -2,21 +2,23 @@
 
 ``generate_text`` yields text as it becomes safe to send (an incomplete UTF-8 sequence
 waits for its next token; text that could still become a stop string is held back) and
-fills an ``GenerationResult`` as it goes: the text, the finish reason, token counts, cached tokens.
-An engine error ends the request with ``GenerationError`` (never a silently short reply).
+fills an ``GenerationResult`` as it goes: the text, the finish reason, token counts, cached tokens,
+and (when asked) each generated token's logprobs in OpenAI's shape, cut where a stop string cuts
+the text. An engine error ends the request with ``GenerationError`` (never a silently short reply).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 
 from server.cache_diag import CacheReport
 from server.chat.prepare import Prepared
-from server.engines.base import Engine, GenerationRequest
+from server.engines.base import Engine, GenerationRequest, TokenLogprob
 from server.errors import GenerationError
 from server.metrics import Metrics
+from server.protocol import TokenLogprobOut, TopLogprob
 
 
 @dataclass
@@ -29,6 +31,45 @@ class GenerationResult:
     cached_tokens: int = 0
     first_token_at: float | None = None
     explanation: CacheReport | None = None
+    logprobs: list[TokenLogprobOut] | None = None  # per generated token, when the request asked
+    token_ends: list[int] = field(default_factory=list)  # text length after each token (logprobs)
+    emitted_chars: int = 0  # text sent so far (streaming)
+    logprobs_taken: int = 0
+
+    def take_logprobs(self, final: bool = False) -> list[TokenLogprobOut]:
+        """Logprobs of the tokens whose text was sent since the last call (all of them when final)."""
+        if self.logprobs is None:
+            return []
+        n = self.logprobs_taken
+        end = len(self.logprobs)
+        if not final:
+            end = n
+            while end < len(self.logprobs) and self.token_ends[end] <= self.emitted_chars:
+                end += 1
+        self.logprobs_taken = end
+        return self.logprobs[n:end]
+
+
+class LogprobText:
+    """Token ids → OpenAI logprob entries: the token's text and its exact bytes."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.tokenizer = engine.tokenizer
+        vocab = getattr(getattr(engine, "constraints", None), "vocab", None)
+        self.token_bytes: Sequence[bytes] = vocab.token_bytes if vocab is not None else ()
+
+    def bytes_of(self, token_id: int) -> bytes:
+        raw = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else b""
+        return raw or str(self.tokenizer.decode([token_id], skip_special_tokens=False)).encode()
+
+    def top(self, token_id: int, logprob: float) -> TopLogprob:
+        raw = self.bytes_of(token_id)
+        return TopLogprob(token=raw.decode("utf-8", "replace"), logprob=logprob, bytes=list(raw))
+
+    def entry(self, lp: TokenLogprob) -> TokenLogprobOut:
+        head = self.top(lp.token_id, lp.logprob)
+        tops = [self.top(t, v) for t, v in lp.top]
+        return TokenLogprobOut(**head.model_dump(), top_logprobs=tops)
 
 
 async def generate_text(
@@ -47,6 +88,9 @@ async def generate_text(
     ids: list[int] = []
     emitted = 0
     hold = max((len(s) for s in p.stops), default=1) - 1
+    fmt = LogprobText(engine) if p.sampling.logprobs is not None else None
+    if fmt is not None:
+        out.logprobs = []
     request = GenerationRequest(
         p.request_id, p.prompt_ids, p.sampling, p.tool_spec, p.cache_salt, p.session.key
     )
@@ -64,18 +108,23 @@ async def generate_text(
                 raise GenerationError(chunk.error)
             ids.extend(chunk.token_ids)
             text = tok.decode(ids, skip_special_tokens=False)
+            if fmt is not None and out.logprobs is not None:
+                out.logprobs.extend(fmt.entry(lp) for lp in chunk.logprobs or ())
+                out.token_ends.extend([len(text)] * len(chunk.token_ids))
             if text.endswith("\ufffd") and chunk.finish_reason is None:
                 continue  # an incomplete UTF-8 sequence: wait for the next token
             cut = first_stop(text, p.stops)
             if cut is not None:
                 text, out.finish_reason = text[:cut], "stop"
                 out.text = text
+                _cut_logprobs(out, cut)
                 if len(text) > emitted:
                     yield text[emitted:]
                 break
             out.text = text
             safe = len(text) if chunk.finish_reason or not p.stops else max(emitted, len(text) - hold)
             if safe > emitted:
+                out.emitted_chars = safe
                 yield text[emitted:safe]
                 emitted = safe
             if chunk.finish_reason is not None:
@@ -85,6 +134,17 @@ async def generate_text(
         metrics.running.dec()
         out.completion_tokens = len(ids)
         metrics.e2e.observe(time.perf_counter() - start)
+
+
+def _cut_logprobs(out: GenerationResult, cut: int) -> None:
+    """Keep the logprobs of the tokens whose text starts before a stop string at ``cut``."""
+    if out.logprobs is None:
+        return
+    keep = 0
+    while keep < len(out.logprobs) and (out.token_ends[keep - 1] if keep else 0) < cut:
+        keep += 1
+    del out.logprobs[keep:]
+    del out.token_ends[keep:]
 
 
 def first_stop(text: str, stops: list[str]) -> int | None:

@@ -18,12 +18,14 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_diag import Prompt, fingerprint
+from server.chat.sampling import check_fields, sampling_params
 from server.chat.template import render_chat
 from server.config import Settings
 from server.engines.base import Engine, SamplingParams
 from server.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
 from server.families.rendered import RenderedPrompt, Segment
+from server.masking.response_format import text_schema
 from server.masking.spec import ToolSpec
 from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.masking.tool_choice import ToolPlan, plan_tools
@@ -86,13 +88,7 @@ class Preparer:
             )
         if req.n != 1:
             raise InvalidRequest(f"n={req.n} is not supported: only n=1; send separate requests", param="n")
-        bad = req.unsupported_fields()
-        if bad:
-            raise InvalidRequest(
-                f"{bad[0]} is not supported by this server yet (it would change the output, so it is not "
-                f"ignored): leave it out or send its neutral value",
-                param=bad[0],
-            )
+        check_fields(req)  # refused parameters are 400s naming them; unknown ones are logged once
 
     def _tokenize(self, rendered: RenderedPrompt) -> tuple[list[int], array[int]]:
         enc = self.engine.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
@@ -107,22 +103,21 @@ class Preparer:
                 param="messages",
             )
         asked = req.requested_max_tokens()
+        name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         cap = self.settings.limits.max_tokens
         if asked is not None and cap is not None and asked > cap:
             raise InvalidRequest(
-                f"max_tokens={asked} is over this server's limit of {cap} (limits.max_tokens): ask for fewer",
-                param="max_tokens",
+                f"{name}={asked} is over this server's limit of {cap} (limits.max_tokens): ask for fewer",
+                param=name,
             )
         if asked is not None and asked > room:
             raise ContextLengthExceeded(
-                f"prompt ({prompt_len} tokens) + max_tokens ({asked}) exceeds the context window "
-                f"({self.engine.max_model_len}): lower max_tokens to at most {room} or shorten the prompt",
-                param="max_tokens",
+                f"prompt ({prompt_len} tokens) + {name} ({asked}) exceeds the context window "
+                f"({self.engine.max_model_len}): lower {name} to at most {room} or shorten the prompt",
+                param=name,
             )
         max_tokens = asked if asked is not None else min(self.settings.default_max_tokens, room)
-        return SamplingParams(
-            max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
-        )
+        return sampling_params(req, max_tokens, self.engine)
 
     def _prompt(
         self,
@@ -196,9 +191,14 @@ class Preparer:
         key = session_key(body, headers)
         return SessionKey(namespaced_session(tenant, key.key), key.source)
 
-    def _tool_spec(self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int) -> ToolSpec | None:
-        """The request's ToolSpec, built once by the engine's builder (compiles and caches; 400s here)."""
-        if not tools:
+    def _tool_spec(
+        self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int, json_text: dict[str, Any] | None
+    ) -> ToolSpec | None:
+        """The request's ToolSpec, built once by the engine's builder (compiles and caches; 400s here).
+
+        ``json_text``: the schema of the reply's text (response_format), None for free text.
+        """
+        if not tools and json_text is None:
             return None
         spec = ToolSpec(
             tools,
@@ -207,6 +207,7 @@ class Preparer:
             self.settings.grammar_backend,
             self.engine.eos_token_ids,
             budget=budget,
+            text_schema=json_text,
         )
         self.engine.constraints.build(spec)
         return spec
@@ -220,12 +221,8 @@ class Preparer:
         raw_body: Mapping[str, Any] | None = None,
     ) -> Prepared:
         self._check_common(req)
-        if req.response_format is not None and req.response_format.type != "text":
-            raise InvalidRequest(
-                f"response_format type {req.response_format.type!r} is not supported yet: use tools with "
-                f"tool_choice to get schema-valid JSON",
-                param="response_format",
-            )
+        rf = req.response_format
+        json_text = text_schema(rf.type, rf.json_schema) if rf is not None else None
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self._check_tools(tools)
         rules = getattr(getattr(self.renderer, "family", None), "rules", None)
@@ -258,7 +255,7 @@ class Preparer:
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             prefill=plan.prefill,
             plan=plan,
-            tool_spec=self._tool_spec(tools, plan, sampling.max_tokens),
+            tool_spec=self._tool_spec(tools, plan, sampling.max_tokens, json_text),
             cache_salt=cache_salt(tenant, self.settings.auth),
             call_id_style=self.call_id_style,
             compare_with=req.comparison_response_id(),

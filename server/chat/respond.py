@@ -4,7 +4,10 @@
 ``StreamChunks`` builds the stream: the role chunk, content and tool-call deltas as
 text arrives, the final chunk (finish reason + extensions) and, when asked for, the
 usage chunk. Extensions on every reply: ``cache`` (cached tokens, where and why the
-session's prefix diverged) and ``tool_state`` (the tool plan) for chat.
+session's prefix diverged) and ``tool_state`` (the tool plan) for chat. With ``logprobs``,
+``choices[].logprobs`` holds every generated token (content and tool-call text alike, up to a
+stop string), in OpenAI's chat shape or the legacy completions shape; in a stream each token's
+entry rides on the first chunk sent after its text was released.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from server.protocol import (
     ChatCompletionChunk,
     ChatCompletionResponse,
     ChatDelta,
+    ChoiceLogprobs,
     CompletionChunk,
+    CompletionLogprobs,
     CompletionResponse,
     FunctionCallOut,
     IncompleteToolCall,
     PromptTokensDetails,
     TextChoice,
+    TokenLogprobOut,
     ToolCallDelta,
     ToolCallOut,
     ToolStateInfo,
@@ -70,6 +76,26 @@ def incomplete_call(text: str, envelope: Envelope) -> IncompleteToolCall:
     return IncompleteToolCall(name=name, arguments_so_far=args)
 
 
+def chat_logprobs(entries: list[TokenLogprobOut] | None) -> ChoiceLogprobs | None:
+    return ChoiceLogprobs(content=entries) if entries is not None else None
+
+
+def text_logprobs(entries: list[TokenLogprobOut] | None, offset: int = 0) -> CompletionLogprobs | None:
+    """The legacy completions shape; ``offset``: where the first token's text starts."""
+    if entries is None:
+        return None
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return CompletionLogprobs(
+        tokens=[e.token for e in entries],
+        token_logprobs=[e.logprob for e in entries],
+        top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries],
+        text_offset=offsets,
+    )
+
+
 def usage(p: Prepared, out: GenerationResult) -> Usage:
     n = len(p.prompt_ids)
     return Usage(
@@ -98,7 +124,8 @@ def extensions(p: Prepared, out: GenerationResult) -> dict[str, Any]:
 def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: Envelope) -> dict[str, Any]:
     head = {"id": p.request_id, "created": p.created, "model": model, **extensions(p, out)}
     if p.kind == "text":
-        text = TextChoice(text=out.text, finish_reason=out.finish_reason)
+        lp = text_logprobs(out.logprobs)
+        text = TextChoice(text=out.text, logprobs=lp, finish_reason=out.finish_reason)
         return CompletionResponse(**head, choices=[text], usage=usage(p, out)).model_dump()
     parser = StreamingToolCallParser(envelope, _tools(p))
     parser.feed(p.prefill + out.text)
@@ -111,7 +138,9 @@ def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: 
         if finish == "stop":
             finish = "tool_calls"
     message = AssistantMessage(content=parsed.content, tool_calls=calls)
-    choice = ChatChoice(message=message, finish_reason=finish, incomplete_tool_call=cut)
+    choice = ChatChoice(
+        message=message, logprobs=chat_logprobs(out.logprobs), finish_reason=finish, incomplete_tool_call=cut
+    )
     return ChatCompletionResponse(**head, choices=[choice], usage=usage(p, out)).model_dump()
 
 
@@ -126,14 +155,21 @@ class StreamChunks:
         self.parser = StreamingToolCallParser(envelope, _tools(p)) if self.chat else None
         self.finish_reason = "stop"
         self.incomplete: IncompleteToolCall | None = None
+        self.pending: list[TokenLogprobOut] = []  # logprobs not yet sent (no chunk carried them yet)
+        self.text_offset = 0
 
     def _chunk(
         self, delta: ChatDelta | str, finish: str | None = None, cut: Any = None, **ext: Any
     ) -> dict[str, Any]:
+        entries, self.pending = (self.pending or None), []
         if isinstance(delta, ChatDelta):
-            choice = ChatChunkChoice(delta=delta, finish_reason=finish, incomplete_tool_call=cut)
+            choice = ChatChunkChoice(
+                delta=delta, logprobs=chat_logprobs(entries), finish_reason=finish, incomplete_tool_call=cut
+            )
             return ChatCompletionChunk(**self.head, **ext, choices=[choice]).model_dump()
-        text = TextChoice(text=delta, finish_reason=finish)
+        lp = text_logprobs(entries, self.text_offset)
+        self.text_offset += sum(len(e.token) for e in entries or ())
+        text = TextChoice(text=delta, logprobs=lp, finish_reason=finish)
         return CompletionChunk(**self.head, **ext, choices=[text]).model_dump()
 
     def _deltas(self, events: list[ContentDelta | CallDelta]) -> list[dict[str, Any]]:
@@ -155,7 +191,10 @@ class StreamChunks:
         first = [self._chunk(ChatDelta(role="assistant", content=""))]
         return first + (self._deltas(self.parser.feed(self.p.prefill)) if self.p.prefill else [])
 
-    def text(self, text: str) -> list[dict[str, Any]]:
+    def text(self, text: str, out: GenerationResult | None = None) -> list[dict[str, Any]]:
+        """Chunks for a text delta; ``out``: the generation, whose released logprobs ride along."""
+        if out is not None:
+            self.pending += out.take_logprobs()
         if self.parser is None:
             return [self._chunk(text)]
         return self._deltas(self.parser.feed(text))
@@ -163,6 +202,7 @@ class StreamChunks:
     def close(self, out: GenerationResult) -> list[dict[str, Any]]:
         """What the parser still holds; sets the finish reason ("tool_calls" when calls were made)."""
         self.finish_reason = out.finish_reason
+        self.pending += out.take_logprobs(final=True)
         if self.parser is None:
             return []
         events, self.incomplete = finish_parser(self.parser, out.finish_reason, self.envelope)

@@ -120,7 +120,7 @@ class ChatService:
         for c in chunks.start():
             yield c
         async for text in generate_text(self.engine, self.metrics, p, out, self._on_first_token):
-            for c in chunks.text(text):
+            for c in chunks.text(text, out):
                 yield c
         for c in chunks.close(out):
             yield c

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from server.chat.call_bodies import BodyParser, ParsedCall, parse_call_body
 from server.families.envelope import Envelope
@@ -60,7 +61,7 @@ Events = list[ContentDelta | CallDelta]
 
 
 class StreamingToolCallParser:
-    def __init__(self, envelope: Envelope, tools: list[dict] | None = None) -> None:
+    def __init__(self, envelope: Envelope, tools: list[dict[str, Any]] | None = None) -> None:
         self.envelope = envelope
         self.body = BodyParser(envelope, tools)
         self.trigger = envelope.trigger
@@ -171,6 +172,7 @@ class StreamingToolCallParser:
     def _name_args_call(self, events: Events) -> bool:
         """``[TOOL_CALLS]NAME[ARGS]{...}`` (Mistral v13)."""
         buf, start = self._buf, len(self.open_tag)
+        assert self.args_token is not None  # only envelopes whose names end with [ARGS] come here
         cut = buf.find(self.args_token, start)
         nxt = buf.find(self.open_tag, start)
         if cut < 0 or (0 <= nxt < cut):
@@ -229,7 +231,9 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def parse_tool_calls(text: str, envelope: Envelope, tools: list[dict] | None = None) -> ParsedOutput:
+def parse_tool_calls(
+    text: str, envelope: Envelope, tools: list[dict[str, Any]] | None = None
+) -> ParsedOutput:
     parser = StreamingToolCallParser(envelope, tools)
     parser.feed(text)
     parser.finish()

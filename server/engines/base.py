@@ -22,11 +22,35 @@ from server.masking.spec import ToolSpec
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How to pick each token (OpenAI semantics; ``top_k``, ``min_p``, ``repetition_penalty`` as vLLM's).
+
+    Order on both engines: logit_bias, penalties, the tool mask (last: a bias cannot re-allow
+    a masked token), then temperature, min_p, top_k, top_p. ``logprobs`` (None: none; N: the
+    chosen token's logprob and the N most likely) are the model's raw log-softmax, before any
+    of that processing (vLLM's default ``logprobs_mode="raw_logprobs"``).
+    """
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    frequency_penalty: float = 0.0  # minus this × times the token was generated
+    presence_penalty: float = 0.0  # minus this once the token was generated
+    repetition_penalty: float = 1.0  # tokens of prompt + output: logit / p if > 0 else logit × p
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # drop tokens below min_p × the top token's probability
+    logprobs: int | None = None  # None: no logprobs; N >= 0: the chosen token's + N top ones
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and (when asked) the most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
 
 
 @dataclass
@@ -47,6 +71,7 @@ class GenerationChunk:
     cached_tokens: int
     finish_reason: str | None = None  # "stop" | "length" | "error"
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 @dataclass

@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +23,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from server.config import EngineSettings
-from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
+from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
 from server.engines.kv_blocks import BlockCutter, cache_from_settings, cached_kv
-from server.engines.prefix_cache import LookupReport
-from server.engines.sampling import sample_token
+from server.engines.kv_sessions import LookupReport
+from server.engines.sampling import TokenSampler
 from server.masking.bitmask import MaskApplier, model_eos_ids
 from server.masking.builder import ConstraintBuilder
 from server.masking.interface import TokenConstraint
@@ -51,7 +51,7 @@ class _Sequence:
     next_logits: torch.Tensor | None = None  # logits for the next token, [V]
     cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
-    generator: torch.Generator | None = None
+    sampler: TokenSampler | None = None  # built at admission (bias, penalty state, seeded generator)
     constraint: TokenConstraint | None = None  # built from request.tool_spec by the engine
 
     def emit(self, chunk: GenerationChunk) -> None:
@@ -81,7 +81,8 @@ class HFEngine:
             path = resolve_model(settings.model)
             t0 = time.perf_counter()
             tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+            model = model.to(self.device).eval()
             log.info(
                 "loaded %s on %s (%s) in %.1f s", path, self.device, self.dtype, time.perf_counter() - t0
             )
@@ -144,8 +145,12 @@ class HFEngine:
         seq = _Sequence(request, asyncio.get_running_loop(), asyncio.Queue())
         if request.tool_spec is not None:  # cheap: the service built it once at prepare time (caches warm)
             seq.constraint = self.constraints.build(request.tool_spec)
+        generator = None
         if request.sampling.seed is not None:
-            seq.generator = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
+            generator = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
+        seq.sampler = TokenSampler(
+            request.sampling, request.prompt_ids, self.vocab_size, self.device, generator
+        )
         self._inbox.put(seq)
         self._wake.set()
         try:
@@ -170,9 +175,9 @@ class HFEngine:
 
         seq = _Sequence(
             GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt, session_key),
-            None,
-            None,
-        )  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]  # a probe emits nothing: no loop
+            None,  # type: ignore[arg-type]  # and no queue
+        )
         with torch.no_grad():
             self._prefill(seq)
         assert seq.next_logits is not None
@@ -201,7 +206,7 @@ class HFEngine:
                 self._wake.wait(0.5)
                 self._wake.clear()
 
-    def _run_guarded(self, seq: _Sequence, step) -> None:
+    def _run_guarded(self, seq: _Sequence, step: Callable[[_Sequence], None]) -> None:
         try:
             if seq.cancelled:
                 self._retain(seq)
@@ -249,15 +254,21 @@ class HFEngine:
 
     def _decode_step(self, seq: _Sequence) -> None:
         req = seq.request
-        logits = seq.next_logits
-        assert logits is not None and seq.kv is not None
+        raw = seq.next_logits
+        sampler = seq.sampler
+        assert raw is not None and seq.kv is not None and sampler is not None
         constraint = seq.constraint
-        if constraint is not None:
-            logits = self._masks.apply(logits.float().unsqueeze(0).clone(), [constraint])[0]
-            if not torch.isfinite(logits).any():
-                self._finish(seq, "error", "the tool-call constraint allows no token at this point")
-                return
-        token = sample_token(logits, req.sampling.temperature, req.sampling.top_p, seq.generator)
+        logits = raw
+        if sampler.processes or constraint is not None:
+            logits = raw.float().unsqueeze(0).clone()  # [1, V]: bias, penalties, then the mask
+            sampler.process(logits)
+            if constraint is not None:
+                logits = self._masks.apply(logits, [constraint])
+                if not torch.isfinite(logits).any():
+                    self._finish(seq, "error", "the tool-call constraint allows no token at this point")
+                    return
+            logits = logits[0]
+        token = sampler.sample(logits)
         self.tokens_generated += 1
         if constraint is not None and not constraint.accept_token(token):
             self._finish(seq, "error", constraint.error or f"token {token} rejected by the constraint")
@@ -266,15 +277,18 @@ class HFEngine:
         if token in stop_ids:
             self._finish(seq, "stop")
             return
+        sampler.observe(token)
         seq.generated.append(token)
+        lp = sampler.logprob(raw, token)
+        logprobs = [lp] if lp is not None else None
         total = len(req.prompt_ids) + len(seq.generated)
         if constraint is not None and constraint.is_terminated():
-            self._finish(seq, "stop", tokens=[token])
+            self._finish(seq, "stop", tokens=[token], logprobs=logprobs)
             return
         if len(seq.generated) >= req.sampling.max_tokens or total >= self.max_model_len:
-            self._finish(seq, "length", tokens=[token])
+            self._finish(seq, "length", tokens=[token], logprobs=logprobs)
             return
-        seq.emit(GenerationChunk([token], seq.cached_tokens))
+        seq.emit(GenerationChunk([token], seq.cached_tokens, logprobs=logprobs))
         out = self.model(
             input_ids=torch.tensor([[token]], device=self.device), past_key_values=seq.kv, use_cache=True
         )
@@ -311,9 +325,14 @@ class HFEngine:
         return self.cache.last_lookup(session_key)
 
     def _finish(
-        self, seq: _Sequence, reason: str, error: str | None = None, tokens: list[int] | None = None
+        self,
+        seq: _Sequence,
+        reason: str,
+        error: str | None = None,
+        tokens: list[int] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> None:
-        seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error))
+        seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error, logprobs))
         if reason != "error":
             self._retain(seq)
         seq.kv = None

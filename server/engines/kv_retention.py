@@ -14,13 +14,19 @@ Eviction order (``session`` policy), first evicted first:
 2. blocks of sessions by expected time to return, latest first, each chain from its
    tail. A block shared by several sessions counts for the one that returns soonest.
 
-Distance to the expected return = |learned pause of what the session waits on (per tool
-name; "person" for a text reply) - how long it has waited|: a session about to be back
-is kept first; one that is overdue drifts down (heavy tails, abandoned sessions).
+Time to return = the expected *remaining* pause given how long the session has already
+waited: over the recent pauses observed for what it waits on (per tool name; "person" for
+a text reply), the mean of (pause - waited) among those longer than the wait so far. A
+session about to be back is kept first. One that has waited longer than every pause seen
+is taken to be gone (``cap_s`` away). Before any pause of that tool was seen: |default
+pause - waited|. (Until 2026-11-23 it was |EMA of the pauses - waited| for everyone: with
+pauses spread from 0.5 to 30 s that ranked a shell call 20 s in, which is nearly back, as
+far away, and the policy did no better than LRU: benchmarks/results/kv_pressure.md.)
 Pauses are learned from what the server sees (the time between a reply and the
-session's next request), as an exponential moving average per tool, capped at
-``cap_s``. A session idle for longer than ``min(cap_s, EXPIRE_FACTOR x its expected
-pause)`` counts as done: no session holds memory forever.
+session's next request), capped at ``cap_s``: an exponential moving average per tool (for
+expiry) and the last ``PAUSE_SAMPLES`` pauses per tool (for the time to return). A session
+idle for longer than ``min(cap_s, EXPIRE_FACTOR x its expected pause)`` counts as done:
+no session holds memory forever.
 
 Time comes from an injected clock (virtual in tests and benchmarks); nothing here
 touches the prompt.
@@ -28,7 +34,7 @@ touches the prompt.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +43,7 @@ DEFAULT_TOOL_PAUSE_S = 10.0
 DEFAULT_PERSON_PAUSE_S = 60.0
 EMA_ALPHA = 0.3
 EXPIRE_FACTOR = 4.0
+PAUSE_SAMPLES = 64  # recent pauses kept per tool name
 
 
 class PauseEstimator:
@@ -45,6 +52,7 @@ class PauseEstimator:
     def __init__(self, cap_s: float) -> None:
         self.cap_s = cap_s
         self._ema: dict[str, float] = {}
+        self._recent: dict[str, deque[float]] = {}
         self.observations = 0
 
     def observe(self, waiting_on: Iterable[str], pause_s: float) -> None:
@@ -52,7 +60,23 @@ class PauseEstimator:
         for name in waiting_on:
             prev = self._ema.get(name)
             self._ema[name] = pause if prev is None else (1 - EMA_ALPHA) * prev + EMA_ALPHA * pause
+            self._recent.setdefault(name, deque(maxlen=PAUSE_SAMPLES)).append(pause)
             self.observations += 1
+
+    def remaining(self, waiting_on: Iterable[str], waited_s: float) -> float:
+        """Expected seconds until a session that has waited ``waited_s`` on ``waiting_on`` is back
+        (parallel calls: the longest); see the module header."""
+        best = 0.0
+        for name in waiting_on:
+            seen = self._recent.get(name)
+            if not seen:
+                default = DEFAULT_PERSON_PAUSE_S if name == PERSON else DEFAULT_TOOL_PAUSE_S
+                left = abs(min(default, self.cap_s) - waited_s)
+            else:
+                longer = [p - waited_s for p in seen if p > waited_s]
+                left = sum(longer) / len(longer) if longer else self.cap_s
+            best = max(best, left)
+        return min(best, self.cap_s)
 
     def expected(self, waiting_on: Iterable[str]) -> float:
         """The expected pause of a wait on all of ``waiting_on`` (they may run in parallel: the max)."""
@@ -112,15 +136,11 @@ class Sessions:
         return now - s.since > limit
 
     def time_to_return(self, s: SessionState, now: float) -> float:
-        """How far the session is from its expected return (-1 while running).
-
-        Before the expected pause is over: the time left. After it: the time it is overdue.
-        Pauses are heavy-tailed (a build that is late is likely to be much later; a session
-        may be abandoned), so an overdue session becomes less likely to be back soon.
-        """
+        """Expected seconds until the session is back, given how long it has waited (-1 while
+        running); see the module header."""
         if s.state == "running":
             return -1.0
-        return abs(s.since + self.pauses.expected(s.waiting_on) - now)
+        return self.pauses.remaining(s.waiting_on, now - s.since)
 
     def __len__(self) -> int:
         return len(self._items)

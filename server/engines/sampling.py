@@ -1,23 +1,142 @@
-"""Token sampling from one logits row: greedy at temperature 0, else temperature + top-p."""
+"""Token sampling for the hf engine: logit_bias, penalties, the tool mask, then the sampler.
+
+One ``TokenSampler`` per request holds what its processing needs across steps, built once
+at admission and updated in place per token (no per-step rebuilds): the logit_bias as an
+(index, value) pair of tensors, the counts of generated tokens (frequency / presence
+penalties), and the set of prompt + generated tokens (repetition penalty). Every operation
+works on a ``[B, V]`` logits tensor (B rows, one per request), vectorized over the vocabulary.
+
+Order, as vLLM applies it (checked against vLLM 0.32's ``Sampler``): raw logits →
+logprobs (the model's log-softmax, vLLM's default ``raw_logprobs``) → logit_bias →
+penalties (repetition, frequency, presence) → the tool mask (in ``hf.py``, last: -inf
+stays -inf, so no bias or penalty can re-allow a masked token) → greedy argmax at
+temperature 0, else temperature → min_p → top_k → top_p → a draw from the request's
+seeded generator.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from server.engines.base import SamplingParams, TokenLogprob
 
-def sample_token(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
-) -> int:
-    """Pick a token id from a 1-D logits row (already masked with -inf where disallowed)."""
-    if temperature <= 0.0:
-        return int(torch.argmax(logits).item())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+
+class TokenSampler:
+    """The sampling state of one request (``params``) over a vocabulary of ``vocab_size`` rows."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_ids: Sequence[int],
+        vocab_size: int,
+        device: torch.device,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.params = params
+        self.generator = generator
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
+        if params.logit_bias:
+            ids = torch.tensor([i for i, _ in params.logit_bias], dtype=torch.long, device=device)
+            values = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32, device=device)
+            self._bias = (ids, values)
+        self._counts: torch.Tensor | None = None  # float32[V]: times each token was generated
+        if params.frequency_penalty or params.presence_penalty:
+            self._counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        self._seen: torch.Tensor | None = None  # bool[V]: in the prompt or generated
+        if params.repetition_penalty != 1.0:
+            self._seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            if prompt_ids:
+                ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=device)
+                self._seen[ids[(ids >= 0) & (ids < vocab_size)]] = True
+
+    @property
+    def processes(self) -> bool:
+        """Whether ``process`` changes logits (else it can be skipped)."""
+        return self._bias is not None or self._counts is not None or self._seen is not None
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """logit_bias then penalties, in place on a float32 ``[1, V]`` (or ``[V]``) tensor; returns it."""
+        p = self.params
+        if self._bias is not None:
+            ids, values = self._bias
+            logits[..., ids] += values
+        if self._seen is not None:
+            rp = p.repetition_penalty  # elementwise over the row: no boolean indexing (no device sync)
+            penalized = torch.where(logits > 0, logits / rp, logits * rp)
+            logits.copy_(torch.where(self._seen, penalized, logits))
+        if self._counts is not None:
+            if p.frequency_penalty:
+                logits -= p.frequency_penalty * self._counts
+            if p.presence_penalty:
+                logits -= p.presence_penalty * (self._counts > 0).to(logits.dtype)
+        return logits
+
+    def observe(self, token: int) -> None:
+        """A token was generated: count it for the penalties."""
+        if self._counts is not None:
+            self._counts[token] += 1.0
+        if self._seen is not None:
+            self._seen[token] = True
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """A token id from a processed (and masked) 1-D logits row."""
+        return int(sample_rows(logits.unsqueeze(0), [self.params], [self.generator])[0])
+
+    def logprob(self, raw_logits: torch.Tensor, token: int) -> TokenLogprob | None:
+        """The chosen token's logprob under the model's raw distribution, and the top ones asked for."""
+        n = self.params.logprobs
+        if n is None:
+            return None
+        return token_logprobs(raw_logits.unsqueeze(0), [token], n)[0]
+
+
+def token_logprobs(raw_logits: torch.Tensor, tokens: Sequence[int], top_n: int) -> list[TokenLogprob]:
+    """Per row of ``[B, V]`` raw logits: log_softmax at the row's token, and the ``top_n`` best."""
+    lp = torch.log_softmax(raw_logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(list(tokens), device=lp.device).unsqueeze(1))[:, 0].tolist()
+    tops: list[list[tuple[int, float]]] = [[] for _ in tokens]
+    if top_n > 0:
+        values, ids = torch.topk(lp, min(top_n, lp.shape[-1]), dim=-1)
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    return [
+        TokenLogprob(int(t), float(c), tuple(top)) for t, c, top in zip(tokens, chosen, tops, strict=True)
+    ]
+
+
+def sample_rows(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+) -> list[int]:
+    """One token per row of processed ``[B, V]`` logits: argmax at temperature 0, else a filtered draw."""
+    out: list[int] = []
+    for row, p, gen in zip(logits, params, generators, strict=True):
+        if p.temperature <= 0.0:
+            out.append(int(torch.argmax(row).item()))
+            continue
+        probs, ids = candidates(torch.softmax(row.float() / p.temperature, dim=-1), p.top_k, p.top_p, p.min_p)
+        choice = int(torch.multinomial(probs, 1, generator=gen).item())
+        out.append(choice if ids is None else int(ids[choice].item()))
+    return out
+
+
+def candidates(
+    probs: torch.Tensor, top_k: int, top_p: float, min_p: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """min_p, then top_k, then top_p on a probability row: (candidate probs, their ids or None = all).
+
+    With top_k or top_p the candidates are the most likely tokens in order (top_k: a
+    ``topk`` of k, no full sort); the probabilities are left unnormalized (multinomial rescales).
+    """
+    if min_p > 0.0:
+        probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
+    ids: torch.Tensor | None = None
+    if 0 < top_k < probs.shape[-1]:
+        probs, ids = torch.topk(probs, top_k)
     if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        if ids is None:
+            probs, ids = torch.sort(probs, descending=True)
+        mass = probs / probs.sum()
         # keep the smallest set whose mass reaches top_p (always at least the top token)
-        drop = cumulative - sorted_probs >= top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        choice = torch.multinomial(sorted_probs, 1, generator=generator)
-        return int(order[choice].item())
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+        probs = probs.masked_fill(torch.cumsum(mass, dim=-1) - mass >= top_p, 0.0)
+    return probs, ids

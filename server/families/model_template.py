@@ -28,7 +28,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from server.errors import InvalidRequest
-from server.families.render import canonical_value
+from server.families.conversation import canonical_value
 from server.families.rendered import RenderedPrompt, Segment
 
 REWROTE_HISTORY = "template_rewrote_history"

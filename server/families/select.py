@@ -112,7 +112,8 @@ def _version(family: Family, facts: ModelFacts) -> str | None:
     if facts.tekken_version in family.versions:
         return facts.tekken_version
     for rule in family.version_detect:
-        if _matches(Detect(**{k: tuple(v) for k, v in rule.items() if k != "version"}), facts):
+        conditions: dict[str, Any] = {k: tuple(v) for k, v in rule.items() if k != "version"}
+        if _matches(Detect(**conditions), facts):
             return str(rule["version"])
     return None
 

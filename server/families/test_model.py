@@ -61,7 +61,7 @@ def make_test_model(
         eos_token_id=eos,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)  # type: ignore[no-untyped-call]
     model.config.agentserve_family = family.ref
     model.generation_config.eos_token_id = eos
     model.save_pretrained(tmp)

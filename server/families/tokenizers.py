@@ -15,6 +15,7 @@ with a family's real vocabulary). Nothing is fetched from a hub:
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Set
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -103,14 +104,18 @@ def qwen_vocab_file() -> Path:
 def _fast(tok: Any, **special: str) -> Any:
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, **special)
+    # transformers' tokenizer classes are untyped to mypy
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, clean_up_tokenization_spaces=False, **special
+    )
 
 
-def _tiktoken(vocab: Path, pattern: str, specials: list[str], not_special: set[str] = frozenset()) -> Any:
+def _tiktoken(vocab: Path, pattern: str, specials: list[str], not_special: Set[str] = frozenset()) -> Any:
     from tokenizers import AddedToken
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    tok = TikTokenConverter(vocab_file=str(vocab), pattern=pattern).converted()
+    converter = TikTokenConverter(vocab_file=str(vocab), pattern=pattern)  # type: ignore[no-untyped-call]
+    tok = converter.converted()
     base = tok.get_vocab_size()
     added = [AddedToken(s, normalized=False, special=s not in not_special) for s in specials]
     tok.add_special_tokens(added)

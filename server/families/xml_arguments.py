@@ -30,7 +30,7 @@ def render_value(value: Any) -> str:
     return str(value)  # Jinja's |string of the Python value: True, None, 5, 1.5
 
 
-def render_xml_arguments(arguments: str | dict) -> str:
+def render_xml_arguments(arguments: str | dict[str, Any]) -> str:
     """The parameters block for a call's arguments (JSON text or a dict), in their order."""
     args = json.loads(arguments) if isinstance(arguments, str) else arguments
     if not isinstance(args, dict):
@@ -38,7 +38,7 @@ def render_xml_arguments(arguments: str | dict) -> str:
     return "".join(f"<parameter={k}>\n{render_value(v)}\n</parameter>\n" for k, v in args.items())
 
 
-def _types(schema: dict | None) -> set[str]:
+def _types(schema: dict[str, Any] | None) -> set[str]:
     if not isinstance(schema, dict):
         return set()
     t = schema.get("type")
@@ -51,7 +51,7 @@ def _types(schema: dict | None) -> set[str]:
     return types
 
 
-def type_value(raw: str, schema: dict | None) -> Any:
+def type_value(raw: str, schema: dict[str, Any] | None) -> Any:
     """The JSON value of a raw parameter text, typed by its property schema."""
     types = _types(schema)
     if types == {"string"}:
@@ -68,7 +68,7 @@ def type_value(raw: str, schema: dict | None) -> Any:
     return raw
 
 
-def parse_xml_arguments(body: str, schema: dict | None = None) -> dict[str, Any] | None:
+def parse_xml_arguments(body: str, schema: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The arguments dict of a parameters block, or None when the block holds other text.
 
     The template's exact form first (a value ends at the first ``\\n</parameter>\\n``, which

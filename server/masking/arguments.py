@@ -52,7 +52,7 @@ class ArgumentsBackend(Protocol):
     def compile(
         self,
         tool: str,
-        schema: dict | None,
+        schema: dict[str, Any] | None,
         prefix: str,
         suffix: str,
         *,
@@ -67,8 +67,10 @@ class ArgumentsBackend(Protocol):
 _BACKENDS: dict[str, Callable[..., ArgumentsBackend]] = {}
 
 
-def register_backend(name: str):
-    def deco(factory: Callable[..., ArgumentsBackend]):
+def register_backend(
+    name: str,
+) -> Callable[[Callable[..., ArgumentsBackend]], Callable[..., ArgumentsBackend]]:
+    def deco(factory: Callable[..., ArgumentsBackend]) -> Callable[..., ArgumentsBackend]:
         _BACKENDS[name] = factory
         return factory
 
@@ -86,9 +88,9 @@ def make_backend(name: str, vocab: TokenVocab, **options: Any) -> ArgumentsBacke
     return _BACKENDS[name](vocab, **options)
 
 
-def tool_schema(tool: dict) -> dict:
+def tool_schema(tool: dict[str, Any]) -> dict[str, Any]:
     """The arguments schema of an OpenAI tool dict ({} parameters → no arguments)."""
-    params = (tool.get("function") or {}).get("parameters")
+    params: dict[str, Any] | None = (tool.get("function") or {}).get("parameters")
     return params if params else NO_PARAMETERS
 
 
@@ -115,7 +117,8 @@ class _LRU:
     """A small thread-safe LRU of compiled grammars."""
 
     def __init__(self, limit: int) -> None:
-        self.limit, self.data, self.lock = limit, OrderedDict(), threading.Lock()
+        self.limit, self.lock = limit, threading.Lock()
+        self.data: OrderedDict[Any, Any] = OrderedDict()
 
     def get_or_make(self, key: Any, make: Callable[[], Any]) -> Any:
         with self.lock:
@@ -166,7 +169,7 @@ class XGrammarBackend:
     def compile(
         self,
         tool: str,
-        schema: dict | None,
+        schema: dict[str, Any] | None,
         prefix: str,
         suffix: str,
         *,
@@ -181,7 +184,14 @@ class XGrammarBackend:
         )
 
     def _compile(
-        self, tool: str, schema: dict, prefix: str, suffix: str, style: str, call_id: str | None, tails: tuple
+        self,
+        tool: str,
+        schema: dict[str, Any],
+        prefix: str,
+        suffix: str,
+        style: str,
+        call_id: str | None,
+        tails: tuple[str, ...],
     ) -> Any:
         xgr = self.xgr
         try:
@@ -218,3 +228,6 @@ class XGrammarBackend:
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
         return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))
+
+
+import server.masking.outlines_backend  # noqa: E402,F401  (registers "outlines"; imports outlines-core lazily)

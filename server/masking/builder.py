@@ -15,6 +15,8 @@ from typing import Any
 
 from server.families.envelope import load_envelope
 from server.masking.constraint import ConstraintFactory, ToolConstraint
+from server.masking.interface import TokenConstraint
+from server.masking.response_format import json_text_constraint
 from server.masking.spec import ToolSpec
 from server.masking.vocab import TokenVocab
 
@@ -46,10 +48,18 @@ class ConstraintBuilder:
                 found = self._factories.setdefault(key, found)
         return found
 
-    def build(self, spec: ToolSpec) -> ToolConstraint | None:
-        """The request's constraint (None when the spec has no tools: nothing to enforce)."""
-        eos = spec.eos_token_ids or self.eos_token_ids
-        built: ToolConstraint | None = self.factory(spec.envelope, spec.backend).build(
-            spec.tools, spec.plan, eos, budget=spec.budget
+    def build(self, spec: ToolSpec) -> TokenConstraint | None:
+        """The request's constraint (None when the spec has no tools and no text schema: nothing to enforce).
+
+        With ``text_schema`` (response_format) the reply's text must be JSON following it
+        (``JsonTextConstraint``); a call may still begin the reply when the plan allows one.
+        """
+        eos = tuple(spec.eos_token_ids or self.eos_token_ids)
+        factory = self.factory(spec.envelope, spec.backend)
+        built: ToolConstraint | None = factory.build(spec.tools, spec.plan, eos, budget=spec.budget)
+        if spec.text_schema is None:
+            return built
+        text: TokenConstraint = json_text_constraint(
+            factory.masks, factory.backend, spec.text_schema, tuple(sorted(set(eos))), built
         )
-        return built
+        return text

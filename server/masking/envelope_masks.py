@@ -26,6 +26,7 @@ The phases of ``ToolConstraint`` read everything envelope-specific from here:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ class EnvelopeMasks:
         env = envelope
         self.special_ids: dict[str, int] = {t: self._special_id(t, tokenizer) for t in env.special_tokens}
         close_tok = env.name_close_token
+        self.term_token: int | None
         if close_tok:
             self.term, self.term_token = b"", self.special_ids[close_tok]
             self.close_rest = env.name_close[len(close_tok) :]
@@ -59,15 +61,17 @@ class EnvelopeMasks:
         self.first_lead = self.lead if self.shared_trie else first
         self.first_offset = self.lead[: len(self.lead) - len(first)] if self.shared_trie else b""
         self.trigger = env.trigger
-        self.trigger_id = self.special_ids[env.trigger_token] if env.trigger == "token" else None
-        self.watch = self.tag_prefix = None
+        trigger_tok = env.trigger_token if env.trigger == "token" else None  # Envelope checks it exists
+        self.trigger_id = self.special_ids[trigger_tok] if trigger_tok else None
+        self.watch: TagWatch | None = None
+        self.tag_prefix = b""  # trigger "text": the trie prefix where the tag completes
         if env.trigger == "text":
             self.watch = TagWatch(vocab, env.call_tag.encode())
-            self.tag_prefix = self.first_offset + env.call_tag.encode()  # trie node where the tag completes
+            self.tag_prefix = self.first_offset + env.call_tag.encode()
         self.start_clash = self._start_clash(first) if env.trigger == "start" else np.zeros(0, dtype=np.int64)
         self.start_clash_set = frozenset(self.start_clash.tolist())
         self.calls_close = env.calls_close.encode()  # written by the last call's grammar
-        self._rows: dict[tuple, np.ndarray] = {}
+        self._rows: dict[tuple[Any, ...], np.ndarray] = {}
         self._lock = threading.Lock()
 
     def _special_id(self, token: str, tokenizer: Any) -> int:
@@ -108,8 +112,18 @@ class EnvelopeMasks:
         """The node of the first call's trie after the trigger (and ``text_after_trigger``)."""
         return trie.node_of(self.first_offset + text_after_trigger)
 
+    def entry_node(self, trie: NameTrie) -> int:
+        """The node of the first call's trie right after the trigger (always in the trie)."""
+        node = trie.node_of(self.first_offset)
+        assert node is not None, "the first call's lead starts with first_offset"
+        return node
+
+    def tag_node(self, trie: NameTrie) -> int | None:
+        """Trigger ``text``: the node of the first call's trie where the call tag completes."""
+        return trie.node_of(self.tag_prefix)
+
     # --- rows ----------------------------------------------------------------------------------------
-    def cached(self, key: tuple, make) -> np.ndarray:
+    def cached(self, key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
         row = self._rows.get(key)
         if row is None:
             row = make()
@@ -128,21 +142,23 @@ class EnvelopeMasks:
     def text_row(self, q: int, trie: NameTrie | None, subset: int, eos: tuple[int, ...]) -> np.ndarray:
         """Free text (watch state q for a text trigger); a call may start only where allowed."""
         if self.trigger == "token":
-            extra = (self.trigger_id,) if trie is not None else ()
+            extra = (self.trigger_id,) if trie is not None and self.trigger_id is not None else ()
             return self.cached(("text", extra, eos), lambda: self._plain(eos, extra))
         if self.trigger == "start":  # past the start of the reply: a call can no longer begin
             return self.cached(("text", eos), lambda: self._plain(eos))
 
         def make() -> np.ndarray:
-            start = (
-                self.first_node(trie, self.tag_prefix[len(self.first_offset) :]) if trie is not None else None
-            )
+            assert self.watch is not None  # trigger "text"
+            start = self.tag_node(trie) if trie is not None else None
             banned = [
                 tid
                 for tid, off in self.watch.complete[q].items()
-                if start is None or trie.walk(start, self.vocab.token_bytes[tid][off:], subset) is None
+                if start is None
+                or trie is None
+                or trie.walk(start, self.vocab.token_bytes[tid][off:], subset) is None
             ]
-            return self._plain(eos) & ~self.vocab.pack(banned)
+            row: np.ndarray = self._plain(eos) & ~self.vocab.pack(banned)
+            return row
 
         return self.cached(("text", q, trie, subset, eos), make)
 
@@ -150,9 +166,9 @@ class EnvelopeMasks:
         """The first token of a reply for trigger ``start``: diverging text, or the way into a call."""
 
         def make() -> np.ndarray:
-            row = self._plain(eos) & ~self.vocab.pack(self.start_clash)
+            row: np.ndarray = self._plain(eos) & ~self.vocab.pack(self.start_clash)
             if trie is not None:
-                row = row | trie.mask_row(self.first_node(trie), subset)
+                row = row | trie.mask_row(self.entry_node(trie), subset)
             return row
 
         return self.cached(("start", trie, subset, eos), make)
@@ -165,6 +181,7 @@ class EnvelopeMasks:
         def make() -> np.ndarray:
             if self.next_token is not None:
                 return self.vocab.pack(list(eos) + [self.next_token])
-            return self.vocab.pack(eos) | trie.mask_row(0, subset)
+            row: np.ndarray = self.vocab.pack(eos) | trie.mask_row(0, subset)
+            return row
 
         return self.cached(("after", trie, subset, eos), make)

@@ -1,8 +1,9 @@
 """``ToolSpec``: the declarative tool constraint of one request, as it crosses the engine seam.
 
 The chat service plans tools (``plan_tools``) and hands the engine a ``ToolSpec`` — the
-tools, the plan, the envelope name, the arguments backend and the EOS ids — never a live
-constraint. Each engine builds the constraint where it decodes (``ConstraintBuilder``):
+tools, the plan, the envelope name, the arguments backend, the EOS ids and the schema of
+the reply's text (``response_format``) — never a live constraint. Each engine builds the
+constraint where it decodes (``ConstraintBuilder``):
 the hf engine in its own process, the vLLM engine's logits processor in vLLM's engine
 core, from the JSON form carried in ``SamplingParams.extra_args[EXTRA_ARGS_KEY]``.
 
@@ -22,7 +23,7 @@ from server.masking.tool_choice import ToolPlan
 
 EXTRA_ARGS_KEY = "agentserve"  # the key of the spec in vLLM's SamplingParams.extra_args
 PROCESSOR_FQCN = "server.masking.vllm_processor:AgentserveLogitsProcessor"  # vLLM logits_processors entry
-_KEYS = ("tools", "plan", "envelope", "backend", "eos_token_ids", "request_id", "budget")
+_KEYS = ("tools", "plan", "envelope", "backend", "eos_token_ids", "request_id", "budget", "text_schema")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class ToolSpec:
     eos_token_ids: tuple[int, ...] = ()  # () = the model's own (the engine fills them in)
     request_id: str | None = field(default=None, compare=False)  # only to tag log lines
     budget: int | None = None  # max_tokens of the reply: no parallel call is begun that cannot finish
+    # response_format: the JSON schema the reply's text must follow (None: free text). A spec may
+    # carry no tools and only this (server/masking/response_format.py).
+    text_schema: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-safe form (what ``from_json`` reads back)."""
@@ -48,6 +52,8 @@ class ToolSpec:
             out["request_id"] = self.request_id
         if self.budget is not None:
             out["budget"] = self.budget
+        if self.text_schema is not None:
+            out["text_schema"] = self.text_schema
         return out
 
     def to_extra_args(self) -> dict[str, Any]:
@@ -99,6 +105,11 @@ class ToolSpec:
         budget = spec.get("budget")
         if budget is not None and (not isinstance(budget, int) or budget < 0):
             raise ValueError(f"{where}.budget must be a token count (int >= 0) or absent, got {budget!r}")
+        text_schema = spec.get("text_schema")
+        if text_schema is not None and not isinstance(text_schema, dict):
+            raise ValueError(
+                f"{where}.text_schema must be a JSON schema object or absent, got {text_schema!r}"
+            )
         return cls(
             tools,
             plan,
@@ -107,4 +118,5 @@ class ToolSpec:
             tuple(eos or ()),
             str(request_id) if request_id is not None else None,
             budget,
+            text_schema,
         )

@@ -10,16 +10,18 @@ every replica of the server agrees. The format is documented in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, cast
 
 import yaml
 
 from server.families.envelope import GRAMMARS_DIR
 
-MODES = ("none", "auto", "required")
+Mode = Literal["none", "auto", "required"]  # a tool mode (tool_choice's string forms)
+MODES: tuple[Mode, ...] = ("none", "auto", "required")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 CONDITIONS = ("last_role", "last_call")
 
@@ -28,16 +30,19 @@ class StateMachineError(ValueError):
     """A state machine file is missing or invalid; the message names the file, the place and the fix."""
 
 
+Fail = Callable[[str, str], StateMachineError]  # (where, message) -> the error to raise
+
+
 class Decision(NamedTuple):
     state: str
-    mode: str
+    mode: Mode
     allowed: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class State:
     name: str
-    mode: str
+    mode: Mode
     names: frozenset[str]  # exact tool names
     prefixes: tuple[str, ...]
     everything: bool  # allow: all
@@ -73,7 +78,7 @@ class StateMachine:
     rules: tuple[Rule, ...]
     default: str
 
-    def decide(self, messages: list[dict], tool_names: tuple[str, ...] | list[str]) -> Decision:
+    def decide(self, messages: list[dict[str, Any]], tool_names: tuple[str, ...] | list[str]) -> Decision:
         last_role = messages[-1].get("role") if messages else None
         state = self.states[
             next((r.state for r in self.rules if r.matches(last_role, last_call(messages))), self.default)
@@ -81,7 +86,7 @@ class StateMachine:
         return Decision(state.name, state.mode, tuple(n for n in tool_names if state.allows(n)))
 
 
-def last_call(messages: list[dict]) -> str | None:
+def last_call(messages: list[dict[str, Any]]) -> str | None:
     """The function name of the assistant's most recent tool call since the last user message."""
     for msg in reversed(messages):
         if msg.get("role") == "user":
@@ -89,7 +94,8 @@ def last_call(messages: list[dict]) -> str | None:
         calls = msg.get("tool_calls") if msg.get("role") == "assistant" else None
         if calls:
             fn = calls[-1].get("function") or {}
-            return fn.get("name")
+            name = fn.get("name")
+            return name if isinstance(name, str) else None
     return None
 
 
@@ -139,7 +145,7 @@ def parse_state_machine(data: Any, path: str = "<memory>") -> StateMachine:
         raise fail("states", "expected a mapping of state name → {mode, allow}")
     states = {name: _state(name, spec, fail) for name, spec in raw_states.items()}
     default = data.get("default")
-    if default not in states:
+    if not isinstance(default, str) or default not in states:
         raise fail("default", f"{default!r} is not a state; set default to one of {sorted(states)}")
     raw_rules = data.get("rules") or []
     if not isinstance(raw_rules, list):
@@ -148,7 +154,7 @@ def parse_state_machine(data: Any, path: str = "<memory>") -> StateMachine:
     return StateMachine(str(data.get("name") or Path(path).stem), path, states, rules, default)
 
 
-def _state(name: str, spec: Any, fail) -> State:
+def _state(name: str, spec: Any, fail: Fail) -> State:
     where = f"state {name!r}"
     if not isinstance(spec, dict):
         raise fail(where, "expected a mapping like {mode: auto, allow: all}")
@@ -158,12 +164,14 @@ def _state(name: str, spec: Any, fail) -> State:
     mode = spec.get("mode")
     if mode not in MODES:
         raise fail(where, f"mode {mode!r} is not one of {list(MODES)}")
+    mode = cast(Mode, mode)
     allow = spec.get("allow", "all" if mode != "none" else [])
     if allow == "all":
         return State(name, mode, frozenset(), (), True)
     if not isinstance(allow, list):
         raise fail(where, "allow must be 'all' or a list of {name: TOOL} / {prefix: PREFIX}")
-    names, prefixes = set(), []
+    names: set[str] = set()
+    prefixes: list[str] = []
     for entry in allow:
         if isinstance(entry, dict) and set(entry) == {"name"} and isinstance(entry["name"], str):
             names.add(entry["name"])
@@ -176,7 +184,7 @@ def _state(name: str, spec: Any, fail) -> State:
     return State(name, mode, frozenset(names), tuple(prefixes), False)
 
 
-def _rule(i: int, spec: Any, states: dict[str, State], fail) -> Rule:
+def _rule(i: int, spec: Any, states: dict[str, State], fail: Fail) -> Rule:
     where = f"rule {i + 1}"
     if not isinstance(spec, dict) or set(spec) != {"if", "then"} or not isinstance(spec["if"], dict):
         raise fail(where, "expected {if: {last_role: ..., last_call: ...}, then: STATE}")
@@ -193,7 +201,8 @@ def _rule(i: int, spec: Any, states: dict[str, State], fail) -> Rule:
         bad = [r for r in roles if r not in ROLES]
         if bad:
             raise fail(where, f"last_role {raw!r}: use one or a list of {list(ROLES)}")
-    names, prefixes = frozenset(), ()
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
     if "last_call" in cond:
         call = cond["last_call"]
         if not isinstance(call, dict) or not set(call) <= {"name", "prefix"} or not call:

@@ -33,10 +33,12 @@ from __future__ import annotations
 import os
 import unicodedata
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from server.errors import InvalidRequest
 from server.families.envelope import Envelope
+from server.masking.state_machine import Mode, StateMachine
+from server.masking.trie import name_char_ok
 from server.protocol import (
     TOOL_CHOICE_FORMS,
     AllowedToolRef,
@@ -46,10 +48,6 @@ from server.protocol import (
     parse_tool_choice,
 )
 
-if TYPE_CHECKING:
-    from server.masking.state_machine import StateMachine
-
-Mode = Literal["none", "auto", "required"]
 FORMS = TOOL_CHOICE_FORMS
 
 
@@ -71,7 +69,7 @@ class ToolPlan:
         return cls(d["mode"], tuple(d["allowed"]), bool(d["parallel"]), d["prefill"], d.get("state"))
 
 
-def tool_names(tools: list[dict] | None) -> tuple[str, ...]:
+def tool_names(tools: list[dict[str, Any]] | None) -> tuple[str, ...]:
     """The function names of OpenAI tool dicts, validated (400 on a missing or duplicate name)."""
     names: list[str] = []
     for i, tool in enumerate(tools or []):
@@ -82,7 +80,7 @@ def tool_names(tools: list[dict] | None) -> tuple[str, ...]:
                 f"tools[{i}] has no function name: write {{'type': 'function', 'function': {{'name': ...}}}}",
                 param=f"tools[{i}].function.name",
             )
-        if any(c in name for c in '"\\') or any(c.isspace() or ord(c) < 32 for c in name):
+        if not all(map(name_char_ok, name)):
             raise InvalidRequest(
                 f"tool name {name!r} contains a quote, backslash or whitespace: "
                 "use letters, digits, '_', '-', '.'",
@@ -158,15 +156,17 @@ def clean_name_prefix(allowed: tuple[str, ...] | list[str], name_close: str) -> 
 
 
 def plan_tools(
-    tools: list[dict] | None,
+    tools: list[dict[str, Any]] | None,
     tool_choice: ToolChoice | str | dict[str, Any] | None,
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     parallel_tool_calls: bool,
     machine: StateMachine | None,
     envelope: Envelope,
 ) -> ToolPlan:
     names = tool_names(tools)
     state = None
+    mode: Mode
+    allowed: tuple[str, ...]
     choice = parse_tool_choice(tool_choice)  # already typed when it came through the API
     if choice is not None:
         if not names and choice not in ("none", "auto"):

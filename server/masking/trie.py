@@ -17,7 +17,8 @@ the set of names it can still reach (an int bitset over the name indices):
   that text): conservative, never unsound.
 
 Names that are prefixes of other names (``shell_exec``, ``shell_exec_async``) work
-because the terminator is part of the trie. Names may not contain ``"`` or ``\\``.
+because the terminator is part of the trie. Names follow ``name_char_ok`` (no ``"``, ``\\``,
+whitespace or control characters).
 
 A name may instead end with a *special token* (``term_token``: Mistral's ``[ARGS]``):
 then ``term`` and ``close_rest`` are empty, no token crosses the end of a name, and the
@@ -45,6 +46,15 @@ from server.masking.vocab import TokenVocab
 _MASK_CACHE_LIMIT = 8192
 
 
+def name_char_ok(c: str) -> bool:
+    """The per-character rule for a tool name (its one definition: the API's 400 and the trie).
+
+    No quote or backslash (a name is written inside a JSON string without escapes), no
+    whitespace or control character (the envelopes' tags are delimited by them).
+    """
+    return c not in '"\\' and not c.isspace() and ord(c) >= 32
+
+
 class Step(NamedTuple):
     """One transition. ``node`` = next node, or -1 when the name is complete."""
 
@@ -69,9 +79,12 @@ class NameTrie:
         if term_token is not None and (term or close_rest):
             raise ValueError("a name ended by a special token has no terminator bytes")
         for name in names:
-            if not name or any(c in name for c in '"\\') or (term and term.decode() in name):
-                bad = f"'\"', '\\' or {term.decode()!r}" if term else "'\"' or '\\'"
-                raise ValueError(f"tool name {name!r} cannot be masked: it is empty or contains {bad}")
+            if not name or not all(map(name_char_ok, name)) or (term and term.decode() in name):
+                bad = f" or {term.decode()!r}" if term else ""
+                raise ValueError(
+                    f"tool name {name!r} cannot be masked: it is empty or contains a quote, backslash, "
+                    f"whitespace or control character{bad}"
+                )
         self.vocab, self.names, self.lead, self.term, self.close_rest = vocab, names, lead, term, close_rest
         self.term_token = term_token
         self.all_names = (1 << len(names)) - 1
@@ -109,7 +122,7 @@ class NameTrie:
                         src[tid] = Step(dst, self.node_names[dst], -1, b"")
                     else:
                         src[tid] = Step(-1, done, i, ext[len(w) : end])
-            if by_token:
+            if term_token is not None:
                 self.trans[self._ids[w]][term_token] = Step(-1, done, i, b"")
         self._groups: list[dict[int, list[int]]] = []
         for tr in self.trans:
@@ -198,6 +211,6 @@ def compile_trie(
     term: bytes,
     close_rest: bytes,
     term_token: int | None = None,
-):
+) -> NameTrie:
     """The cached trie for a tool list (tool lists are stable per session, so this hits)."""
     return NameTrie(vocab, names, lead, term, close_rest, term_token)

@@ -109,7 +109,7 @@ class _Row:
         return self.error is not None or self.constraint is None or self.constraint.is_terminated()
 
 
-class AgentserveLogitsProcessor(LogitsProcessor):
+class AgentserveLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vllm is untyped to mypy
     """Tool masks for the requests whose extra_args carry an ``agentserve`` spec; others untouched."""
 
     @classmethod

@@ -78,7 +78,7 @@ class TokenVocab:
     @classmethod
     def from_strings(
         cls, tokens: Sequence[str], special_ids: Iterable[int] = (), vocab_size: int | None = None
-    ):
+    ) -> TokenVocab:
         """A hand-made vocabulary (tests): each token's text, UTF-8 encoded."""
         return cls([t.encode() for t in tokens], vocab_size or len(tokens), special_ids)
 

@@ -30,7 +30,7 @@ INT_RE = r"-?(0|[1-9][0-9]*)"
 NUM_RE = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
 
 
-def _xgr():
+def _xgr() -> Any:  # the xgrammar module (untyped)
     import xgrammar as xgr
 
     return xgr
@@ -44,12 +44,12 @@ def _or(options: list[Any]) -> Any:
     return options[0] if len(options) == 1 else _xgr().Grammar.union(*options)
 
 
-def _types(schema: dict) -> list[str]:
+def _types(schema: dict[str, Any]) -> list[str]:
     t = schema.get("type")
     return list(t) if isinstance(t, list) else [t] if isinstance(t, str) else []
 
 
-def _value(schema: dict, any_whitespace: bool) -> Any | None:
+def _value(schema: dict[str, Any], any_whitespace: bool) -> Any | None:
     """The grammar of a non-string value, or None when the value is raw text (a string)."""
     xgr = _xgr()
     if "enum" in schema or "const" in schema:
@@ -79,7 +79,7 @@ def _render(value: Any) -> str:
     return render_value(value)
 
 
-def _parameter(key: str, schema: dict, any_whitespace: bool) -> Any:
+def _parameter(key: str, schema: dict[str, Any], any_whitespace: bool) -> Any:
     xgr = _xgr()
     begin, end = f"<parameter={key}>\n", "\n</parameter>\n"
     value = _value(schema if isinstance(schema, dict) else {}, any_whitespace)
@@ -92,7 +92,7 @@ def _parameter(key: str, schema: dict, any_whitespace: bool) -> Any:
     return xgr.Grammar.concat(_literal(begin), value, _literal(end))
 
 
-def xml_parameters_grammar(schema: dict, any_whitespace: bool = False) -> Any:
+def xml_parameters_grammar(schema: dict[str, Any], any_whitespace: bool = False) -> Any:
     """The parameters block of one call (possibly empty), for an object schema."""
     if schema.get("type", "object") != "object":
         raise ValueError("XML parameters need an object schema ('type': 'object')")

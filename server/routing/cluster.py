@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import httpx
 import yaml
 
 from server.config import Settings
+from server.ports import free_port, health_ok
 from server.routing.workers import WorkerSpec
 
 # (index, port, settings YAML path) -> argv of one worker process
@@ -60,12 +60,6 @@ def default_worker_command(index: int, port: int, config_path: str) -> list[str]
 class WorkerProcess:
     spec: WorkerSpec
     proc: subprocess.Popen[bytes]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:  # runs in the child before exec
@@ -108,9 +102,8 @@ def wait_ready(workers: list[WorkerProcess], timeout_s: float, poll_s: float = 0
                         f"worker {w.spec.id} (pid {w.proc.pid}) exited with code {code} "
                         "before it was ready; its log is above"
                     )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(w.spec.url + "/health").status_code == 200:
-                        ready.add(w.spec.id)
+                if health_ok(w.spec.url, client=client):
+                    ready.add(w.spec.id)
             elapsed = time.monotonic() - t0
             if len(ready) == len(workers):
                 return elapsed

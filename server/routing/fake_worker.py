@@ -25,10 +25,11 @@ import signal
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from server.session_key import session_key
 
@@ -119,14 +120,14 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
         return JSONResponse({"ok": True})
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request):
+    async def chat(request: Request) -> Response:
         return await _complete(request, chat=True)
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def completions(request: Request) -> Response:
         return await _complete(request, chat=False)
 
-    async def _complete(request: Request, chat: bool):
+    async def _complete(request: Request, chat: bool) -> Response:
         t0 = time.perf_counter()
         body = await request.json()
         if body.get("model") == "missing":
@@ -191,7 +192,7 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
                 obj = "text_completion"
             return JSONResponse({**base, "object": obj, "choices": [choice], "usage": usage, "cache": cache})
 
-        async def events():
+        async def events() -> AsyncIterator[str]:
             try:
                 for i in range(n):
                     if i and cfg["chunk_delay_s"]:

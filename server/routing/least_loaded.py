@@ -30,6 +30,7 @@ class LeastLoadedPolicy:
         workers: Sequence[WorkerLoad],
         prefix: str | None = None,
         new_session: bool = True,
+        turns: int | None = None,
     ) -> Selection | None:
         n = len(workers)
         healthy = [i for i, w in enumerate(workers) if w.healthy]

@@ -58,10 +58,12 @@ class RoutingPolicy(Protocol):
         workers: Sequence[WorkerLoad],
         prefix: str | None = None,
         new_session: bool = True,
+        turns: int | None = None,
     ) -> Selection | None:
         """The selection for session ``key`` (``prefix``: its prefix hash, for policies that
         place by it; ``new_session``: the request is a session's first turn, which may go to a
-        warming worker); None when no worker is healthy."""
+        warming worker; ``turns``: the session's assistant messages so far, None when unknown,
+        for a load bound graded by what a spill would cost); None when no worker is healthy."""
         ...
 
 

@@ -40,8 +40,22 @@ Workers joining / leaving
   a join or leave shifts the band boundaries of the prefixes that rank it inside their first
   bands, so a few of those sessions change band (and move); sessions of other prefixes stay.
 
+Turn-graded bound (``load_epsilon_new``)
+  What a spill costs depends on what the session has on its worker: a first turn has only the
+  agent's prefix there (nothing, or a copy that other workers hold too), a turn-20 request has
+  its whole history. So the bound is graded by the request's turn t (its assistant messages,
+  counted from the body: the request alone says it, every replica counts alike):
+      eps(t) = min(load_epsilon, load_epsilon_new * 2**t)
+  A first turn spills past 1.1 x the mean (eps_new 0.1), a second past 1.2x, ... and an old
+  session only past (1 + load_epsilon) x the mean. Young sessions are cheap to place and
+  keep the fleet level; old ones stay where their KV is. A young session that spilled and
+  comes back to a home that has room again moves back, which costs it one or two turns of
+  context: the fleet simulation (benchmarks/results/fleet_sim.md) weighs this against the
+  balance it buys. ``load_epsilon_new`` None (or >= load_epsilon) = one flat bound.
+
 Knobs (RoutingSettings): load_epsilon (how far above the mean a worker may go; 0 = strict),
-load_floor (never spill from a worker that would hold at most this many), prefix_spread (k).
+load_epsilon_new (first turns' bound, doubled per turn), load_floor (never spill from a worker
+that would hold at most this many), prefix_spread (k).
 """
 
 from __future__ import annotations
@@ -52,7 +66,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from server.config import RoutingSettings
-from server.routing.policy import Selection, WorkerLoad, register_policy
+from server.routing.policy import Outcome, Selection, WorkerLoad, register_policy
 
 
 def score(key: str, worker_id: str) -> int:
@@ -109,6 +123,7 @@ def bounded_pick(
         return None
     cap = load_cap([workers[i].in_flight for i in healthy], epsilon, floor)
     chosen = next(i for i in healthy if workers[i].in_flight + 1 <= cap)
+    outcome: Outcome
     if chosen == ranked[0]:
         outcome = "kept"
     elif chosen == healthy[0]:
@@ -118,16 +133,29 @@ def bounded_pick(
     return Selection((chosen, *(i for i in healthy if i != chosen)), outcome)
 
 
+def graded_epsilon(epsilon: float, epsilon_new: float | None, turns: int) -> float:
+    """The bound for a request of a session at turn ``turns`` (0 = its first): see the header."""
+    if epsilon_new is None:
+        return epsilon
+    return min(epsilon, epsilon_new * 2.0 ** min(turns, 60))
+
+
 class RendezvousPolicy:
     """affinity: the session key's order."""
 
     name = "affinity"
 
-    def __init__(self, load_epsilon: float = 0.25, load_floor: int = 1) -> None:
-        if load_epsilon < 0 or load_floor < 1:
-            raise ValueError(f"need load_epsilon >= 0 and load_floor >= 1, got {load_epsilon}, {load_floor}")
+    def __init__(
+        self, load_epsilon: float = 0.25, load_floor: int = 1, load_epsilon_new: float | None = None
+    ) -> None:
+        if load_epsilon < 0 or load_floor < 1 or (load_epsilon_new is not None and load_epsilon_new < 0):
+            raise ValueError(
+                f"need load_epsilon >= 0, load_epsilon_new >= 0 and load_floor >= 1, got {load_epsilon}, "
+                f"{load_epsilon_new}, {load_floor}"
+            )
         self.load_epsilon = load_epsilon
         self.load_floor = load_floor
+        self.load_epsilon_new = load_epsilon_new
 
     def order(self, key: str, prefix: str | None, worker_ids: Sequence[str]) -> Sequence[int]:
         return _order(key, tuple(worker_ids))
@@ -138,9 +166,13 @@ class RendezvousPolicy:
         workers: Sequence[WorkerLoad],
         prefix: str | None = None,
         new_session: bool = True,
+        turns: int | None = None,
     ) -> Selection | None:
         ranked = self.order(key, prefix, [w.id for w in workers])
-        return bounded_pick(ranked, workers, self.load_epsilon, self.load_floor, new_session)
+        if turns is None:  # not told: a first turn is turn 0, anything else is treated as established
+            turns = 0 if new_session else 60
+        eps = graded_epsilon(self.load_epsilon, self.load_epsilon_new, turns)
+        return bounded_pick(ranked, workers, eps, self.load_floor, new_session)
 
 
 class PrefixPolicy(RendezvousPolicy):
@@ -157,8 +189,14 @@ class PrefixAffinityPolicy(RendezvousPolicy):
 
     name = "prefix_affinity"
 
-    def __init__(self, load_epsilon: float = 0.25, load_floor: int = 1, spread: int = 1) -> None:
-        super().__init__(load_epsilon, load_floor)
+    def __init__(
+        self,
+        load_epsilon: float = 0.25,
+        load_floor: int = 1,
+        spread: int = 1,
+        load_epsilon_new: float | None = None,
+    ) -> None:
+        super().__init__(load_epsilon, load_floor, load_epsilon_new)
         if spread < 1:
             raise ValueError(f"need prefix_spread >= 1, got {spread}")
         self.spread = spread
@@ -171,14 +209,16 @@ class PrefixAffinityPolicy(RendezvousPolicy):
 
 @register_policy("affinity")
 def _make(settings: RoutingSettings) -> RendezvousPolicy:
-    return RendezvousPolicy(settings.load_epsilon, settings.load_floor)
+    return RendezvousPolicy(settings.load_epsilon, settings.load_floor, settings.load_epsilon_new)
 
 
 @register_policy("prefix")
 def _make_prefix(settings: RoutingSettings) -> PrefixPolicy:
-    return PrefixPolicy(settings.load_epsilon, settings.load_floor)
+    return PrefixPolicy(settings.load_epsilon, settings.load_floor, settings.load_epsilon_new)
 
 
 @register_policy("prefix_affinity")
 def _make_prefix_affinity(settings: RoutingSettings) -> PrefixAffinityPolicy:
-    return PrefixAffinityPolicy(settings.load_epsilon, settings.load_floor, settings.prefix_spread)
+    return PrefixAffinityPolicy(
+        settings.load_epsilon, settings.load_floor, settings.prefix_spread, settings.load_epsilon_new
+    )

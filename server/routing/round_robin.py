@@ -30,6 +30,7 @@ class RoundRobinPolicy:
         workers: Sequence[WorkerLoad],
         prefix: str | None = None,
         new_session: bool = True,
+        turns: int | None = None,
     ) -> Selection | None:
         healthy = [i for i, w in enumerate(workers) if w.healthy]
         if not healthy:

@@ -9,7 +9,7 @@ need an API key, as a worker's /metrics does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -20,9 +20,10 @@ from server.auth import authenticate_key, router_headers
 from server.config import ConfigError, Settings
 from server.errors import AgentServeError, NotFound, UpstreamUnavailable
 from server.routing.discovery import DnsDiscovery
+from server.routing.forward import WORKER_HEADER
 from server.routing.metrics import RouterMetrics
 from server.routing.policy import Outcome, make_policy
-from server.routing.proxy import WORKER_HEADER, LeanPath
+from server.routing.proxy import LeanPath
 from server.routing.upstream import UpstreamError, make_upstream
 from server.routing.workers import Worker, WorkerPool, WorkerSpec, parse_worker_specs
 
@@ -67,6 +68,7 @@ class Router:
         key: str | None,
         prefix: str | None = None,
         new_session: bool = True,
+        turns: int | None = None,
     ) -> tuple[list[Worker], Outcome | None]:
         """Workers to try, in order, for a session key (None: any worker, least loaded first)."""
         workers = self.pool.workers
@@ -74,7 +76,7 @@ class Router:
             order = sorted((w for w in workers if w.healthy), key=lambda w: w.in_flight)
             outcome = None
         else:
-            sel = self.policy.select_worker(key, self.pool.loads(), prefix, new_session)
+            sel = self.policy.select_worker(key, self.pool.loads(), prefix, new_session, turns)
             order = [workers[i] for i in sel.order] if sel else []
             outcome = sel.outcome if sel else None
         if not order:
@@ -99,7 +101,7 @@ def create_router_app(
     auth = settings.auth
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await router.start()
         yield
         await router.close()

@@ -52,3 +52,27 @@ def test_stops_at_the_turn_that_no_longer_fits():
     assert all(count(s.messages[: t.end], s.tools) <= 3000 - 256 for t in s.turns)
     reqs = build_requests(s, "good")
     assert [r.turn for r in reqs] == [t.index for t in s.turns]
+
+
+def test_fixture_tools_are_the_benchmark_converter_output():
+    """One converter: the test fixtures are exactly what benchmarks.swe_traces makes of the bundles."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    spec = importlib.util.spec_from_file_location(
+        "make_swe_agent_tools", fixtures / "make_swe_agent_tools.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tools_dir = Path(__file__).resolve().parents[2] / "benchmarks" / "traces" / "swe-agent" / "tools"
+    assert mod.build(tools_dir) == json.loads((fixtures / "swe_agent_tools.json").read_text())
+    assert mod.build(tools_dir, prefixed=True) == json.loads(
+        (fixtures / "prefixed_agent_tools.json").read_text()
+    )
+    names = [t["function"]["name"] for t in mod.build(tools_dir, prefixed=True)]
+    assert names[0] == "shell_exec" and all(
+        n.startswith(("file_", "browser_", "shell_", "submit")) for n in names
+    )

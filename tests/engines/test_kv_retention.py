@@ -124,3 +124,22 @@ def test_lookup_report_says_what_the_session_waited_on_and_what_was_lost():
     assert r.state == "tool" and r.waiting_on == ("shell_exec",) and round(r.waited_s) == 30
     assert r.kept_tokens == 6 and r.evicted_tokens == 6 - m.cached_tokens > 0
     assert c.counters.sessions_back_evicted == 1
+
+
+def test_time_to_return_is_the_expected_remaining_pause_given_the_wait_so_far():
+    from server.engines.kv_retention import Sessions
+
+    book = Sessions(capacity=16, cap_s=600.0)
+    for pause in (1.0, 2.0, 5.0, 25.0, 28.0):  # shell calls: most short, some long builds
+        book.pauses.observe(("shell_exec",), pause)
+    late, fresh = book.touch("late")[0], book.touch("fresh")[0]
+    for s, since in ((late, 76.0), (fresh, 98.0)):
+        s.state, s.waiting_on, s.since = "tool", ("shell_exec",), since
+    now = 100.0
+    # 24 s in, only the long builds are left, and they end within 4 s: it is nearly back;
+    # 2 s in, a session may still wait 26 s (|mean - waited| ranked these the other way round)
+    assert book.time_to_return(late, now) == 2.5  # mean of 25-24 and 28-24
+    assert book.time_to_return(fresh, now) == (3.0 + 23.0 + 26.0) / 3
+    assert book.time_to_return(late, now) < book.time_to_return(fresh, now)
+    late.since = 60.0  # 40 s in: longer than any pause seen, taken to be gone
+    assert book.time_to_return(late, now) == 600.0

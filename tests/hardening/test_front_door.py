@@ -48,6 +48,18 @@ def test_api_keys(keyed_url):
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("path", "body"), [("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})]
+)
+def test_tokenize_endpoints_are_keyed(keyed_url, path, body):
+    for key in (None, "sk-wrong"):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        r = httpx.post(keyed_url + path, json=body, headers=headers, timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.post(keyed_url + path, json=body, headers={"Authorization": "Bearer sk-a-123"}, timeout=30)
+    assert r.status_code == 200
+
+
 def test_metrics_can_be_protected(hf_engine):
     auth = AuthSettings(api_keys=KEYS, protect_metrics=True)
     with running_server(app_with(hf_engine, auth=auth)) as url:

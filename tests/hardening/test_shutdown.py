@@ -7,12 +7,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from server.ports import free_port, wait_for_health
 
 pytestmark = pytest.mark.e2e
 
@@ -26,15 +25,7 @@ def test_sigterm_finishes_in_flight_stream(embedded_model_dir):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            pytest.fail("server did not start")
+        wait_for_health(url, 120, proc=proc)
         body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Tell a story."}],
                 "max_tokens": 30, "temperature": 0, "stream": True}
         lines: list[str] = []

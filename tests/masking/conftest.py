@@ -51,11 +51,15 @@ def vocab(tokenizer):
     return TokenVocab.from_tokenizer(tokenizer, len(tokenizer))
 
 
-@pytest.fixture(scope="session")
-def factory(tokenizer, vocab, hermes):
+BACKENDS = ("xgrammar", "outlines")  # every arguments backend passes the same masking tests
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def factory(request, tokenizer, vocab, hermes):
+    """A Hermes constraint factory on the embedded vocabulary, once per arguments backend."""
     from server.masking.constraint import ConstraintFactory
 
-    return ConstraintFactory(tokenizer, vocab.vocab_size, hermes, vocab=vocab)
+    return ConstraintFactory(tokenizer, vocab.vocab_size, hermes, backend=request.param, vocab=vocab)
 
 
 # --- the model families' real vocabularies (tests/masking/vocabs.py) ---------------------------------

@@ -43,7 +43,10 @@ def test_spec_round_trips_through_json(hermes):
         (lambda s: s.update(extra=1), "unknown keys ['extra']"),
         (lambda s: s.update(tools="x"), ".tools must be a list"),
         (lambda s: s.update(plan=[]), ".plan must be an object"),
-        (lambda s: s.update(backend="nope"), "backend 'nope' is not known: use one of ['xgrammar'"),
+        (
+            lambda s: s.update(backend="nope"),
+            "backend 'nope' is not known: use one of ['outlines', 'xgrammar'",
+        ),
         (lambda s: s.update(eos_token_ids=[-1]), "eos_token_ids must be a list of token ids"),
         (lambda s: s.update(envelope="nope"), "unknown tool-call envelope 'nope'"),
         (lambda s: s["plan"].pop("mode"), "not a valid ToolPlan"),

@@ -18,31 +18,10 @@ import pytest
 import uvicorn
 
 from server.config import RoutingSettings, Settings
+from server.ports import free_port, listening_socket, wait_for_health
 from server.routing.router import create_router_app
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    return sock
-
-
-def wait_http(url: str, timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} not ready after {timeout_s}s")
 
 
 @dataclass
@@ -89,7 +68,7 @@ def spawn_fake_workers(
         sock.close()  # the child owns it now: when the child dies, connections are refused
     try:
         for w in workers:
-            wait_http(w.url + "/health", proc=w.proc)
+            wait_for_health(w.url, 20, proc=w.proc, poll_s=0.05)
     except BaseException:
         stop_fake_workers(workers)
         raise
@@ -189,8 +168,6 @@ def make_router() -> Iterator:
 @contextmanager
 def real_cluster(workers: int, health_interval_s: float, start_timeout_s: float = 240) -> Iterator[tuple]:
     """`agentserve serve --workers N` on the embedded model; yields (url, process); stops it with SIGTERM."""
-    from server.routing.cluster import free_port
-
     port = free_port()
     env = {
         **os.environ,
@@ -207,7 +184,7 @@ def real_cluster(workers: int, health_interval_s: float, start_timeout_s: float 
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(url + "/health", timeout_s=start_timeout_s, proc=proc)
+        wait_for_health(url, start_timeout_s, proc=proc, poll_s=0.05)
         yield url, proc
     finally:
         proc.send_signal(signal.SIGTERM)

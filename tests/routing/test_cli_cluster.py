@@ -15,8 +15,9 @@ import pytest
 
 from server import cli
 from server.config import load_settings
-from server.routing.cluster import free_port, worker_settings_file
-from tests.routing.conftest import ROOT, wait_http
+from server.ports import free_port, wait_for_health
+from server.routing.cluster import worker_settings_file
+from tests.routing.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,7 +83,7 @@ def test_cluster_starts_workers_routes_and_stops_them_on_sigterm():
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", timeout_s=30, proc=proc)
+        wait_for_health(url, 30, proc=proc, poll_s=0.05)
         workers = httpx.get(url + "/workers", timeout=5).json()["workers"]
         assert [w["id"] for w in workers] == ["w0", "w1", "w2"] and all(w["healthy"] for w in workers)
         body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "prompt_cache_key": "c1"}

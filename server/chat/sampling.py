@@ -1,0 +1,106 @@
+"""A request's sampling fields → the engine's ``SamplingParams``; the parameter 400s.
+
+Every OpenAI chat parameter either works or is a 400 that names it (README "Parameters"):
+``logit_bias`` keys must be token ids of this model's vocabulary and values in
+[-100, 100]; fields that would change the output but are not implemented
+(``protocol.UNSUPPORTED_NEUTRAL``) are refused; other unknown top-level fields are
+accepted and logged once per field name (not per request).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any
+
+from server.engines.base import Engine, SamplingParams
+from server.errors import InvalidRequest
+from server.protocol import SamplingFields
+
+log = logging.getLogger(__name__)
+
+BIAS_LIMIT = 100.0  # OpenAI's range for logit_bias values
+_logged: set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def check_fields(req: SamplingFields) -> None:
+    """400 for a refused field sent with a non-neutral value; log unknown fields once each."""
+    bad = req.unsupported_fields()
+    if bad:
+        raise InvalidRequest(
+            f"{bad[0]} is not supported by this server (it would change the output, so it is not "
+            f"ignored): leave it out or send its neutral value",
+            param=bad[0],
+        )
+    unknown = req.unknown_fields()
+    if unknown:
+        with _logged_lock:
+            new = [k for k in unknown if k not in _logged]
+            _logged.update(new)
+        for name in new:
+            log.warning(
+                "request field %r is not used by this server and has no effect (accepted; logged once)", name
+            )
+
+
+def parse_logit_bias(value: dict[str, Any] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """``{"token id": bias}`` → sorted (id, bias) pairs; a 400 naming logit_bias for a bad entry."""
+    if not value:
+        return ()
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        try:
+            tid = int(key)
+        except (TypeError, ValueError):
+            tid = -1
+        if str(tid) != str(key).strip() or not 0 <= tid < vocab_size:
+            raise InvalidRequest(
+                f"logit_bias key {key!r} is not a token id of this model (integers in [0, {vocab_size})): "
+                f"map token ids (POST /tokenize shows them) to biases",
+                param="logit_bias",
+            )
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias):
+            raise InvalidRequest(
+                f"logit_bias[{key!r}] = {bias!r} is not a number in [-100, 100]", param="logit_bias"
+            )
+        if not -BIAS_LIMIT <= bias <= BIAS_LIMIT:
+            raise InvalidRequest(
+                f"logit_bias[{key!r}] = {bias} is out of range: biases are in [-100, 100]", param="logit_bias"
+            )
+        out[tid] = float(bias)
+    return tuple(sorted(out.items()))
+
+
+def sampling_params(req: SamplingFields, max_tokens: int, engine: Engine) -> SamplingParams:
+    """The engine's SamplingParams for a checked request (``max_tokens`` already budgeted).
+
+    An engine may refuse what it cannot honour with ``check_sampling(params)`` (InvalidRequest).
+    """
+    vocab_size = engine.vocab_size
+    stop_ids = tuple(req.stop_token_ids or ())
+    bad = [t for t in stop_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequest(
+            f"stop_token_ids must be token ids in [0, {vocab_size}); got {bad[:5]}", param="stop_token_ids"
+        )
+    top_k = req.top_k or 0
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stop_token_ids=stop_ids,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        repetition_penalty=req.repetition_penalty or 1.0,
+        logit_bias=parse_logit_bias(req.logit_bias, vocab_size),
+        top_k=top_k if top_k > 0 else 0,
+        min_p=req.min_p or 0.0,
+        logprobs=req.top_logprobs_asked(),
+    )
+    check = getattr(engine, "check_sampling", None)
+    if check is not None:
+        check(params)
+    return params

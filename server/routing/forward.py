@@ -1,0 +1,237 @@
+"""One proxied request on its way to a worker and back (steps 3-5 of ``proxy.py``'s lifecycle).
+
+``ProxyCall`` asks the policy for an order of workers, sends the request to the first on
+a persistent upstream connection, fails over to the next while nothing has reached the
+client, and relays the answer: JSON whole, SSE as it arrives (``_EventRelay`` holds back
+only an incomplete trailing event, so a mid-stream failure ends on a clean event with an
+OpenAI-shaped error and ``data: [DONE]``). A client disconnect cancels the upstream request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import Message, Receive, Send
+
+from server.auth import TENANT_HEADER, TOKEN_HEADER
+from server.errors import AgentServeError, UpstreamUnavailable
+from server.routing.upstream import UpstreamConnectError, UpstreamLost, UpstreamTimeout
+
+if TYPE_CHECKING:
+    from server.routing.router import Router
+    from server.routing.workers import Worker
+
+WORKER_HEADER = "x-agentserve-worker"
+HOP_HEADERS = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailers",
+    b"transfer-encoding",
+    b"upgrade",
+    b"host",
+    b"content-length",
+    TENANT_HEADER.encode(),
+    TOKEN_HEADER.encode(),
+}
+
+
+class _Retry(Exception):
+    """This worker failed before anything reached the client: try the next."""
+
+
+class ProxyCall:
+    """One proxied request; watches for the client disconnect while it runs."""
+
+    def __init__(
+        self,
+        router: Router,
+        method: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        key: str | None,
+        prefix: str | None,
+        t0: float,
+        new_session: bool = True,
+        turns: int | None = None,
+    ) -> None:
+        self.router, self.method, self.target, self.headers = router, method, target, headers
+        self.body, self.key, self.prefix, self.t0 = body, key, prefix, t0
+        self.new_session = new_session
+        self.turns = turns
+
+    async def __call__(self, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        state = {"gone": False, "finished": False}
+
+        async def watch_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not state["finished"]:
+                state["gone"] = True
+                task.cancel()  # closes the upstream connection: the worker stops
+
+        async def tracked_send(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["finished"] = True  # from here on a "disconnect" is just the end of the response
+
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        try:
+            await self._run(tracked_send)
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            task.uncancel()
+        except OSError:  # the client went away while we were sending
+            pass
+        finally:
+            state["finished"] = True
+            watcher.cancel()
+
+    async def _run(self, send: Send) -> None:
+        m = self.router.metrics
+        try:
+            order, outcome = self.router.plan(self.key, self.prefix, self.new_session, self.turns)
+        except UpstreamUnavailable as exc:
+            m.upstream_errors.labels("none", "no_worker").inc()
+            await send_json(send, exc.status, exc.body())
+            return
+        if outcome is not None:
+            m.affinity.labels(outcome).inc()
+        failures: list[str] = []
+        for n, worker in enumerate(order):
+            if n and not worker.healthy:
+                continue  # taken out while we were trying another
+            try:
+                await self._attempt(worker, send)
+                return
+            except _Retry as exc:
+                failures.append(f"{worker.id}: {exc}")
+                m.failovers.labels(worker.id).inc()
+        unavailable = UpstreamUnavailable(
+            "no worker could take the request (" + "; ".join(failures) + "); retry shortly"
+        )
+        await send_json(send, unavailable.status, unavailable.body())
+
+    async def _attempt(self, worker: Worker, send: Send) -> None:
+        router, m = self.router, self.router.metrics
+        worker.in_flight += 1
+        status = "error"
+        try:
+            t_forward = time.perf_counter()
+            try:
+                resp = await router.upstream.send(
+                    worker.url, self.method, self.target, self.headers, self.body
+                )
+            except UpstreamConnectError as exc:  # refused / unreachable: the worker is gone
+                router.pool.mark_down(worker, f"connect failed: {exc}")
+                m.upstream_errors.labels(worker.id, "connect").inc()
+                raise _Retry(f"cannot connect ({exc})") from None
+            except UpstreamTimeout as exc:
+                await self._timeout(worker, send, exc)
+                return
+            except UpstreamLost as exc:
+                raise self._lost(worker, exc) from None
+            try:
+                status = str(resp.status)
+                headers = [(k, v) for k, v in resp.headers if k not in HOP_HEADERS]
+                headers.append((WORKER_HEADER.encode(), worker.id.encode()))
+                if resp.status >= 500:
+                    m.upstream_errors.labels(worker.id, "status_5xx").inc()
+                is_stream = any(
+                    k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
+                )
+                chunks = resp.chunks()
+                try:
+                    first = await anext(chunks, b"") if is_stream else b"".join([c async for c in chunks])
+                except UpstreamTimeout as exc:
+                    await self._timeout(worker, send, exc)
+                    return
+                except UpstreamLost as exc:
+                    raise self._lost(worker, exc) from None
+                t_answer = time.perf_counter()
+                if not is_stream:
+                    headers.append((b"content-length", str(len(first)).encode()))
+                await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+                if not is_stream:
+                    await send({"type": "http.response.body", "body": first})
+                    m.added_latency.observe((t_forward - self.t0) + (time.perf_counter() - t_answer))
+                    return
+                relay = _EventRelay(send)
+                await relay.push(first)
+                m.added_latency.observe((t_forward - self.t0) + (time.perf_counter() - t_answer))
+                try:
+                    async for chunk in chunks:
+                        await relay.push(chunk)
+                except (UpstreamLost, UpstreamTimeout) as exc:
+                    m.upstream_errors.labels(worker.id, "midstream").inc()
+                    status = "midstream_error"
+                    what = "stopped answering" if isinstance(exc, UpstreamTimeout) else "failed"
+                    await relay.fail(
+                        UpstreamUnavailable(
+                            f"worker {worker.id} {what} mid-stream ({exc}); the answer is incomplete: "
+                            "retry the request"
+                        )
+                    )
+                    return
+                await relay.finish()
+            finally:
+                await resp.aclose()
+        finally:
+            worker.in_flight -= 1
+            m.requests.labels(worker.id, status).inc()
+
+    def _lost(self, worker: Worker, exc: Exception) -> _Retry:
+        """The connection dropped before anything reached the client: count it, try the next worker."""
+        self.router.metrics.upstream_errors.labels(worker.id, "disconnect").inc()
+        return _Retry(f"connection lost before an answer ({exc})")
+
+    async def _timeout(self, worker: Worker, send: Send, exc: Exception) -> None:
+        self.router.metrics.upstream_errors.labels(worker.id, "timeout").inc()
+        rs = self.router.settings.routing
+        err = UpstreamUnavailable(
+            f"worker {worker.id} did not answer in time ({exc}; limits: "
+            f"routing.connect_timeout_s={rs.connect_timeout_s}, routing.read_timeout_s={rs.read_timeout_s})",
+            code="upstream_timeout",
+        )
+        await send_json(send, err.status, err.body())
+
+
+class _EventRelay:
+    """Forwards SSE bytes as they come, holding back only an incomplete trailing event, so
+    that an error event can always be appended on a clean event boundary."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.pending = b""
+
+    async def push(self, chunk: bytes) -> None:
+        data = self.pending + chunk if self.pending else chunk
+        cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
+        if cut < 2:
+            cut = 0
+        self.pending = data[cut:]
+        if cut:
+            await self.send({"type": "http.response.body", "body": data[:cut], "more_body": True})
+
+    async def finish(self) -> None:
+        await self.send({"type": "http.response.body", "body": self.pending, "more_body": False})
+
+    async def fail(self, err: AgentServeError) -> None:
+        event = b"data: " + json.dumps(err.body()).encode() + b"\n\ndata: [DONE]\n\n"
+        await self.send({"type": "http.response.body", "body": event, "more_body": False})
+
+
+async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
