@@ -29,7 +29,17 @@ set / ratio; tier 2 = ``--tier2-factor`` x tier 1 (host RAM is usually several t
 the GPU's memory). Tier-2 arms restore always (hit rates); whether restoring pays is the
 cost model's job and is measured in tests.
 
+``--model embedded`` runs the same schedule through the same engine path with the embedded
+SmolLM2-135M-Instruct weights (fp32, the server's own converted folder; HF_HUB_OFFLINE=1):
+the ``ttft`` columns are then MEASURED on this machine (the time of ``_prefill``: match,
+tier-2 restore, prefill of the rest), and tier-2 arms default to the server's ``restore:
+auto`` (the measured restore-vs-recompute cost model decides; ``--restore`` or an arm named
+``session+tier2:always`` overrides). ``--tier2-path DIR`` puts tier 2 in a folder (the CPU
+configuration) instead of host RAM.
+
     python benchmarks/kv_pressure.py --sessions 24 --steps 30 --ratios 2 4 8
+    python benchmarks/kv_pressure.py --model embedded --sessions 12 --steps 8 --context 4096 \\
+        --ratios 4 --arms lru session session+tier2 session+tier2:always --threads 2
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import heapq
 import json
 import math
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -169,11 +180,22 @@ class VClock:
         return self.t
 
 
-def make_engine(model: Any, tokenizer: Any, policy: str, t1_bytes: int | None, t2_bytes: int, tmp: Path):
+def make_engine(
+    model: Any,
+    tokenizer: Any,
+    policy: str,
+    t1_bytes: int | None,
+    t2_bytes: int,
+    tmp: Path,
+    restore: str = "always",
+    tier2_path: str | None = None,
+):
     from server.config import load_settings
     from server.engines.hf import HFEngine
 
-    tier2 = {"memory_mb": max(1, math.ceil(t2_bytes / 2**20)), "restore": "always"} if t2_bytes else {}
+    tier2: dict[str, Any] = {}
+    if t2_bytes:
+        tier2 = {"memory_mb": max(1, math.ceil(t2_bytes / 2**20)), "restore": restore, "path": tier2_path}
     settings = load_settings(
         prefix_cache={"block_size": 32, "memory_mb": 1, "policy": policy, "tier2": tier2},
         max_model_len=int(model.config.max_position_embeddings),
@@ -240,15 +262,16 @@ def serve_cache_only(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     return 0.0, match.cached_tokens, match.tier2_tokens
 
 
-def run_arm(name, eng, clock, sessions, reqs) -> dict[str, Any]:
+def run_arm(name, eng, clock, sessions, reqs, cache_only: bool | None = None) -> dict[str, Any]:
     cached: list[int] = []
     ttft: list[float] = []
     tier2: list[int] = []
     t0 = time.perf_counter()
+    one = serve_cache_only if (CACHE_ONLY if cache_only is None else cache_only) else serve
     for r in reqs:
         turn = sessions[r.session][r.turn]
         clock.t = max(clock.t, r.t)
-        t, c, t2 = (serve_cache_only if CACHE_ONLY else serve)(eng, f"s{r.session}", turn)
+        t, c, t2 = one(eng, f"s{r.session}", turn)
         clock.t += len(turn.reply) * DECODE_S_PER_TOKEN
         cached.append(c)
         ttft.append(t)
@@ -263,24 +286,40 @@ def run_arm(name, eng, clock, sessions, reqs) -> dict[str, Any]:
         "bytes_to_tier2": stats["prefix_cache_bytes_to_tier2"],
         "bytes_from_tier2": stats["prefix_cache_bytes_from_tier2"],
         "blocks_restored": stats["prefix_cache_blocks_restored"],
+        "restores_skipped": stats.get("prefix_cache_restores_skipped", 0),
+        "restore_s_per_byte": eng.cache.cost.restore_s_per_byte,
+        "prefill_s_per_token": eng.cache.cost.prefill_s_per_token,
         "sessions_back_intact": stats["prefix_cache_sessions_back_intact"],
         "sessions_back_evicted": stats["prefix_cache_sessions_back_evicted"],
     }
 
 
-def unbounded_arms(model: Any, tok: Any, sessions, reqs) -> tuple[dict[str, Any], dict[str, Any]]:
+def unbounded_arms(
+    model: Any, tok: Any, sessions, reqs, cache_only: bool | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The unbounded cache (the ideal) and the old engine's reuse (full prompt blocks only)."""
     eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
-    unbounded = run_arm("unbounded", eng, clock, sessions, reqs)
+    unbounded = run_arm("unbounded", eng, clock, sessions, reqs, cache_only)
     eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
     eng._retain = lambda seq: None  # type: ignore[method-assign]
-    if CACHE_ONLY:  # the old engine's reuse: full prompt blocks only, nothing retained at the end
+    if CACHE_ONLY if cache_only is None else cache_only:
+        # the old engine's reuse: full prompt blocks only, nothing retained at the end
         eng.cache.insert = partial(_full_blocks_only, eng.cache.insert)
-    return unbounded, run_arm("unbounded_prompt_blocks_only", eng, clock, sessions, reqs)
+    return unbounded, run_arm("unbounded_prompt_blocks_only", eng, clock, sessions, reqs, cache_only)
 
 
 def _full_blocks_only(insert: Any, ids: list[int], salt: str, cutter: Any, **kw: Any) -> int:
     return 0 if kw.get("tail") else insert(ids, salt, cutter, session=kw.get("session", ""))
+
+
+def embedded_model() -> Any:
+    """The embedded SmolLM2-135M-Instruct as the server loads it (its converted folder, fp32, eval)."""
+    from transformers import AutoModelForCausalLM
+
+    from server.model_store import EMBEDDED, resolve_model
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(EMBEDDED), dtype=torch.float32)
+    return model.eval()
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -323,6 +362,9 @@ def summarize(arm: dict[str, Any], ideal: list[int], sessions, reqs, bytes_per_t
         * 131072
         / 2**30,
         "blocks_restored": arm["blocks_restored"],
+        "restores_skipped": arm.get("restores_skipped", 0),
+        "restore_us_per_token": (arm.get("restore_s_per_byte") or 0) * 1e6 * bytes_per_token,
+        "prefill_us_per_token": (arm.get("prefill_s_per_token") or 0) * 1e6,
         "sessions_back_intact": arm["sessions_back_intact"],
         "sessions_back_evicted": arm["sessions_back_evicted"],
         "wall_s": arm["wall_s"],
@@ -347,7 +389,7 @@ def ideal_tokens(sessions: list[list[Turn]], reqs: list[Request]) -> list[int]:
     return out
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, measured: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -361,10 +403,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     width = 0.8 / len(arms)
     for j, arm in enumerate(arms):
         hits = [next(r["hit_rate"] for r in rows if r["ratio"] == x and r["arm"] == arm) for x in ratios]
-        p95 = [
-            next(r["modeled_8b_ttft_p95_ms"] for r in rows if r["ratio"] == x and r["arm"] == arm)
-            for x in ratios
-        ]
+        key = "ttft_after_pause_p95_ms" if measured else "modeled_8b_ttft_p95_ms"
+        p95 = [next(r[key] for r in rows if r["ratio"] == x and r["arm"] == arm) for x in ratios]
         xs = [i + j * width for i in range(len(ratios))]
         ax1.bar(xs, [100 * h for h in hits], width, label=arm)
         ax2.bar(xs, p95, width, label=arm)
@@ -374,8 +414,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax1.set_ylabel("hit rate (% of ideal)")
     ax1.axhline(90, color="grey", lw=0.8, ls="--")
     ax1.legend(fontsize=8)
-    ax2.set_ylabel("modeled Llama-8B/H100 TTFT p95 after a pause (ms)")
-    fig.suptitle("KV pressure: agent sessions, random-weight tiny model (hit rates are token-exact)")
+    if measured:
+        ax2.set_ylabel("measured TTFT p95 after a pause (ms)")
+        fig.suptitle("KV pressure: agent sessions, SmolLM2-135M on CPU (TTFT measured)")
+    else:
+        ax2.set_ylabel("modeled Llama-8B/H100 TTFT p95 after a pause (ms)")
+        fig.suptitle("KV pressure: agent sessions, random-weight tiny model (hit rates are token-exact)")
     fig.tight_layout()
     save_png(fig, path)
     plt.close(fig)
@@ -399,7 +443,23 @@ def main(argv: list[str] | None = None) -> int:
         help="drive the engine's prefix cache without running the model: same hit rates, no TTFT, minutes",
     )
     ap.add_argument("--swe", action="store_true", help="also: tail + reply reuse on the SWE-agent traces")
+    ap.add_argument(
+        "--model",
+        choices=["random", "embedded"],
+        default="random",
+        help="random = random-weight tiny Llama (hit rates); embedded = SmolLM2-135M weights (measured TTFT)",
+    )
+    ap.add_argument(
+        "--restore",
+        choices=["auto", "always", "never"],
+        default=None,
+        help="tier-2 restore mode (default: always with --model random, auto = the cost model with embedded)",
+    )
+    ap.add_argument("--tier2-path", default=None, help="tier 2 in folders under DIR (else host RAM)")
     args = ap.parse_args(argv)
+    if args.cache_only and args.model != "random":
+        ap.error("--cache-only runs no model: leave --model at random")
+    restore_default = args.restore or ("auto" if args.model == "embedded" else "always")
 
     from benchmarks.inproc import random_model
     from benchmarks.report import git_commit, machine
@@ -417,14 +477,29 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(reqs)} requests from {len(sessions)} sessions, built in {time.perf_counter() - t0:.0f} s",
         file=sys.stderr,
     )
-    model = random_model("tiny", len(tok), device="cpu", dtype=torch.float32, max_positions=args.context + 64)
+    if args.model == "embedded":
+        model = embedded_model()
+        if args.context + 64 > model.config.max_position_embeddings:
+            ap.error(
+                f"--context {args.context}: the embedded model holds {model.config.max_position_embeddings}"
+            )
+    else:
+        model = random_model(
+            "tiny", len(tok), device="cpu", dtype=torch.float32, max_positions=args.context + 64
+        )
     probe, _ = make_engine(model, tok, "lru", None, 0, Path("."))
-    kv = probe.model.config
-    bytes_per_token = 2 * kv.num_hidden_layers * kv.num_key_value_heads * kv.head_dim * 4
+    bytes_per_token = probe._kv_floats_per_token * 4
+    if not CACHE_ONLY:  # the first arm's first requests should not pay for one-time setup
+        warm = sessions[0][0].prompt[:512]
+        for _ in range(2):
+            probe.model(input_ids=torch.tensor([warm]), use_cache=True, logits_to_keep=1)
     ws_tokens = working_set_tokens(sessions, reqs)
     shared = shared_prefix_tokens(sessions)
     ideal = ideal_tokens(sessions, reqs)
-    unbounded, blocks_only = unbounded_arms(model, tok, sessions, reqs)
+    # with the embedded model the two reference arms run cache-only (token-exact, the same hit
+    # rates; no TTFT): a real model's prefill on CPU is what the time budget is for
+    reference_cache_only = True if args.model == "embedded" else None
+    unbounded, blocks_only = unbounded_arms(model, tok, sessions, reqs, reference_cache_only)
     rows = [
         {"ratio": 0, **summarize(unbounded, ideal, sessions, reqs, bytes_per_token)},
         {"ratio": 0, **summarize(blocks_only, ideal, sessions, reqs, bytes_per_token)},
@@ -439,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         swe_sessions = [to_turns(tok, t, random.Random(f"swe:{i}")) for i, t in enumerate(traces)]
         swe_reqs = schedule(swe_sessions, args.stagger_s, args.seed)
         swe_ideal = ideal_tokens(swe_sessions, swe_reqs)
-        u, b = unbounded_arms(model, tok, swe_sessions, swe_reqs)
+        u, b = unbounded_arms(model, tok, swe_sessions, swe_reqs, reference_cache_only)
         su = summarize(u, swe_ideal, swe_sessions, swe_reqs, bytes_per_token)
         sb = summarize(b, swe_ideal, swe_sessions, swe_reqs, bytes_per_token)
         swe = {
@@ -455,9 +530,20 @@ def main(argv: list[str] | None = None) -> int:
         # smaller than the shared prefix itself: no chain fit and every policy scored the same
         t1 = int((shared + (ws_tokens - shared) / ratio) * bytes_per_token)
         for arm in args.arms:
-            policy, _, t2 = arm.partition("+")
+            policy, _, rest = arm.partition("+")
+            t2, _, mode = rest.partition(":")
+            path = f"{args.tier2_path}/{arm.replace(':', '-')}-{ratio:g}" if args.tier2_path and t2 else None
+            if path:
+                shutil.rmtree(path, ignore_errors=True)
             eng, clock = make_engine(
-                model, tok, policy, t1, int(t1 * args.tier2_factor) if t2 else 0, Path(".")
+                model,
+                tok,
+                policy,
+                t1,
+                int(t1 * args.tier2_factor) if t2 else 0,
+                Path("."),
+                restore=mode or restore_default,
+                tier2_path=path,
             )
             res = run_arm(arm, eng, clock, sessions, reqs)
             rows.append(
@@ -476,6 +562,9 @@ def main(argv: list[str] | None = None) -> int:
         "shared_prefix_tokens": shared,
         "kv_bytes_per_token": bytes_per_token,
         "tier2_factor": args.tier2_factor,
+        "model": args.model,
+        "restore_default": restore_default,
+        "tier2_where": "folder" if args.tier2_path else "host RAM",
         "ideal_hit_of_prompt": sum(ideal) / sum(len(sessions[r.session][r.turn].prompt) for r in reqs),
         "unbounded_vs_token_ideal": sum(unbounded["cached"]) / max(1, sum(ideal)),
         "blocks_only_vs_token_ideal": sum(blocks_only["cached"]) / max(1, sum(ideal)),
@@ -485,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(meta, rows))
-    plot([r for r in rows if r["ratio"]], out.with_name(out.name + ".png"))
+    plot([r for r in rows if r["ratio"]], out.with_name(out.name + ".png"), measured=args.model == "embedded")
     print(markdown(meta, rows))
     return 0
 
@@ -499,8 +588,16 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"{meta['virtual_hours']:.1f} h of virtual agent time; working set {meta['working_set_tokens']:,.0f} "
         f"tokens of KV, of which {meta.get('shared_prefix_tokens', 0):,} the prefix every session shares; "
         "ws/R = tier 1 holds the shared prefix + 1/R of the sessions' own KV; "
-        f"tier 2 = {meta['tier2_factor']:g} x tier 1. Random-weight tiny model: hit rates "
-        "are token-exact, `ttft` is the tiny model's, `8b` TTFT is modeled (see the script).",
+        f"tier 2 = {meta['tier2_factor']:g} x tier 1 ({meta.get('tier2_where', 'host RAM')}). "
+        + (
+            "Embedded SmolLM2-135M-Instruct (fp32, CPU): `ttft` is MEASURED (the engine's `_prefill`: "
+            f"match, tier-2 restore, prefill of the rest); tier-2 arms restore `{meta['restore_default']}` "
+            "unless the arm says `:mode`; `8b` TTFT is modeled (see the script). The two unbounded "
+            "reference rows run cache-only (same hit rates; their ttft is 0, not measured)."
+            if meta.get("model") == "embedded"
+            else "Random-weight tiny model: hit rates "
+            "are token-exact, `ttft` is the tiny model's, `8b` TTFT is modeled (see the script)."
+        ),
         "",
         f"Unbounded cache vs the token-exact ideal: {100 * meta['unbounded_vs_token_ideal']:.2f}% "
         f"(prompt full blocks only, the old engine: {100 * meta['blocks_only_vs_token_ideal']:.2f}%)."
@@ -514,8 +611,8 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         ),
         "",
         "| tier 1 | arm | hit rate | reply reused | ttft p50/p95 ms | 8b ttft p50/p95 ms | MiB to/from t2 "
-        "| 8b GiB moved | back intact/evicted |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| 8b GiB moved | back intact/evicted | restored/skipped blocks | restore/prefill us/token |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = "unbounded" if not r["ratio"] else f"ws/{r['ratio']:g}"
@@ -524,7 +621,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{r['ttft_after_pause_p50_ms']:.1f} / {r['ttft_after_pause_p95_ms']:.1f} | "
             f"{r['modeled_8b_ttft_p50_ms']:.0f} / {r['modeled_8b_ttft_p95_ms']:.0f} | "
             f"{r['mib_to_tier2']:.0f} / {r['mib_from_tier2']:.0f} | {r['modeled_8b_gib_moved']:.1f} | "
-            f"{r['sessions_back_intact']:.0f} / {r['sessions_back_evicted']:.0f} |"
+            f"{r['sessions_back_intact']:.0f} / {r['sessions_back_evicted']:.0f} | "
+            f"{r['blocks_restored']:.0f} / {r.get('restores_skipped', 0):.0f} | "
+            f"{r.get('restore_us_per_token', 0):.0f} / {r.get('prefill_us_per_token', 0):.0f} |"
         )
     return "\n".join(lines) + "\n"
 
