@@ -152,19 +152,11 @@ class XGrammarMatcher:
         return bool(self.m.is_terminated())
 
 
-@register_backend("xgrammar")
-class XGrammarBackend:
-    name = "xgrammar"
+class CachedBackend:
+    """What every arguments backend shares: ``compile`` looks its grammar up in an LRU keyed by the
+    schema (property order matters), prefix, suffix, style, call id and tails; ``_compile`` builds it."""
 
-    def __init__(self, vocab: TokenVocab, *, any_whitespace: bool = False, cache_size: int = 512) -> None:
-        import xgrammar as xgr
-
-        info = vocab.xgr_info
-        if info is None:
-            raise ValueError("the xgrammar backend needs a vocabulary built with TokenVocab.from_tokenizer")
-        self.xgr, self.vocab, self.any_whitespace = xgr, vocab, any_whitespace
-        self.compiler = xgr.GrammarCompiler(info, max_threads=2)
-        self.cache = _LRU(cache_size)
+    cache: _LRU
 
     def compile(
         self,
@@ -182,6 +174,33 @@ class XGrammarBackend:
         return self.cache.get_or_make(
             key, lambda: self._compile(tool, schema, prefix, suffix, style, call_id, tails)
         )
+
+    def _compile(
+        self,
+        tool: str,
+        schema: dict[str, Any],
+        prefix: str,
+        suffix: str,
+        style: str,
+        call_id: str | None,
+        tails: tuple[str, ...],
+    ) -> Any:
+        raise NotImplementedError
+
+
+@register_backend("xgrammar")
+class XGrammarBackend(CachedBackend):
+    name = "xgrammar"
+
+    def __init__(self, vocab: TokenVocab, *, any_whitespace: bool = False, cache_size: int = 512) -> None:
+        import xgrammar as xgr
+
+        info = vocab.xgr_info
+        if info is None:
+            raise ValueError("the xgrammar backend needs a vocabulary built with TokenVocab.from_tokenizer")
+        self.xgr, self.vocab, self.any_whitespace = xgr, vocab, any_whitespace
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2)
+        self.cache = _LRU(cache_size)
 
     def _compile(
         self,

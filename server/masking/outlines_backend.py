@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from server.errors import InvalidRequest
-from server.masking.arguments import _LRU, NO_PARAMETERS, register_backend
+from server.masking.arguments import _LRU, CachedBackend, register_backend
 from server.masking.vocab import TokenVocab
 
 _WS = "\u2063"  # placeholder whitespace handed to build_regex_from_schema, then replaced
@@ -133,7 +133,7 @@ class OutlinesMatcher:
 
 
 @register_backend("outlines")
-class OutlinesBackend:
+class OutlinesBackend(CachedBackend):
     name = "outlines"
 
     def __init__(self, vocab: TokenVocab, *, any_whitespace: bool = False, cache_size: int = 512) -> None:
@@ -151,23 +151,6 @@ class OutlinesBackend:
         )
         self.single = {tb[0]: ids[0] for tb, ids in vocab.by_bytes.items() if len(tb) == 1}
         self.cache = _LRU(cache_size)
-
-    def compile(
-        self,
-        tool: str,
-        schema: dict[str, Any] | None,
-        prefix: str,
-        suffix: str,
-        *,
-        style: str = "json",
-        call_id: str | None = None,
-        tails: tuple[str, ...] = (),
-    ) -> Any:
-        schema = schema or NO_PARAMETERS
-        key = (json.dumps(schema), prefix, suffix, style, call_id, tails)
-        return self.cache.get_or_make(
-            key, lambda: self._compile(tool, schema, prefix, suffix, style, call_id, tails)
-        )
 
     def _compile(
         self,
