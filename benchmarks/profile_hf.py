@@ -41,6 +41,7 @@ def main() -> None:
     from server.config import load_settings
     from server.engines.base import GenerationRequest, SamplingParams
     from server.engines.hf import HFEngine, _Sequence
+    from server.engines.sampling import TokenSampler
 
     def say(msg: str) -> None:
         print(f"[profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -61,6 +62,7 @@ def main() -> None:
     seq = _Sequence(
         GenerationRequest("p", ids, SamplingParams(n + 1, temperature=0.0), None, "", "s"), None, None
     )
+    seq.sampler = TokenSampler(seq.request.sampling, ids, eng.vocab_size, eng.device, None)
     out: list[int] = []
     seq.emit = lambda chunk: out.extend(chunk.token_ids)  # type: ignore[method-assign]
     eng._prefill(seq)

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from server.config import EngineSettings
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
 from server.engines.kv_blocks import BlockCutter, cache_from_settings, cached_kv
+from server.engines.kv_growing import growing_cache
 from server.engines.kv_sessions import LookupReport
 from server.engines.sampling import TokenSampler
 from server.masking.bitmask import MaskApplier, model_eos_ids
@@ -229,7 +230,7 @@ class HFEngine:
         n_cached = match.cached_tokens
         self._stats.prefix_queries_tokens += len(ids)
         self._stats.prefix_hits_tokens += n_cached
-        kv = DynamicCache(config=self.model.config)
+        kv = growing_cache(self.model.config)  # appends in place: no whole-KV copy per step
         stacked = cached_kv(match, self.device)
         t0 = time.perf_counter()
         if stacked is not None:
