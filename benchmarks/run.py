@@ -140,6 +140,11 @@ def parser() -> argparse.ArgumentParser:
     pe.add_argument(
         "--quick", action="store_true", help="peers: a smoke test (4 turns, 2 BFCL cases, no SWE)"
     )
+    pe.add_argument(
+        "--pairs",
+        help="peers: extra AFTER:BEFORE tables of replays, comma list of server names "
+        "(e.g. agentserve-hf:agentserve-hf-before, the latter a --url of the old build)",
+    )
     pe.add_argument("--merge", help="peers: one report from these results JSON files (comma list)")
     pe.add_argument("--no-swe", action="store_true", help="peers: leave out the SWE-agent replays")
     pe.add_argument("--bfcl-sets", default="simple,live_simple", help="peers: BFCL sets (comma list)")

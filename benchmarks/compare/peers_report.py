@@ -81,29 +81,10 @@ def markdown(
             f"{_f(r['hit_rate'], '%')} | {_f(r['ttft_median_s'], 's')} | {_f(r['ttft_p90_s'], 's')} | "
             f"{_f(r['wall_s'], '1')} | {_f(r['decode_tok_s'], '1')} |"
         )
-    stock = {r["workload"]: r for r in rows if r["peer"] == "vllm"}
-    if stock:
-        lines += ["", "Against stock vLLM (same workload): hit rate in points, wall time as a ratio.", ""]
-        lines += [
-            "| server | workload | hit rate − vLLM's | wall ÷ vLLM's | TTFT median ÷ vLLM's |",
-            "|---|---|---|---|---|",
-        ]
-        for r in rows:
-            s = stock.get(r["workload"])
-            if r["peer"] == "vllm" or not s:
-                continue
-            hit = (
-                f"{100 * (r['hit_rate'] - s['hit_rate']):+.1f}"
-                if r["hit_rate"] is not None and s["hit_rate"] is not None
-                else "—"
-            )
-            tt = (
-                r["ttft_median_s"] / s["ttft_median_s"] if r["ttft_median_s"] and s["ttft_median_s"] else None
-            )
-            lines.append(
-                f"| {r['peer']} | {r['workload']} | {hit} | {r['wall_s'] / s['wall_s']:.2f}× | "
-                f"{f'{tt:.2f}×' if tt else '—'} |"
-            )
+    lines += _against(rows, "vllm", "stock vLLM", "vLLM's")
+    for pair in [p for p in (getattr(args, "pairs", None) or "").split(",") if p]:
+        after, _, before = pair.partition(":")
+        lines += _against([r for r in rows if r["peer"] in (after, before)], before, before, "before's")
     if brows:
         lines += [
             "",
@@ -144,6 +125,32 @@ def markdown(
     sess_notes = [f"{w} session {s.session_id}: {s.notes}" for w in ("agent", "swe") for s in sessions[w][:3]]
     if notes or sess_notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes + sess_notes]
+    return lines
+
+
+def _against(rows: list[dict[str, Any]], base: str, title: str, whose: str) -> list[str]:
+    """A table of each other server's replays against ``base``'s: hit rate in points, times as ratios."""
+    ref = {r["workload"]: r for r in rows if r["peer"] == base}
+    others = [r for r in rows if r["peer"] != base and r["workload"] in ref]
+    if not others:
+        return []
+    lines = ["", f"Against {title} (same workload): hit rate in points, wall time as a ratio.", ""]
+    lines += [
+        f"| server | workload | hit rate − {whose} | wall ÷ {whose} | TTFT median ÷ {whose} |",
+        "|---|---|---|---|---|",
+    ]
+    for r in others:
+        s = ref[r["workload"]]
+        hit = (
+            f"{100 * (r['hit_rate'] - s['hit_rate']):+.1f}"
+            if r["hit_rate"] is not None and s["hit_rate"] is not None
+            else "—"
+        )
+        tt = r["ttft_median_s"] / s["ttft_median_s"] if r["ttft_median_s"] and s["ttft_median_s"] else None
+        lines.append(
+            f"| {r['peer']} | {r['workload']} | {hit} | {r['wall_s'] / s['wall_s']:.2f}× | "
+            f"{f'{tt:.2f}×' if tt else '—'} |"
+        )
     return lines
 
 

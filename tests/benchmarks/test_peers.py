@@ -122,6 +122,8 @@ def test_peers_quick_against_fake_servers(tmp_path):
                 "--quiet",
                 "--max-turns",
                 "3",
+                "--pairs",
+                "good:bad",
             ]
         )
     assert rc == 0
@@ -141,6 +143,11 @@ def test_peers_quick_against_fake_servers(tmp_path):
         assert bf[("bad", mode)]["ok"] == 0 and bf[("good", mode)]["n"] == 4  # 2 cases x 2 sets
     md = (tmp_path / "peers_quick.md").read_text()
     assert "## Fairness" in md and f"good={good}".split("=")[1] in md
+    # --pairs good:bad: a before/after table of good's replays against bad's
+    against = md.split("Against bad (same workload)")[1].split("##")[0]
+    row = next(line for line in against.splitlines() if line.startswith("| good | agent |"))
+    hit_gain = rep[("good", "agent")]["hit_rate"] - rep[("bad", "agent")]["hit_rate"]
+    assert row.split("|")[3].strip() == f"{100 * hit_gain:+.1f}"
     # runs measured apart (e.g. one server per process) merge into one report
     assert (
         run.main(
