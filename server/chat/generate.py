@@ -18,7 +18,7 @@ from server.chat.prepare import Prepared
 from server.engines.base import Engine, GenerationRequest, TokenLogprob
 from server.errors import GenerationError
 from server.metrics import Metrics
-from server.protocol import TokenLogprobOut, TopLogprob
+from server.response_types import TokenLogprobOut, TopLogprob
 
 
 @dataclass

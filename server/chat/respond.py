@@ -1,4 +1,4 @@
-"""OpenAI response objects (``server.protocol`` models) from a prepared request and its outcome.
+"""OpenAI response objects (``server.response_types`` models) from a prepared request and its outcome.
 
 ``complete_response`` builds the whole reply (tool calls parsed from prefill + text);
 ``StreamChunks`` builds the stream: the role chunk, content and tool-call deltas as
@@ -19,7 +19,7 @@ from server.chat.prepare import Prepared
 from server.chat.toolcalls import CallDelta, ContentDelta, Events, ParsedCall, StreamingToolCallParser
 from server.families.envelope import Envelope
 from server.families.render import call_id
-from server.protocol import (
+from server.response_types import (
     AssistantMessage,
     CacheInfo,
     ChatChoice,

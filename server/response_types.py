@@ -1,0 +1,162 @@
+"""Response types: OpenAI Chat Completions / Completions responses and stream chunks, plus our extensions.
+
+Built by server/chat/respond.py (logprob entries by server/chat/generate.py); optional
+fields marked ``exclude_if`` are left out of the JSON when unset, as OpenAI leaves them out.
+Extensions: ``cache`` (``CacheInfo``: cached tokens and why not more) and ``tool_state``
+(``ToolStateInfo``) on a response, ``incomplete_tool_call`` on a choice cut inside a call.
+The request types are in server/protocol.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CacheInfo(BaseModel):
+    """Extension ``cache``: how much of the prompt came from cache, and why not more.
+
+    After ``session_key_source`` come the cache report's fields (``CacheReport.fields()``:
+    ``diverged_at_token``, ``reason``, ``type``, ``missed_tokens``, ``fix``, …), kept as sent.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    cached_tokens: int
+    prompt_tokens: int
+    session_key_source: str
+
+
+class ToolStateInfo(BaseModel):
+    """Extension ``tool_state``: the tool plan this reply was generated under."""
+
+    mode: str
+    allowed: list[str]
+    state: str | None
+
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class IncompleteToolCall(BaseModel):
+    """Extension: the call a reply was cut inside (finish_reason "length"); never executed-looking."""
+
+    name: str  # the tool name as far as it was written (may itself be cut)
+    arguments_so_far: str  # the arguments text as written, unaltered (not valid JSON)
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(TopLogprob):
+    """One generated token in ``choices[].logprobs.content``: the model's raw log-softmax at it."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobOut] | None
+    refusal: list[TokenLogprobOut] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape (``/v1/completions`` with ``logprobs: N``)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str
+    incomplete_tool_call: IncompleteToolCall | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class TextChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None
+
+
+class ToolCallDelta(ToolCallOut):
+    index: int
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)
+    content: str | None = Field(None, exclude_if=lambda v: v is None)
+    tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    incomplete_tool_call: IncompleteToolCall | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class _Response(BaseModel):
+    id: str
+    object: str
+    created: int
+    model: str
+    cache: CacheInfo | None = Field(None, exclude_if=lambda v: v is None)
+    tool_state: ToolStateInfo | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class ChatCompletionResponse(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[TextChoice]
+    usage: Usage
+
+
+class ChatCompletionChunk(_Response):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class CompletionChunk(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[TextChoice]
+    usage: Usage | None = Field(None, exclude_if=lambda v: v is None)
