@@ -3,7 +3,8 @@
 A block is known by its chained key (``kv_tier2.chain_key``) and records its parent key,
 its tokens, its size and, while in tier 1, its payload. Children are indexed by parent
 so a lookup can find the cached block sharing the most tokens with a prompt's next
-tokens. ``PrefixCache`` builds on this; nothing here decides what to keep.
+tokens. ``kv_tiers.TieredIndex`` and ``PrefixCache`` build on this; nothing here decides
+what to keep.
 """
 
 from __future__ import annotations

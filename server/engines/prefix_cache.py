@@ -15,11 +15,11 @@ reusable: the engine inserts, when a request ends, the KV of prompt + generated 
 including the partial last block (``insert(..., tail=True)``). A tail that a later full
 block covers is a duplicate and is dropped.
 
-Eviction under the byte budget: ``policy="lru"`` evicts least recently used first (a hit
-touches its chain tail first, so chains are trimmed from the end); ``policy="session"``
-asks ``kv_retention`` (blocks no waiting session needs first, then sessions by expected
-time to return). With a second tier (``kv_tier2``), evicted blocks move there and come
-back on a hit when restoring is measured to cost less than recomputing.
+Eviction under the byte budget and the second tier are ``kv_tiers``: ``policy="lru"``
+evicts least recently used first; ``policy="session"`` asks ``kv_retention`` (blocks no
+waiting session needs first, then sessions by expected time to return). With a second
+tier (``kv_tier2``), evicted blocks move there and come back on a hit when restoring is
+measured to cost less than recomputing.
 
 The cache stores opaque payloads with a byte size; the engine decides what a block's KV
 is (for transformers: one tensor [layers, 2, kv_heads, tokens, head_dim]). Tier 2 needs
@@ -41,12 +41,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from server.engines.kv_index import Block, BlockIndex
-from server.engines.kv_retention import session_eviction_order
+from server.engines.kv_index import Block
 from server.engines.kv_sessions import CacheCounters, LookupReport, SessionBook, cache_metrics
 from server.engines.kv_tier2 import CostModel, Tier2Store, chain_key
-
-POLICIES = ("lru", "session")
+from server.engines.kv_tiers import TieredIndex
 
 
 @dataclass(frozen=True)
@@ -65,7 +63,7 @@ class MatchResult:
         return sum(self.lengths) if self.lengths else len(self.blocks) * self.block_size
 
 
-class PrefixCache(BlockIndex):
+class PrefixCache(TieredIndex):
     def __init__(
         self,
         block_size: int,
@@ -81,21 +79,12 @@ class PrefixCache(BlockIndex):
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        if policy not in POLICIES:
-            raise ValueError(f"prefix cache policy must be one of {POLICIES}, got {policy!r}")
         self.block_size = block_size
-        self.capacity_bytes = capacity_bytes
         self.enabled = enabled and capacity_bytes > 0
-        self.policy = policy
-        self.tier2 = tier2 if tier2 is not None and tier2.enabled else None
-        self.cost = cost or CostModel()
-        self.clock = clock
-        self.counters = CacheCounters()
-        self.book = SessionBook(max_sessions, session_cap_s, block_size, self.counters)
-        self.sessions = self.book.sessions
-        super().__init__()
+        counters = CacheCounters()
+        self.book = SessionBook(max_sessions, session_cap_s, block_size, counters)
+        super().__init__(capacity_bytes, policy, tier2, cost, clock, counters, self.book.sessions)
         self._lock = threading.RLock()
-        self.evictions = 0
 
     # -- keys -----------------------------------------------------------------
     def root(self, salt: str = "") -> bytes:
@@ -171,36 +160,6 @@ class PrefixCache(BlockIndex):
             )
         return MatchResult(tuple(keys), tuple(payloads), bs, tuple(lengths), tier2_tokens, report)
 
-    def _take(self, h: bytes, protect: list[bytes]) -> tuple[Any, bool]:
-        """The payload of block ``h`` (restored from tier 2 if worth it), and whether it was restored."""
-        blk = self._blocks.get(h)
-        if blk is None:
-            return None, False
-        if blk.tier == 1:
-            return blk.payload, False
-        if self.tier2 is None:
-            return None, False
-        protected = sum(self._blocks[k].nbytes for k in protect if k in self._lru)
-        if protected + blk.nbytes > self.capacity_bytes:
-            return None, False
-        if not self.cost.worth_restoring(blk.nbytes, len(blk.tokens)):
-            self.counters.restores_skipped += 1
-            return None, False
-        t0 = time.perf_counter()
-        payload = self.tier2.get(h, blk.parent, blk.tokens)
-        if payload is None:
-            self.counters.tier2_faults += 1
-            self._forget(h)
-            return None, False
-        self.cost.observe_restore(blk.nbytes, time.perf_counter() - t0)
-        self.counters.blocks_restored += 1
-        self.counters.bytes_from_tier2 += blk.nbytes
-        blk.payload, blk.tier = payload, 1
-        self._lru[h] = None
-        self._bytes += blk.nbytes
-        self._evict_locked(protect=frozenset([*protect, h]))
-        return payload, True
-
     # -- insert ---------------------------------------------------------------
     def insert(
         self,
@@ -265,47 +224,6 @@ class PrefixCache(BlockIndex):
             self._forget(dup)
         return self._link(h, parent, tokens, payload, nbytes)
 
-    def _forget(self, h: bytes) -> None:
-        blk = self._unlink(h)
-        if blk is not None and blk.tier == 2 and self.tier2 is not None:
-            self.tier2.discard(h)
-
-    # -- eviction ---------------------------------------------------------------
-    def _evict_locked(self, protect: frozenset[bytes] = frozenset()) -> None:
-        if self._bytes <= self.capacity_bytes:
-            return
-        if self.policy == "session":
-            order = session_eviction_order(self._lru, list(self._lru), self.sessions, self.clock())
-        else:
-            order = list(self._lru)
-        for h in order:
-            if self._bytes <= self.capacity_bytes:
-                break
-            if h not in protect and h in self._lru:
-                self._demote(h)
-
-    def _demote(self, h: bytes) -> None:
-        """Move a tier-1 block to tier 2, or drop it when there is no tier 2."""
-        blk = self._blocks[h]
-        self.evictions += 1
-        store = self.tier2
-        if store is None or not hasattr(blk.payload, "element_size"):
-            self._forget(h)
-            return
-        self._lru.pop(h)
-        self._bytes -= blk.nbytes
-        payload, blk.payload, blk.tier = blk.payload, None, 2
-        dropped = store.put(h, blk.parent, blk.tokens, payload)
-        if h not in dropped:
-            self.counters.bytes_to_tier2 += blk.nbytes
-        if not store.enabled:  # degraded (unwritable): forget every tier-2 block, go on with one tier
-            self.tier2 = None
-            for k in [k for k, b in self._blocks.items() if b.tier == 2]:
-                self._forget(k)
-            return
-        for k in dropped:
-            self._forget(k)
-
     # -- sessions -----------------------------------------------------------------
     def reply_finished(
         self, session: str, tool_names: Sequence[str] = (), *, if_running: bool = False
@@ -327,18 +245,6 @@ class PrefixCache(BlockIndex):
             return self.book.last(session)
 
     # -- introspection ----------------------------------------------------------
-    @property
-    def tier2_bytes(self) -> int:
-        return self.tier2.used_bytes if self.tier2 is not None else 0
-
-    def tier_names(self, device_type: str) -> tuple[str, ...]:
-        """Where blocks live, tier 1 first (cache-miss reasons name the last as where blocks were lost)."""
-        names = [f"tier 1 ({device_type} memory)"]
-        if self.tier2 is not None:
-            where = getattr(self.tier2, "path", None)
-            names.append(f"tier 2 (disk folder {where})" if where else "tier 2 (host RAM)")
-        return tuple(names)
-
     def stats(self) -> dict[str, float]:
         """Counters and gauges for /metrics (``agentserve_engine_prefix_cache_*``; see kv_sessions)."""
         with self._lock:
