@@ -216,10 +216,10 @@ def make_engine(
 def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     """One request through the engine's own prefill / retain path; (ttft_s, cached, tier2_tokens)."""
     from server.engines.base import GenerationRequest, SamplingParams
-    from server.engines.hf import _Sequence
+    from server.engines.hf_steps import SequenceState
 
     req = GenerationRequest(key, turn.prompt, SamplingParams(len(turn.reply) + 1), None, "", key)
-    seq = _Sequence(req, None, None)  # type: ignore[arg-type]
+    seq = SequenceState(req, None, None)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     with torch.no_grad():
         eng._prefill(seq)

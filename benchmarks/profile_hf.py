@@ -40,7 +40,8 @@ def main() -> None:
     from benchmarks.variants import build_requests
     from server.config import load_settings
     from server.engines.base import GenerationRequest, SamplingParams
-    from server.engines.hf import HFEngine, _Sequence
+    from server.engines.hf import HFEngine
+    from server.engines.hf_steps import SequenceState
     from server.engines.sampling import TokenSampler
 
     def say(msg: str) -> None:
@@ -59,7 +60,7 @@ def main() -> None:
             break
     say(f"engine loaded; prompt {len(ids)} tokens; prefill")
     n = args.tokens
-    seq = _Sequence(
+    seq = SequenceState(
         GenerationRequest("p", ids, SamplingParams(n + 1, temperature=0.0), None, "", "s"), None, None
     )
     seq.sampler = TokenSampler(seq.request.sampling, ids, eng.vocab_size, eng.device, None)

@@ -5,7 +5,8 @@ admits waiting requests (prefill, chunked, reusing the longest cached prefix) an
 then advances every running request by one decode step, round-robin, so a long
 generation never starves a short one and no two requests ever share KV state.
 Tokens go back to each request's asyncio queue; closing the request's iterator
-cancels it at the next step.
+cancels it at the next step. This module loads the model and runs that loop; the
+steps themselves (prefill, decode, finish, retain) are ``hf_steps``.
 """
 
 from __future__ import annotations
@@ -16,21 +17,19 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from server.config import EngineSettings
-from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
-from server.engines.kv_blocks import BlockCutter, cache_from_settings, cached_kv
-from server.engines.kv_growing import growing_cache
+from server.engines.base import EngineStats, GenerationChunk, GenerationRequest
+from server.engines.hf_steps import SequenceState, SequenceSteps
+from server.engines.kv_blocks import cache_from_settings
 from server.engines.kv_sessions import LookupReport
 from server.engines.sampling import TokenSampler
 from server.masking.bitmask import MaskApplier, model_eos_ids
 from server.masking.builder import ConstraintBuilder
-from server.masking.interface import TokenConstraint
 from server.model_store import resolve_model
 
 log = logging.getLogger(__name__)
@@ -40,23 +39,6 @@ log = logging.getLogger(__name__)
 # 16384 on an H100), so the default there is larger; settings.prefill_chunk_tokens overrides.
 PREFILL_CHUNK = 1024
 PREFILL_CHUNK_CUDA = 16384
-
-
-@dataclass
-class _Sequence:
-    request: GenerationRequest
-    loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue[GenerationChunk]
-    cancelled: bool = False
-    kv: DynamicCache | None = None
-    next_logits: torch.Tensor | None = None  # logits for the next token, [V]
-    cached_tokens: int = 0
-    generated: list[int] = field(default_factory=list)
-    sampler: TokenSampler | None = None  # built at admission (bias, penalty state, seeded generator)
-    constraint: TokenConstraint | None = None  # built from request.tool_spec by the engine
-
-    def emit(self, chunk: GenerationChunk) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
 
 
 def _device_and_dtype(settings: EngineSettings) -> tuple[torch.device, torch.dtype]:
@@ -69,7 +51,7 @@ def _device_and_dtype(settings: EngineSettings) -> tuple[torch.device, torch.dty
     return device, getattr(torch, settings.dtype)
 
 
-class HFEngine:
+class HFEngine(SequenceSteps):
     name = "hf"
 
     def __init__(self, settings: EngineSettings, model: Any = None, tokenizer: Any = None) -> None:
@@ -107,8 +89,8 @@ class HFEngine:
         self.cache = cache_from_settings(pc, self.device.type)
         # cached_tokens is token-granular (tails, the reply's KV), not a multiple of pc.block_size
         self.block_size = 1
-        self._inbox: queue.SimpleQueue[_Sequence] = queue.SimpleQueue()
-        self._running: list[_Sequence] = []
+        self._inbox: queue.SimpleQueue[SequenceState] = queue.SimpleQueue()
+        self._running: list[SequenceState] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -143,7 +125,7 @@ class HFEngine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._thread is None:
             await self.start()
-        seq = _Sequence(request, asyncio.get_running_loop(), asyncio.Queue())
+        seq = SequenceState(request, asyncio.get_running_loop(), asyncio.Queue())
         if request.tool_spec is not None:  # cheap: the service built it once at prepare time (caches warm)
             seq.constraint = self.constraints.build(request.tool_spec)
         generator = None
@@ -174,7 +156,7 @@ class HFEngine:
         """
         from server.engines.base import SamplingParams
 
-        seq = _Sequence(
+        seq = SequenceState(
             GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt, session_key),
             None,  # type: ignore[arg-type]  # a probe emits nothing: no loop
             None,  # type: ignore[arg-type]  # and no queue
@@ -207,7 +189,7 @@ class HFEngine:
                 self._wake.wait(0.5)
                 self._wake.clear()
 
-    def _run_guarded(self, seq: _Sequence, step: Callable[[_Sequence], None]) -> None:
+    def _run_guarded(self, seq: SequenceState, step: Callable[[SequenceState], None]) -> None:
         try:
             if seq.cancelled:
                 self._retain(seq)
@@ -221,97 +203,6 @@ class HFEngine:
                 GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}")
             )
 
-    def _prefill(self, seq: _Sequence) -> None:
-        ids = seq.request.prompt_ids
-        salt = seq.request.cache_salt
-        session = seq.request.session_key
-        # always leave at least one token to compute: a cache covering the whole input gives no logits
-        match = self.cache.match(ids, salt, max_tokens=len(ids) - 1, session=session)
-        n_cached = match.cached_tokens
-        self._stats.prefix_queries_tokens += len(ids)
-        self._stats.prefix_hits_tokens += n_cached
-        kv = growing_cache(self.model.config)  # appends in place: no whole-KV copy per step
-        stacked = cached_kv(match, self.device)
-        t0 = time.perf_counter()
-        if stacked is not None:
-            for layer in range(stacked.shape[0]):
-                kv.update(stacked[layer, 0].unsqueeze(0), stacked[layer, 1].unsqueeze(0), layer)
-        logits = None
-        for start in range(n_cached, len(ids), self.prefill_chunk):
-            if seq.cancelled:
-                return
-            chunk = torch.tensor([ids[start : start + self.prefill_chunk]], device=self.device)
-            out = self.model(input_ids=chunk, past_key_values=kv, use_cache=True, logits_to_keep=1)
-            logits = out.logits[0, -1]
-        assert logits is not None
-        if self.cache.tier2 is not None:  # the cost model weighs restoring against this, measured
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.cache.cost.observe_prefill(len(ids) - n_cached, time.perf_counter() - t0)
-        self.cache.insert(ids, salt, BlockCutter(kv, self.cache.block_size), session=session)
-        seq.kv = kv
-        seq.next_logits = logits
-        seq.cached_tokens = n_cached
-
-    def _decode_step(self, seq: _Sequence) -> None:
-        req = seq.request
-        raw = seq.next_logits
-        sampler = seq.sampler
-        assert raw is not None and seq.kv is not None and sampler is not None
-        constraint = seq.constraint
-        logits = raw
-        if sampler.processes or constraint is not None:
-            logits = raw.float().unsqueeze(0).clone()  # [1, V]: bias, penalties, then the mask
-            sampler.process(logits)
-            if constraint is not None:
-                logits = self._masks.apply(logits, [constraint])
-                if not torch.isfinite(logits).any():
-                    self._finish(seq, "error", "the tool-call constraint allows no token at this point")
-                    return
-            logits = logits[0]
-        token = sampler.sample(logits)
-        self.tokens_generated += 1
-        if constraint is not None and not constraint.accept_token(token):
-            self._finish(seq, "error", constraint.error or f"token {token} rejected by the constraint")
-            return
-        stop_ids = set(self.eos_token_ids) | set(req.sampling.stop_token_ids)
-        if token in stop_ids:
-            self._finish(seq, "stop")
-            return
-        sampler.observe(token)
-        seq.generated.append(token)
-        lp = sampler.logprob(raw, token)
-        logprobs = [lp] if lp is not None else None
-        total = len(req.prompt_ids) + len(seq.generated)
-        if constraint is not None and constraint.is_terminated():
-            self._finish(seq, "stop", tokens=[token], logprobs=logprobs)
-            return
-        if len(seq.generated) >= req.sampling.max_tokens or total >= self.max_model_len:
-            self._finish(seq, "length", tokens=[token], logprobs=logprobs)
-            return
-        seq.emit(GenerationChunk([token], seq.cached_tokens, logprobs=logprobs))
-        out = self.model(
-            input_ids=torch.tensor([[token]], device=self.device), past_key_values=seq.kv, use_cache=True
-        )
-        seq.next_logits = out.logits[0, -1]
-
-    def _retain(self, seq: _Sequence) -> None:
-        """Cache the KV of prompt + generated tokens, tail included: the next turn starts with them."""
-        if seq.kv is None:
-            return
-        req = seq.request
-        n = seq.kv.get_seq_length()
-        ids = (req.prompt_ids + seq.generated)[:n]
-        self.cache.insert(
-            ids,
-            req.cache_salt,
-            BlockCutter(seq.kv, self.cache.block_size, n),
-            tail=True,
-            session=req.session_key,
-        )
-        # a person by default (a client of the engine alone); the service's word, if it came first, stands
-        self.cache.reply_finished(req.session_key, if_running=True)
-
     def reply_finished(self, session_key: str, tool_names: list[str] | tuple[str, ...] = ()) -> None:
         """The service says what the session's reply ended with: tool calls (named) or text."""
         self.cache.reply_finished(session_key, tuple(tool_names))
@@ -324,17 +215,3 @@ class HFEngine:
     def lookup_report(self, session_key: str) -> LookupReport | None:
         """The prefix-cache lookup of the session's latest request (for cache-miss reasons)."""
         return self.cache.last_lookup(session_key)
-
-    def _finish(
-        self,
-        seq: _Sequence,
-        reason: str,
-        error: str | None = None,
-        tokens: list[int] | None = None,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> None:
-        seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error, logprobs))
-        if reason != "error":
-            self._retain(seq)
-        seq.kv = None
-        seq.next_logits = None
