@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from server.cache_diag import CacheReport
+from server.chat.detokenize import ReplyText
 from server.chat.prepare import Prepared
 from server.engines.base import Engine, GenerationRequest, TokenLogprob
 from server.errors import GenerationError
@@ -84,8 +85,7 @@ async def generate_text(
     ``on_first_token(p, out, seconds)`` is called once, when the prefill is done (the cache report).
     """
     start = time.perf_counter()
-    tok = engine.tokenizer
-    ids: list[int] = []
+    reply = ReplyText(engine.tokenizer)  # decodes a window per token, not the whole reply
     emitted = 0
     hold = max((len(s) for s in p.stops), default=1) - 1
     fmt = LogprobText(engine) if p.sampling.logprobs is not None else None
@@ -106,12 +106,11 @@ async def generate_text(
                     on_first_token(p, out, out.first_token_at - start)
             if chunk.error:
                 raise GenerationError(chunk.error)
-            ids.extend(chunk.token_ids)
-            text = tok.decode(ids, skip_special_tokens=False)
+            text, complete = reply.push(chunk.token_ids)
             if fmt is not None and out.logprobs is not None:
                 out.logprobs.extend(fmt.entry(lp) for lp in chunk.logprobs or ())
                 out.token_ends.extend([len(text)] * len(chunk.token_ids))
-            if text.endswith("\ufffd") and chunk.finish_reason is None:
+            if not complete and chunk.finish_reason is None:
                 continue  # an incomplete UTF-8 sequence: wait for the next token
             cut = first_stop(text, p.stops)
             if cut is not None:
@@ -132,7 +131,7 @@ async def generate_text(
     finally:
         await gen.aclose()  # type: ignore[attr-defined]
         metrics.running.dec()
-        out.completion_tokens = len(ids)
+        out.completion_tokens = len(reply.ids)
         metrics.e2e.observe(time.perf_counter() - start)
 
 
