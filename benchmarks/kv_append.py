@@ -36,7 +36,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from server.engines.kv_growing import growing_cache
+    from server.engines.kv_growing import growing_cache, restore
     from server.model_store import resolve_model
 
     torch.set_num_threads(args.threads)
@@ -58,8 +58,7 @@ def main() -> None:
         for name, make in arms.items():
             t0 = time.perf_counter()
             kv = make()
-            for layer in range(stacked.shape[0]):
-                kv.update(stacked[layer, 0].unsqueeze(0), stacked[layer, 1].unsqueeze(0), layer)
+            restore(kv, stacked)  # as the engine does (DynamicCache: update per layer)
             out = model(input_ids=ids[:, args.cached :], past_key_values=kv, use_cache=True, logits_to_keep=1)
             token = out.logits[0, -1].argmax().view(1, 1)
             t1 = time.perf_counter()

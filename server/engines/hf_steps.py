@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
 from server.engines.kv_blocks import BlockCutter, cached_kv
-from server.engines.kv_growing import growing_cache
+from server.engines.kv_growing import growing_cache, restore
 from server.engines.prefix_cache import PrefixCache
 from server.engines.sampling import TokenSampler
 from server.masking.bitmask import MaskApplier
@@ -74,8 +74,7 @@ class SequenceSteps:
         stacked = cached_kv(match, self.device)
         t0 = time.perf_counter()
         if stacked is not None:
-            for layer in range(stacked.shape[0]):
-                kv.update(stacked[layer, 0].unsqueeze(0), stacked[layer, 1].unsqueeze(0), layer)
+            restore(kv, stacked)
         logits = None
         for start in range(n_cached, len(ids), self.prefill_chunk):
             if seq.cancelled:

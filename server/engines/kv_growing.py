@@ -41,9 +41,8 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
             v[:, :, : self._n].copy_(self._v[:, :, : self._n])
         self._k, self._v = k, v
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Write new keys/values after the filled part (growing the buffer when full)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n, add = self._n, key_states.shape[-2]
@@ -54,6 +53,16 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self._v[:, :, n : n + add].copy_(value_states)
         self._n = n + add
         self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.append(key_states, value_states)
+        assert self.keys is not None and self.values is not None
+        if key_states.shape[-2] > 1:
+            # a prefill chunk: attention of many queries over strided K/V views takes a slower SDPA
+            # path on CPU (measured: TTFT 1.25x at 3k cached + 200 new); one contiguous copy is cheaper
+            return self.keys.contiguous(), self.values.contiguous()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -68,6 +77,16 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         super().crop(tokens_to_remove)
         if self.is_initialized and self.keys is not None:
             self._n = self.keys.shape[-2]
+
+
+def restore(kv: DynamicCache, stacked: torch.Tensor) -> None:
+    """Fill an empty cache with a prefix-cache match's KV, [layers, 2, kv_heads, tokens, head_dim]."""
+    for i, layer in enumerate(kv.layers[: stacked.shape[0]]):
+        keys, values = stacked[i, 0].unsqueeze(0), stacked[i, 1].unsqueeze(0)
+        if isinstance(layer, GrowingLayer):
+            layer.append(keys, values)  # no attention follows: no contiguous copy to return
+        else:
+            kv.update(keys, values, i)
 
 
 def growing_cache(config: Any) -> DynamicCache:

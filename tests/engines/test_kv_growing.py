@@ -84,3 +84,23 @@ def test_crop_then_append_overwrites_the_cropped_tokens(tiny_model):
         got = tiny_model(input_ids=more, past_key_values=kv, use_cache=True).logits
         ref = tiny_model(input_ids=more, past_key_values=ref_kv, use_cache=True).logits
     torch.testing.assert_close(got, ref)
+
+
+def test_restore_then_prefill_and_decode_match_dynamic_cache(tiny_model):
+    """The engine's path: a prefix-cache match's stacked KV restored, the rest prefilled, then decoded."""
+    from transformers import DynamicCache
+
+    from server.engines.kv_growing import restore
+
+    prompt = torch.randint(0, 512, (1, 120), generator=torch.Generator().manual_seed(4))
+    warm = DynamicCache(config=tiny_model.config)
+    _run(tiny_model, warm, prompt[:, :100], 1, 0)
+    stacked = torch.stack([torch.stack((lay.keys[0], lay.values[0])) for lay in warm.layers])
+    ref_kv, kv = DynamicCache(config=tiny_model.config), growing_cache(tiny_model.config)
+    restore(ref_kv, stacked)
+    restore(kv, stacked)
+    assert kv.get_seq_length() == ref_kv.get_seq_length() == 100
+    ref = _run(tiny_model, ref_kv, prompt[:, 100:], 2, 10)
+    got = _run(tiny_model, kv, prompt[:, 100:], 2, 10)
+    for a, b in zip(ref, got, strict=True):
+        torch.testing.assert_close(a, b)
