@@ -148,6 +148,7 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
             "chunks_sent": 0,
             "tenant": request.headers.get("x-agentserve-tenant"),
             "router_token": request.headers.get("x-agentserve-router-token"),
+            "peer": request.client.port if request.client else None,  # which upstream connection
         }
         eng.log.append(record)
         deadline = time.perf_counter() + cfg["delay_s"]

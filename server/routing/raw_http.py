@@ -37,6 +37,7 @@ class _Conn(asyncio.Protocol):
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.headers_done = self.complete = self.closed = self.got_bytes = self.paused = False
+        self.keep_alive = False
         self.error: Exception | None = None
         self.idle_since = 0.0
 
@@ -80,6 +81,9 @@ class _Conn(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        # asked here: once the message is complete llhttp resets its flags, and
+        # should_keep_alive() says False for every response (no connection was ever reused)
+        self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
 
     # helpers
@@ -110,7 +114,7 @@ class _Conn(asyncio.Protocol):
         self.headers = []
         self.chunks.clear()
         self.buffered = 0
-        self.headers_done = self.complete = self.got_bytes = False
+        self.headers_done = self.complete = self.got_bytes = self.keep_alive = False
 
 
 class RawResponse:
@@ -142,7 +146,7 @@ class RawResponse:
             return
         self._released = True
         c = self._conn
-        if c.complete and not c.closed and not c.chunks and c.parser.should_keep_alive():
+        if c.complete and c.keep_alive and not c.closed and not c.chunks:
             c.reset()
             c.idle_since = time.monotonic()
             self._up.idle.setdefault(self._key, []).append(c)

@@ -72,6 +72,18 @@ def test_worker_4xx_passed_through_unchanged(workers, make_router):
     assert "x-agentserve-worker" in via.headers
 
 
+@pytest.mark.parametrize("upstream", ["raw", "aiohttp", "httpx"])
+def test_sequential_requests_reuse_one_upstream_connection(workers, make_router, upstream):
+    """Keep-alive to the worker: one connection for a run of sequential requests (JSON and SSE),
+    not a new TCP connection per request."""
+    r = make_router([workers[0].url], upstream=upstream)
+    for i in range(6):
+        resp = post(r, chat("s", stream=bool(i % 2)))
+        assert resp.status_code == 200
+    peers = [rec["peer"] for rec in workers[0].log()]
+    assert len(peers) == 6 and len(set(peers)) == 1, peers
+
+
 def test_every_turn_of_a_session_lands_on_one_worker(workers, make_router):
     r = make_router([f"{w.id}={w.url}" for w in workers])
     seen: dict[str, set[str]] = {}
