@@ -9,6 +9,9 @@ The policies are the router's own classes (server/routing); everything else is s
   cuts the least recently used entry from its tail (a block cache frees a chain's last blocks
   first), so a partly evicted context still serves its head; before 2026-11-23 the whole entry
   went, which overstated eviction losses a little (aff: 1.96% -> 1.91% of ideal).
+- Tier 2 (``--tier2-tokens``, default 0 = none, as ``prefix_cache.tier2.memory_mb`` is 0 by
+  default): what tier 1 evicts goes to host RAM (LRU, cut from the tail as well); a hit there
+  counts as cached and costs a restore (``RESTORE_TOK_S``) instead of a prefill.
 - Agents: ``--agents`` (50) types, each with its own 2-8k-token system+tools prefix;
   popularity is Zipf(1.0) (a few agents are most of the traffic).
 - Sessions: ``--sessions`` (10,000), Poisson arrivals at ``--rate`` per second; turns per
@@ -34,6 +37,7 @@ between two consecutive turns (and moves per 1,000 turns; a failure forces a few
 Usage:
   python benchmarks/fleet_sim.py                  # all policies, results/fleet_sim.{md,json,png}
   python benchmarks/fleet_sim.py --sessions 2000  # quicker
+  python benchmarks/fleet_sim.py --tier2-tokens 2000000 --only affinity,round_robin --out /tmp/t2
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ from server.routing.round_robin import RoundRobinPolicy  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PREFILL_TOK_S, BASE_S, TPOT_S = 15_000.0, 0.05, 0.015
+# tier 2 -> GPU: 8B fp8 KV is 64 KiB/token; ~13 GB/s of PCIe = ~200k tokens/s restored
+RESTORE_TOK_S = 200_000.0
 
 
 @dataclass
@@ -82,34 +88,58 @@ class Worker:
     id: str
     healthy: bool = True
     in_flight: int = 0
-    cache: OrderedDict = field(default_factory=OrderedDict)
+    cache: OrderedDict = field(default_factory=OrderedDict)  # tier 1 (GPU): key -> head tokens
     size: int = 0
+    tier2: OrderedDict = field(default_factory=OrderedDict)  # host RAM: key -> the tokens after the head
+    size2: int = 0
     running: set = field(default_factory=set)
     joined_at: float = float("-inf")
 
-    def lookup(self, agent: int, prefix_len: int, session: int, own: int) -> int:
-        have = self.cache.get(("p", agent), 0)
-        if have < prefix_len:
-            return have  # a chained block cache keeps the head of a chain: the prefix's first blocks
-        return prefix_len + min(own, self.cache.get(("s", session), 0))
+    def _have(self, key: tuple) -> tuple[int, int]:
+        """(tokens of an entry in tier 1, tokens after them in tier 2): the head and its tail."""
+        return self.cache.get(key, 0), self.tier2.get(key, 0)
 
-    def store(self, agent: int, prefix_len: int, session: int, own_tokens: int, capacity: int) -> None:
+    def lookup(self, agent: int, prefix_len: int, session: int, own: int) -> tuple[int, int]:
+        """(cached tokens, of which restored from tier 2) for a prompt of prefix + ``own`` tokens."""
+        p1, p2 = self._have(("p", agent))
+        if p1 + p2 < prefix_len:
+            return p1 + p2, p2  # a chained block cache keeps the head of a chain: the prefix's first blocks
+        s1, s2 = self._have(("s", session))
+        own_cached = min(own, s1 + s2)
+        return prefix_len + own_cached, max(0, prefix_len - p1) + max(0, own_cached - s1)
+
+    def store(
+        self, agent: int, prefix_len: int, session: int, own_tokens: int, capacity: int, capacity2: int = 0
+    ) -> None:
         for key, size in ((("s", session), own_tokens), (("p", agent), prefix_len)):  # the prefix ends MRU
             self.size += size - self.cache.pop(key, 0)
+            self.size2 -= self.tier2.pop(key, 0)  # all of it is in tier 1 now
             self.cache[key] = size
         while self.size > capacity and self.cache:
             # cut the least recently used entry from its tail (a block cache frees a chain's last
-            # blocks first and keeps its head), dropping it only when nothing is left
+            # blocks first and keeps its head), dropping it only when nothing is left; with a
+            # tier 2 the cut blocks go there (in front of what it already holds of that entry)
             key = next(iter(self.cache))
             cut = min(self.cache[key], self.size - capacity)
             self.cache[key] -= cut
             self.size -= cut
             if self.cache[key] == 0:
                 del self.cache[key]
+            if capacity2 > 0:
+                self.tier2[key] = self.tier2.pop(key, 0) + cut
+                self.size2 += cut
+        while self.size2 > capacity2 and self.tier2:  # tier 2 is LRU too, cut from the tail
+            key = next(iter(self.tier2))
+            cut = min(self.tier2[key], self.size2 - capacity2)
+            self.tier2[key] -= cut
+            self.size2 -= cut
+            if self.tier2[key] == 0:
+                del self.tier2[key]
 
     def wipe(self) -> None:
         self.cache.clear()
-        self.size = 0
+        self.tier2.clear()
+        self.size = self.size2 = 0
 
 
 @dataclass
@@ -135,7 +165,14 @@ def make_workload(sessions: int, agents: int, rate: float, seed: int) -> Workloa
 
 
 def simulate(
-    policy, wl: Workload, n_workers: int, capacity: int, fail: int, join: int, slow_start_s: float
+    policy,
+    wl: Workload,
+    n_workers: int,
+    capacity: int,
+    fail: int,
+    join: int,
+    slow_start_s: float,
+    capacity2: int = 0,
 ) -> dict:
     rng = random.Random(wl.seed + 1)  # same pauses and token counts for every policy
     workers = [Worker(f"w{i}") for i in range(n_workers)]
@@ -198,7 +235,7 @@ def simulate(
             s.moved = True
             st["moves"] += 1
         s.last_worker = sel.worker
-        cached = w.lookup(s.agent, plen, s.id, s.covered)
+        cached, restored = w.lookup(s.agent, plen, s.id, s.covered)
         ideal = (plen if s.agent in seen_agents else 0) + s.covered
         seen_agents.add(s.agent)
         st["prompt"] += plen + s.own
@@ -212,7 +249,7 @@ def simulate(
         s.token += 1
         w.in_flight += 1
         w.running.add(s.id)
-        duration = BASE_S + (plen + s.own - cached) / PREFILL_TOK_S + out * TPOT_S
+        duration = BASE_S + (plen + s.own - cached) / PREFILL_TOK_S + restored / RESTORE_TOK_S + out * TPOT_S
         push(now + duration, "done", s.id * 1_000_000 + s.token)
 
     while events:
@@ -226,7 +263,7 @@ def simulate(
             w = workers[s.last_worker]
             w.in_flight -= 1
             w.running.discard(s.id)
-            w.store(s.agent, wl.prefix_len[s.agent], s.id, s.own + s.out, capacity)
+            w.store(s.agent, wl.prefix_len[s.agent], s.id, s.own + s.out, capacity, capacity2)
             st["turns"] += 1
             s.covered = s.own + s.out
             s.own += s.out + s.tool
@@ -307,16 +344,17 @@ def policies(
 
 
 def write(results: dict, args: argparse.Namespace, took: float) -> str:
+    tier2 = f" + a host-RAM tier 2 of {args.tier2_tokens:,} tokens" if args.tier2_tokens else ""
     lines = [
         "# Fleet simulation: session placement policies",
         "",
         f"`python benchmarks/fleet_sim.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
         "",
-        f"{args.workers} workers (LRU prefix cache of {args.cache_tokens:,} tokens each), {args.sessions:,} "
-        f"sessions of {args.agents} agent types (2-8k-token prefixes, Zipf popularity), Poisson arrivals at "
-        f"{args.rate}/s; {args.fail} workers fail at 30% of the window, {args.join} join at 50%, the failed "
-        f"come back empty at 70%; slow start {args.slow_start:.0f} s. Bounded load: load_floor={args.floor}, "
-        "load_epsilon as named per row. "
+        f"{args.workers} workers (LRU prefix cache of {args.cache_tokens:,} tokens each{tier2}), "
+        f"{args.sessions:,} sessions of {args.agents} agent types (2-8k-token prefixes, Zipf popularity), "
+        f"Poisson arrivals at {args.rate}/s; {args.fail} workers fail at 30% of the window, "
+        f"{args.join} join at 50%, the failed come back empty at 70%; slow start {args.slow_start:.0f} s. "
+        f"Bounded load: load_floor={args.floor}, load_epsilon as named per row. "
         f"Simulated, not measured on GPUs: see the header of benchmarks/fleet_sim.py. Run time {took:.0f} s.",
         "",
         "| policy | **hit rate of ideal** | cached / prompt | **max/mean in-flight**, per 1-s sample: mean "
@@ -373,6 +411,13 @@ def main() -> None:
     p.add_argument("--agents", type=int, default=50)
     p.add_argument("--rate", type=float, default=40.0, help="new sessions per second")
     p.add_argument("--cache-tokens", type=int, default=1_000_000)
+    p.add_argument(
+        "--tier2-tokens",
+        type=int,
+        default=0,
+        help="per worker, a host-RAM tier 2 of this many tokens (prefix_cache.tier2; 0 = none, the default)",
+    )
+    p.add_argument("--only", help="run only the policies whose row name contains one of these (comma list)")
     p.add_argument("--fail", type=int, default=4)
     p.add_argument("--join", type=int, default=4)
     p.add_argument("--slow-start", type=float, default=600.0, help="routing.slow_start_s (0 = off)")
@@ -391,10 +436,20 @@ def main() -> None:
     wl = make_workload(args.sessions, args.agents, args.rate, args.seed)
     t0 = time.time()
     results = {}
+    only = [w for w in (args.only or "").split(",") if w]
     for name, policy in policies(args.eps, args.eps_new, args.old_eps, args.strict_eps, args.floor, spreads):
+        if only and not any(w in name for w in only):
+            continue
         t1 = time.time()
         results[name] = simulate(
-            policy, wl, args.workers, args.cache_tokens, args.fail, args.join, args.slow_start
+            policy,
+            wl,
+            args.workers,
+            args.cache_tokens,
+            args.fail,
+            args.join,
+            args.slow_start,
+            args.tier2_tokens,
         )
         print(
             f"{name}: {results[name]['hit_rate_of_ideal']:.2%} of ideal, max/mean "

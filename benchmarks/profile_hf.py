@@ -64,6 +64,7 @@ def main() -> None:
         GenerationRequest("p", ids, SamplingParams(n + 1, temperature=0.0), None, "", "s"), None, None
     )
     seq.sampler = TokenSampler(seq.request.sampling, ids, eng.vocab_size, eng.device, None)
+    seq.stop_ids = frozenset(eng.eos_token_ids)
     out: list[int] = []
     seq.emit = lambda chunk: out.extend(chunk.token_ids)  # type: ignore[method-assign]
     eng._prefill(seq)

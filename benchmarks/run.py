@@ -145,6 +145,18 @@ def parser() -> argparse.ArgumentParser:
         help="peers: extra AFTER:BEFORE tables of replays, comma list of server names "
         "(e.g. agentserve-hf:agentserve-hf-before, the latter a --url of the old build)",
     )
+    pe.add_argument(
+        "--alternate",
+        action="store_true",
+        help="peers: start all servers together and send each turn to every server in turn "
+        "(rotating order): times compared under the same machine conditions",
+    )
+    pe.add_argument(
+        "--alternate-pause",
+        type=float,
+        default=0.3,
+        help="peers --alternate: idle seconds before each request (the last server's threads stop spinning)",
+    )
     pe.add_argument("--merge", help="peers: one report from these results JSON files (comma list)")
     pe.add_argument("--no-swe", action="store_true", help="peers: leave out the SWE-agent replays")
     pe.add_argument("--bfcl-sets", default="simple,live_simple", help="peers: BFCL sets (comma list)")

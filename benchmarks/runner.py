@@ -105,6 +105,22 @@ def _error_message(text: str) -> str | None:
     return (err.get("message") if isinstance(err, dict) else str(err))[:300] if err else None
 
 
+def request_body(
+    job: Job, spec: RequestSpec, model: str, max_tokens: int, extra_body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The streamed, greedy request of one turn of a job (usage included, the job's session key)."""
+    return {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "prompt_cache_key": job.key,
+        **(extra_body or {}),
+        **spec.body,
+    }
+
+
 async def run_jobs(
     url: str,
     jobs: list[Job],
@@ -140,16 +156,7 @@ async def run_jobs(
                 for spec in job.requests:
                     if turns is not None and spec.turn not in turns:
                         continue
-                    body = {
-                        "model": model,
-                        "stream": True,
-                        "stream_options": {"include_usage": True},
-                        "max_tokens": max_tokens,
-                        "temperature": 0,
-                        "prompt_cache_key": job.key,
-                        **(extra_body or {}),
-                        **spec.body,
-                    }
+                    body = request_body(job, spec, model, max_tokens, extra_body)
                     rec = await timed_request(client, url, body)
                     rec.update(
                         label=job.label, session=job.session.session_id, turn=spec.turn, t_end=time.time()

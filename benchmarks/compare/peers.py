@@ -17,11 +17,13 @@ Results: ``<name>.json`` (meta, summary, raw records), ``<name>.md``, ``<name>.p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +96,7 @@ def _replays(
     return records
 
 
-def _warm_up(url: str, model: str, sessions: dict[str, list[Session]], args: argparse.Namespace) -> None:
+def warm_up(url: str, model: str, sessions: dict[str, list[Session]], args: argparse.Namespace) -> None:
     """One turn of a session tagged apart from the measured ones (loads kernels; the system prompt +
     tools block it caches is the same for every server)."""
     s = (sessions["agent"] or sessions["swe"])[0]
@@ -170,61 +172,114 @@ def run(args: argparse.Namespace) -> None:
     sessions = _workload_sessions(args)
     cases = [c for s in args.bfcl_sets.split(",") if s for c in bfcl.load_cases(s, args.bfcl_cases)]
     modes = [m for m in args.bfcl_modes.split(",") if m]
+    if args.alternate:
+        from benchmarks.compare.peers_alternate import run_side_by_side
+
+        servers, replay_recs, bfcl_recs = run_side_by_side(args, peers, sessions, cases, modes, notes)
+    else:
+        servers, replay_recs, bfcl_recs = _run_one_by_one(args, peers, sessions, cases, modes, notes)
+    _write(args, servers, replay_recs, bfcl_recs, notes, sessions)
+
+
+def start_peer(stack: contextlib.ExitStack, peer: Peer, args: argparse.Namespace) -> Served:
+    """Start ``peer`` on ``stack`` (stopped when it closes); ``url`` empty when it failed."""
+    load_before = _load()
+    t0 = time.perf_counter()
+    try:
+        url = stack.enter_context(running(peer))
+    except RuntimeError as exc:
+        _say(f"{peer.name}: FAILED: {exc}")
+        return Served(peer, "", "", False, {"error": str(exc)[:300]}, 0.0, load_before)
+    started = time.perf_counter() - t0
+    info = _info(url)
+    model = args.served_model or info["model"]
+    mask = not peer.stock and _mask_supported(url, model)
+    _say(f"{peer.name}: up in {started:.0f} s ({info.get('engine') or 'engine ?'})")
+    return Served(peer, url, model, mask, info, started, load_before)
+
+
+@dataclass
+class Served:
+    """A started server: where, which model, whether it takes allowed_tools, and how it started."""
+
+    peer: Peer
+    url: str
+    model: str
+    mask: bool
+    info: dict[str, Any]
+    start_s: float
+    load_before: str
+
+    @property
+    def failed(self) -> bool:
+        return not self.url
+
+    def entry(self, measured_s: float) -> dict[str, Any]:
+        """The report's description of this server."""
+        return {
+            "name": self.peer.name,
+            "note": self.peer.note,
+            "command": self.peer.shown(),
+            "model": self.model,
+            "engine": self.info.get("engine"),
+            "max_model_len": self.info.get("max_model_len"),
+            "allowed_tools": self.mask,
+            "start_s": round(self.start_s, 1),
+            "measured_s": round(measured_s, 1),
+            "load_before": self.load_before,
+            "load_after": _load(),
+        }
+
+
+def run_bfcl(
+    srv: Served, cases: list[Any], modes: list[str], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    if not (cases and modes):
+        return []
+    _say(f"{srv.peer.name}: BFCL {len(cases)} cases x {modes}")
+    return bfcl.run_bfcl(
+        srv.url,
+        srv.model,
+        cases,
+        modes,
+        max_tokens=args.bfcl_max_tokens,
+        allowed_tools=srv.mask,
+        label=srv.peer.name,
+        progress=not args.quiet,
+    )
+
+
+def _run_one_by_one(
+    args: argparse.Namespace,
+    peers: list[Peer],
+    sessions: dict[str, list[Session]],
+    cases: list[Any],
+    modes: list[str],
+    notes: list[str],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each server alone: start, warm up (excluded), every workload, BFCL, stop."""
     replay_recs: list[dict[str, Any]] = []
     bfcl_recs: list[dict[str, Any]] = []
     servers: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     for i, peer in enumerate(peers, 1):
-        load_before = _load()
-        _say(f"server {i}/{len(peers)}: {peer.name}: starting (load {load_before})")
-        t0 = time.perf_counter()
-        try:
-            with running(peer) as url:
-                started = time.perf_counter() - t0
-                info = _info(url)
-                model = args.served_model or info["model"]
-                mask = not peer.stock and _mask_supported(url, model)
-                _say(f"{peer.name}: up in {started:.0f} s ({info.get('engine') or 'engine ?'}); warm-up")
-                _warm_up(url, model, sessions, args)
-                t1 = time.perf_counter()
-                replay_recs += _replays(peer, url, model, sessions, args, mask)
-                if cases and modes:
-                    _say(f"{peer.name}: BFCL {len(cases)} cases x {modes}")
-                    bfcl_recs += bfcl.run_bfcl(
-                        url,
-                        model,
-                        cases,
-                        modes,
-                        max_tokens=args.bfcl_max_tokens,
-                        allowed_tools=mask,
-                        label=peer.name,
-                        progress=not args.quiet,
-                    )
-                measured = time.perf_counter() - t1
-        except RuntimeError as exc:
-            _say(f"{peer.name}: FAILED: {exc}")
-            notes.append(f"{peer.name}: failed: {str(exc)[:300]}")
-            continue
-        servers.append(
-            {
-                "name": peer.name,
-                "note": peer.note,
-                "command": peer.shown(),
-                "model": model,
-                "engine": info.get("engine"),
-                "max_model_len": info.get("max_model_len"),
-                "allowed_tools": mask,
-                "start_s": round(started, 1),
-                "measured_s": round(measured, 1),
-                "load_before": load_before,
-                "load_after": _load(),
-            }
-        )
+        _say(f"server {i}/{len(peers)}: {peer.name}: starting (load {_load()})")
+        with contextlib.ExitStack() as stack:
+            srv = start_peer(stack, peer, args)
+            if srv.failed:
+                notes.append(f"{peer.name}: failed: {srv.info['error']}")
+                continue
+            warm_up(srv.url, srv.model, sessions, args)
+            t1 = time.perf_counter()
+            replay_recs += _replays(peer, srv.url, srv.model, sessions, args, srv.mask)
+            bfcl_recs += run_bfcl(srv, cases, modes, args)
+            measured = time.perf_counter() - t1
+        servers.append(srv.entry(measured))
         _say(f"{peer.name}: done in {measured:.0f} s (load {_load()})")
         if i < len(peers):  # a partial report after each server: a stopped run keeps what it measured
             _write(args, servers, replay_recs, bfcl_recs, notes, sessions, quiet=True)
     _say(f"all servers done in {time.perf_counter() - t_start:.0f} s")
-    _write(args, servers, replay_recs, bfcl_recs, notes, sessions)
+    return servers, replay_recs, bfcl_recs
 
 
 def _write(

@@ -126,6 +126,7 @@ class HFEngine(SequenceSteps):
         if self._thread is None:
             await self.start()
         seq = SequenceState(request, asyncio.get_running_loop(), asyncio.Queue())
+        seq.stop_ids = frozenset((*self.eos_token_ids, *request.sampling.stop_token_ids))
         if request.tool_spec is not None:  # cheap: the service built it once at prepare time (caches warm)
             seq.constraint = self.constraints.build(request.tool_spec)
         generator = None

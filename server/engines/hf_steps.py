@@ -43,6 +43,7 @@ class SequenceState:
     generated: list[int] = field(default_factory=list)
     sampler: TokenSampler | None = None  # built at admission (bias, penalty state, seeded generator)
     constraint: TokenConstraint | None = None  # built from request.tool_spec by the engine
+    stop_ids: frozenset[int] = frozenset()  # the model's EOS ids + the request's stop_token_ids
 
     def emit(self, chunk: GenerationChunk) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
@@ -113,8 +114,7 @@ class SequenceSteps:
         if constraint is not None and not constraint.accept_token(token):
             self._finish(seq, "error", constraint.error or f"token {token} rejected by the constraint")
             return
-        stop_ids = set(self.eos_token_ids) | set(req.sampling.stop_token_ids)
-        if token in stop_ids:
+        if token in seq.stop_ids:
             self._finish(seq, "stop")
             return
         sampler.observe(token)

@@ -24,9 +24,10 @@ def _value(schema):
     return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}.get(t, "x")
 
 
-def fake_app(good: bool):
+def fake_app(good: bool, arrivals: list | None = None):
     """good: caches the whole previous prompt of a session and writes schema-valid calls;
-    bad: caches nothing and leaks a half call into content."""
+    bad: caches nothing and leaks a half call into content. ``arrivals`` collects
+    (server, session key, messages) of every chat request, in order."""
     app = fastapi.FastAPI()
     seen: dict[str, int] = {}
 
@@ -42,6 +43,8 @@ def fake_app(good: bool):
     async def chat(body: dict):
         prompt = len(json.dumps(body["messages"])) // 4 + len(json.dumps(body.get("tools") or [])) // 4
         key = body.get("prompt_cache_key", "")
+        if arrivals is not None:
+            arrivals.append(("good" if good else "bad", key, len(body["messages"])))
         cached = min(seen.get(key, 0), prompt) if good else 0
         seen[key] = prompt
         usage = {
@@ -166,3 +169,47 @@ def test_peers_quick_against_fake_servers(tmp_path):
     )
     merged = json.loads((tmp_path / "merged.json").read_text())
     assert merged["summary"] == doc["summary"] and (tmp_path / "merged.png").is_file()
+
+
+def test_peers_alternate_sends_each_turn_to_every_server_in_rotating_order(tmp_path):
+    from benchmarks import run
+
+    arrivals: list = []
+    with serve(fake_app(True, arrivals)) as good, serve(fake_app(False, arrivals)) as bad:
+        rc = run.main(
+            [
+                "peers",
+                "--quick",
+                "--alternate",
+                "--alternate-pause",
+                "0",
+                "--bfcl-modes",
+                "",
+                "--servers",
+                "none",
+                "--url",
+                f"good={good}",
+                "--url",
+                f"bad={bad}",
+                "--out",
+                str(tmp_path),
+                "--quiet",
+                "--max-turns",
+                "3",
+            ]
+        )
+    assert rc == 0
+    replayed = [a for a in arrivals if "|agent" in a[1] or "|restrict" in a[1]]
+    assert len(replayed) == 12  # 2 workloads x 3 turns x 2 servers
+    firsts = []
+    for i in range(0, len(replayed), 2):
+        (s1, k1, m1), (s2, k2, m2) = replayed[i], replayed[i + 1]
+        assert {s1, s2} == {"good", "bad"}  # each turn to both servers before the next turn
+        assert k1.split("|")[1] == k2.split("|")[1] and m1 == m2  # the same workload, session and turn
+        firsts.append(s1)
+    assert firsts == ["good", "bad", "good"] * 2  # the order rotates turn by turn, per workload
+    doc = json.loads((tmp_path / "peers_quick.json").read_text())
+    recs = [r for r in doc["records"]["replays"] if r["peer"] == "good" and r["workload"] == "agent"]
+    row = next(r for r in doc["summary"]["replays"] if r["peer"] == "good" and r["workload"] == "agent")
+    assert row["wall_s"] == pytest.approx(sum(r["total_s"] for r in recs), abs=1e-3)  # records rounded
+    assert row["hit_rate"] > 0.5 and "alternated" in (tmp_path / "peers_quick.md").read_text()

@@ -99,3 +99,25 @@ def test_closing_the_stream_cancels_generation(hf_engine, tokenizer):
 
     before, after, running = asyncio.run(run())
     assert after - before <= 1 and running == 0
+
+
+def test_stop_token_ids_and_eos_end_the_reply(hf_engine, tokenizer):
+    ids = prompt_ids(tokenizer, "<|im_start|>user\nCount from 1 to 20.<|im_end|>\n<|im_start|>assistant\n")
+
+    async def run(stop_token_ids):
+        req = GenerationRequest(
+            f"stop-{stop_token_ids}", ids, SamplingParams(12, 0.0, stop_token_ids=stop_token_ids), None, ""
+        )
+        tokens, finish = [], None
+        async for chunk in hf_engine.generate(req):
+            tokens.extend(chunk.token_ids)
+            finish = chunk.finish_reason or finish
+        return tokens, finish
+
+    full, _ = asyncio.run(run(()))
+    assert len(full) >= 4
+    stop = full[3]
+    first = full.index(stop)  # the first time the model writes that token
+    cut, finish = asyncio.run(run((stop,)))
+    assert cut == full[:first] and finish == "stop"  # the stop token itself is not part of the reply
+    assert not set(full) & set(hf_engine.eos_token_ids)  # EOS never reaches the reply either
