@@ -97,16 +97,23 @@ def start_router(
     worker_urls: Sequence[str],
     policy: str,
     env: dict[str, str] | None = None,
+    root: Path = ROOT,
 ) -> tuple[str, subprocess.Popen]:
+    """`agentserve route` from the checkout at ``root`` (another build to compare: --router-root)."""
     port = free_port()
     argv = [PY, "-m", "server.cli", "route", "--port", str(port), "--policy", policy]
     for i, u in enumerate(worker_urls):
         argv += ["--worker", f"w{i}={u}"]
     proc = subprocess.Popen(
         argv,
-        cwd=ROOT,
+        cwd=root,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "AGENTSERVE_ROUTING__READ_TIMEOUT_S": "120", **(env or {})},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(root),
+            "AGENTSERVE_ROUTING__READ_TIMEOUT_S": "120",
+            **(env or {}),
+        },
     )
     url = f"http://127.0.0.1:{port}"
     _wait(url, proc)
@@ -135,38 +142,57 @@ def pct(values: Sequence[float], q: float) -> float:
 
 # ---------------------------------------------------------------- part 1: overhead
 
+BODIES: dict[str, dict] = {
+    "chat, 0.2 KB": {
+        "model": "fake",
+        "messages": [{"role": "user", "content": "hi"}],
+        "prompt_cache_key": "s",
+        "max_tokens": 8,
+    },
+    "chat, 32 KB": {
+        "model": "fake",
+        "messages": [{"role": "system", "content": "word " * 6500}],
+        "max_tokens": 8,
+    },
+    "stream, 0.2 KB": {
+        "model": "fake",
+        "messages": [{"role": "user", "content": "hi"}],
+        "prompt_cache_key": "s",
+        "stream": True,
+    },
+}
 
-def overhead(n: int, concurrency: int, seconds: float, upstream: str) -> None:
+
+def overhead(
+    n: int,
+    concurrency: int,
+    seconds: float,
+    upstream: str,
+    rate: float | None = None,
+    roots: Sequence[Path] = (ROOT,),
+    rounds: int = 1,
+) -> None:
     (worker,), wprocs = start_fake_workers(1, 0.0)
+    try:
+        latency(worker, upstream, n)
+        body = json.dumps(BODIES["chat, 0.2 KB"]).encode()
+        throughput(worker, upstream, body, concurrency, seconds, rate, roots, rounds)
+    finally:
+        stop(wprocs)
+
+
+def latency(worker: str, upstream: str, n: int) -> None:
+    """Added latency p50/p99 per body, sequential requests, direct and via the router interleaved."""
     router, rproc = start_router([worker], "prefix_affinity", {"AGENTSERVE_ROUTING__UPSTREAM": upstream})
     print(f"\n## Upstream client: {upstream}")
     try:
-        bodies = {
-            "chat, 0.2 KB": {
-                "model": "fake",
-                "messages": [{"role": "user", "content": "hi"}],
-                "prompt_cache_key": "s",
-                "max_tokens": 8,
-            },
-            "chat, 32 KB": {
-                "model": "fake",
-                "messages": [{"role": "system", "content": "word " * 6500}],
-                "max_tokens": 8,
-            },
-            "stream, 0.2 KB": {
-                "model": "fake",
-                "messages": [{"role": "user", "content": "hi"}],
-                "prompt_cache_key": "s",
-                "stream": True,
-            },
-        }
         print(f"\n### Router overhead (fake worker, {n} sequential requests per row, interleaved)\n")
         print(
             "| request | direct p50 | via router p50 | added p50 | direct p99 | via router p99 | added p99 |"
         )
         print("|---|---|---|---|---|---|---|")
         with httpx.Client(timeout=30, trust_env=False) as client:
-            for name, body in bodies.items():
+            for name, body in BODIES.items():
                 lat: dict[str, list[float]] = {"direct": [], "router": []}
                 for i in range(n + 50):
                     for target, base in (("direct", worker), ("router", router)):
@@ -194,35 +220,107 @@ def overhead(n: int, concurrency: int, seconds: float, upstream: str) -> None:
             f"\nRouter's own histogram (time spent in the router itself): mean {1000 * s / c:.3f} ms "
             f"over {int(c)} requests"
         )
-
-        async def load() -> tuple[int, float, float]:
-            body = bodies["chat, 0.2 KB"]
-            done = 0
-            limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-            async with httpx.AsyncClient(timeout=30, limits=limits, trust_env=False) as client:
-                stop_at = time.perf_counter() + seconds
-
-                async def loop() -> None:
-                    nonlocal done
-                    while time.perf_counter() < stop_at:
-                        r = await client.post(router + "/v1/chat/completions", json=body)
-                        assert r.status_code == 200
-                        done += 1
-
-                cpu0, t0 = cpu_seconds(rproc.pid), time.perf_counter()
-                await asyncio.gather(*(loop() for _ in range(concurrency)))
-                return done, time.perf_counter() - t0, cpu_seconds(rproc.pid) - cpu0
-
-        done, wall, cpu = asyncio.run(load())
-        print(
-            f"\n### Router throughput ({concurrency} concurrent clients, {seconds:.0f} s, client + "
-            f"router + worker sharing {os.cpu_count()} cores)\n"
-        )
-        print("| requests | wall req/s | router CPU s | **req/s per router core** |")
-        print("|---|---|---|---|")
-        print(f"| {done} | {done / wall:.0f} | {cpu:.2f} | **{done / cpu:.0f}** |")
     finally:
-        stop([rproc, *wprocs])
+        stop([rproc])
+
+
+def throughput(
+    worker: str,
+    upstream: str,
+    body: bytes,
+    concurrency: int,
+    seconds: float,
+    rate: float | None,
+    roots: Sequence[Path],
+    rounds: int,
+) -> None:
+    """Router CPU per request under load, for each router build in ``roots``, alternated
+    ``rounds`` times (a fresh router process per run, one worker for all)."""
+    paced = f"paced at {rate:.0f} req/s" if rate else "as fast as the worker answers"
+    print(
+        f"\n### Router throughput ({concurrency} keep-alive connections, {paced}, {seconds:.0f} s per run; "
+        f"lean client + router + worker sharing {os.cpu_count()} cores)\n"
+    )
+    print(
+        "| router build | requests | wall req/s | router busy | CPU per request | **req/s per router core** |"
+    )
+    print("|---|---|---|---|---|---|")
+    per_req: dict[Path, list[float]] = {r: [] for r in roots}
+    for _ in range(rounds):
+        for root in roots:
+            router, rproc = start_router(
+                [worker], "prefix_affinity", {"AGENTSERVE_ROUTING__UPSTREAM": upstream}, root
+            )
+            try:
+                done, wall, cpu = asyncio.run(load(router, rproc.pid, body, concurrency, seconds, rate))
+            finally:
+                stop([rproc])
+            per_req[root].append(cpu / done)
+            print(
+                f"| {root.name} | {done} | {done / wall:.0f} | {cpu / wall:.0%} | "
+                f"{1000 * cpu / done:.3f} ms | **{done / cpu:.0f}** |"
+            )
+    if rounds > 1 or len(roots) > 1:
+        print(
+            "\n| router build | runs | CPU per request, median (min-max) "
+            "| **req/s per router core, median** |"
+        )
+        print("|---|---|---|---|")
+        for root, xs in per_req.items():
+            print(
+                f"| {root.name} | {len(xs)} | {1000 * statistics.median(xs):.3f} ms "
+                f"({1000 * min(xs):.3f}-{1000 * max(xs):.3f}) | **{1 / statistics.median(xs):.0f}** |"
+            )
+
+
+async def load(
+    url: str, pid: int, body: bytes, concurrency: int, seconds: float, rate: float | None
+) -> tuple[int, float, float]:
+    """POST ``body`` to the router's /v1/chat/completions over ``concurrency`` keep-alive
+    connections, paced at ``rate`` requests/s in all (None: each connection sends its next
+    request as soon as the last answer arrived). A lean client (pre-encoded request, responses
+    read by content-length) so that the client, not the router, is not what limits the run.
+    Returns (requests answered, wall seconds, router CPU seconds)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    done = sent = 0
+
+    async def connection(stop_at: float, t0: float) -> None:
+        nonlocal done, sent
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            while True:
+                if rate:
+                    due = t0 + sent / rate
+                    sent += 1
+                    if due >= stop_at:
+                        return
+                    if due > time.perf_counter():
+                        await asyncio.sleep(due - time.perf_counter())
+                elif time.perf_counter() >= stop_at:
+                    return
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200 "), head
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                done += 1
+        finally:
+            writer.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(connection(t0 + 1.0, t0) for _ in range(concurrency)))  # warm-up
+    done = sent = 0
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    await asyncio.gather(*(connection(t0 + seconds, t0) for _ in range(concurrency)))
+    return done, time.perf_counter() - t0, cpu_seconds(pid) - cpu0
 
 
 # ---------------------------------------------------------------- part 2: cache hits per policy
@@ -375,13 +473,28 @@ def main() -> None:
     p.add_argument("--part", choices=["all", "overhead", "cache"], default="all")
     p.add_argument("--requests", type=int, default=1000, help="overhead: sequential requests per row")
     p.add_argument("--concurrency", type=int, default=32, help="overhead: concurrent clients")
-    p.add_argument("--seconds", type=float, default=5.0, help="overhead: throughput run length")
+    p.add_argument("--seconds", type=float, default=10.0, help="overhead: throughput run length")
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="overhead: pace the throughput run at this many requests/s (default: unpaced); "
+        "compare builds at one rate, since CPU per request falls as the router gets busier",
+    )
     p.add_argument(
         "--upstream",
         action="append",
         choices=["raw", "aiohttp", "httpx"],
         help="overhead: the router's upstream client(s) to measure (default: all three)",
     )
+    p.add_argument(
+        "--router-root",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="overhead: measure the throughput of the router from this checkout (repeat to compare "
+        "builds: runs alternate between them; default: this checkout)",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="overhead: throughput runs per router build")
     p.add_argument("--sessions", type=int, default=32)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--session-concurrency", type=int, default=8)
@@ -404,7 +517,15 @@ def main() -> None:
     a.upstream = a.upstream or ["raw", "aiohttp", "httpx"]
     if a.part in ("all", "overhead"):
         for upstream in a.upstream:
-            overhead(a.requests, a.concurrency, a.seconds, upstream)
+            overhead(
+                a.requests,
+                a.concurrency,
+                a.seconds,
+                upstream,
+                a.rate,
+                [p.resolve() for p in a.router_root or [ROOT]],
+                a.rounds,
+            )
     if a.part in ("all", "cache"):
         cache(
             a.sessions,

@@ -41,6 +41,22 @@ HOP_HEADERS = {
 }
 
 
+WORKER_HEADER_B = WORKER_HEADER.encode()
+
+
+def relayed_headers(headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """The worker's response headers the client gets (hop-by-hop ones dropped), and whether the
+    answer is a stream (``text/event-stream``)."""
+    out, is_stream = [], False
+    for k, v in headers:
+        if k in HOP_HEADERS:
+            continue
+        if k == b"content-type" and v.startswith(b"text/event-stream"):
+            is_stream = True
+        out.append((k, v))
+    return out, is_stream
+
+
 class _Retry(Exception):
     """This worker failed before anything reached the client: try the next."""
 
@@ -67,34 +83,33 @@ class ProxyCall:
         self.turns = turns
 
     async def __call__(self, receive: Receive, send: Send) -> None:
+        self._send, self._gone, self._finished = send, False, False
         task = asyncio.current_task()
         assert task is not None
-        state = {"gone": False, "finished": False}
-
-        async def watch_disconnect() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if not state["finished"]:
-                state["gone"] = True
-                task.cancel()  # closes the upstream connection: the worker stops
-
-        async def tracked_send(message: Message) -> None:
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                state["finished"] = True  # from here on a "disconnect" is just the end of the response
-
-        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, task))
         try:
-            await self._run(tracked_send)
+            await self._run(self._tracked_send)
         except asyncio.CancelledError:
-            if not state["gone"]:
+            if not self._gone:
                 raise
             task.uncancel()
         except OSError:  # the client went away while we were sending
             pass
         finally:
-            state["finished"] = True
+            self._finished = True
             watcher.cancel()
+
+    async def _watch_disconnect(self, receive: Receive, task: asyncio.Task[None]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self._finished:
+            self._gone = True
+            task.cancel()  # closes the upstream connection: the worker stops
+
+    async def _tracked_send(self, message: Message) -> None:
+        await self._send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self._finished = True  # from here on a "disconnect" is just the end of the response
 
     async def _run(self, send: Send) -> None:
         m = self.router.metrics
@@ -105,7 +120,7 @@ class ProxyCall:
             await send_json(send, exc.status, exc.body())
             return
         if outcome is not None:
-            m.affinity.labels(outcome).inc()
+            m.placed(outcome)
         failures: list[str] = []
         for n, worker in enumerate(order):
             if n and not worker.healthy:
@@ -142,16 +157,13 @@ class ProxyCall:
                 raise self._lost(worker, exc) from None
             try:
                 status = str(resp.status)
-                headers = [(k, v) for k, v in resp.headers if k not in HOP_HEADERS]
-                headers.append((WORKER_HEADER.encode(), worker.id.encode()))
+                headers, is_stream = relayed_headers(resp.headers)
+                headers.append((WORKER_HEADER_B, worker.id.encode()))
                 if resp.status >= 500:
                     m.upstream_errors.labels(worker.id, "status_5xx").inc()
-                is_stream = any(
-                    k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers
-                )
-                chunks = resp.chunks()
+                chunks = resp.chunks() if is_stream else None
                 try:
-                    first = await anext(chunks, b"") if is_stream else b"".join([c async for c in chunks])
+                    first = await anext(chunks, b"") if chunks is not None else await resp.read()
                 except UpstreamTimeout as exc:
                     await self._timeout(worker, send, exc)
                     return
@@ -165,6 +177,7 @@ class ProxyCall:
                     await send({"type": "http.response.body", "body": first})
                     m.added_latency.observe((t_forward - self.t0) + (time.perf_counter() - t_answer))
                     return
+                assert chunks is not None
                 relay = _EventRelay(send)
                 await relay.push(first)
                 m.added_latency.observe((t_forward - self.t0) + (time.perf_counter() - t_answer))
@@ -187,7 +200,7 @@ class ProxyCall:
                 await resp.aclose()
         finally:
             worker.in_flight -= 1
-            m.requests.labels(worker.id, status).inc()
+            m.request_done(worker.id, status)
 
     def _lost(self, worker: Worker, exc: Exception) -> _Retry:
         """The connection dropped before anything reached the client: count it, try the next worker."""

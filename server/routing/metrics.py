@@ -72,3 +72,18 @@ class RouterMetrics:
             registry=r,
         )
         r.register(_PoolCollector(pool))
+        # labelled children, remembered: labels() locks and validates its arguments on every call
+        self._requests: dict[tuple[str, str], Counter] = {}
+        self._placed: dict[str, Counter] = {}
+
+    def request_done(self, worker_id: str, status: str) -> None:
+        child = self._requests.get((worker_id, status))
+        if child is None:
+            child = self._requests[(worker_id, status)] = self.requests.labels(worker_id, status)
+        child.inc()
+
+    def placed(self, outcome: str) -> None:
+        child = self._placed.get(outcome)
+        if child is None:
+            child = self._placed[outcome] = self.affinity.labels(outcome)
+        child.inc()

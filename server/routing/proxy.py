@@ -25,7 +25,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from server.auth import authenticate_key, cache_salt, namespaced_session
 from server.auth import router_headers as tenant_headers
@@ -37,23 +37,14 @@ if TYPE_CHECKING:
     from server.routing.router import Router
 
 
-class LeanPath:
-    """ASGI middleware: ``/v1/*`` is proxied here; everything else goes on to the FastAPI app."""
-
-    def __init__(self, app: ASGIApp, router: Router) -> None:
-        self.app, self.router = app, router
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            await proxy_request(self.router, scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
+# the request headers the router reads (ASGI header names are lower-case)
+_READ_HEADERS = {b"authorization": "authorization", b"x-session-id": "x-session-id"}
 
 
 async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Send) -> None:
     t0 = time.perf_counter()
     raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw_headers}
+    headers = {_READ_HEADERS[k]: v.decode("latin-1") for k, v in raw_headers if k in _READ_HEADERS}
     auth = router.settings.auth
     try:
         tenant = authenticate_key(headers, auth)
@@ -62,7 +53,7 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
         await send_json(send, exc.status, exc.body())
         return
     key = prefix = None
-    new_session = is_first_turn(body)
+    turns = assistant_turns(body)  # 0: a session's first turn (is_first_turn)
     if scope["method"] == "POST":
         key, prefix = route_keys(body, headers, router.policy_uses_prefix)
         key = namespaced_session(tenant, key)
@@ -73,8 +64,7 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
     call = ProxyCall(
-        router, scope["method"], target.decode("latin-1"), out, body, key, prefix, t0, new_session,
-        assistant_turns(body),
+        router, scope["method"], target.decode("latin-1"), out, body, key, prefix, t0, turns == 0, turns
     )
     await call(receive, send)
 
@@ -101,7 +91,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
 def is_first_turn(body: bytes) -> bool:
     """A chat request with no assistant message yet: a session's first turn (slow start lets only
     these onto a warming worker). Conservative: the bytes '"assistant"' anywhere mean no."""
-    return b'"messages"' in body and b'"assistant"' not in body
+    return assistant_turns(body) == 0  # the router asks assistant_turns once and uses this rule
 
 
 def assistant_turns(body: bytes) -> int | None:

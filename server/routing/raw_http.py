@@ -141,6 +141,22 @@ class RawResponse:
                 raise c.error
             await c.wait(self._up.read_timeout_s, "response bytes")
 
+    async def read(self) -> bytes:
+        """The whole body (a plain loop: no async generator for the common small JSON answer)."""
+        c, parts = self._conn, []
+        while True:
+            while c.chunks:
+                parts.append(c.chunks.popleft())
+            c.buffered = 0
+            if c.paused and c.transport is not None:  # all of it is wanted: read on
+                c.paused = False
+                c.transport.resume_reading()
+            if c.complete:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            if c.error is not None:
+                raise c.error
+            await c.wait(self._up.read_timeout_s, "response bytes")
+
     async def aclose(self) -> None:
         if self._released:
             return

@@ -130,7 +130,7 @@ def bounded_pick(
         outcome = "moved"
     else:
         outcome = "spilled"
-    return Selection((chosen, *(i for i in healthy if i != chosen)), outcome)
+    return Selection((chosen, *[i for i in healthy if i != chosen]), outcome)
 
 
 def graded_epsilon(epsilon: float, epsilon_new: float | None, turns: int) -> float:

@@ -1,5 +1,9 @@
 """The router app: FastAPI for the API surface, the lean ASGI path (``proxy.py``) for /v1/*.
 
+``RouterApp.__call__`` sends /v1/* straight to ``proxy_request``, ahead of FastAPI's middleware
+stack (its error, telemetry and body-limit layers cost more per request than the proxy's own
+Python did); everything else, lifespan included, is the FastAPI app.
+
 Endpoints: /v1/* (proxied, see proxy.py for the request lifecycle), /health (ok while >= 1
 worker is healthy; always open), /workers (JSON), /metrics (the router's own) and
 /metrics/worker/{index or id} (a worker's). With ``auth.protect_metrics`` the last three
@@ -15,6 +19,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import Receive, Scope, Send
 
 from server.auth import authenticate_key, router_headers
 from server.config import ConfigError, Settings
@@ -23,7 +28,7 @@ from server.routing.discovery import DnsDiscovery
 from server.routing.forward import WORKER_HEADER
 from server.routing.metrics import RouterMetrics
 from server.routing.policy import Outcome, make_policy
-from server.routing.proxy import LeanPath
+from server.routing.proxy import proxy_request
 from server.routing.upstream import UpstreamError, make_upstream
 from server.routing.workers import Worker, WorkerPool, WorkerSpec, parse_worker_specs
 
@@ -89,6 +94,18 @@ class Router:
         return order[: 1 + self.settings.routing.max_failovers], outcome
 
 
+class RouterApp(FastAPI):
+    """FastAPI, with /v1/* proxied before the middleware stack (see the module header)."""
+
+    lean_router: Router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            await proxy_request(self.lean_router, scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_router_app(
     settings: Settings, workers: Sequence[str | WorkerSpec], discovery: DnsDiscovery | None = None
 ) -> FastAPI:
@@ -106,11 +123,10 @@ def create_router_app(
         yield
         await router.close()
 
-    app = FastAPI(
+    app = RouterApp(
         title="agentserve router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.state.router = router
-    app.add_middleware(LeanPath, router=router)
+    app.state.router = app.lean_router = router
 
     def guard(request: Request) -> None:
         if auth.protect_metrics:

@@ -47,6 +47,8 @@ class UpstreamResponse(Protocol):
 
     def chunks(self) -> AsyncIterator[bytes]: ...
 
+    async def read(self) -> bytes: ...  # the whole body (what chunks() would give, joined)
+
     async def aclose(self) -> None: ...
 
 
@@ -87,6 +89,9 @@ class _HttpxResponse:
                 yield chunk
         except Exception as exc:
             raise self._errors(exc) from None
+
+    async def read(self) -> bytes:
+        return b"".join([c async for c in self.chunks()])
 
     async def aclose(self) -> None:
         await self._resp.aclose()
@@ -144,6 +149,9 @@ class _AiohttpResponse:
                 yield chunk
         except Exception as exc:
             raise self._errors(exc) from None
+
+    async def read(self) -> bytes:
+        return b"".join([c async for c in self.chunks()])
 
     async def aclose(self) -> None:
         self._resp.release() if self._resp.content.at_eof() else self._resp.close()
