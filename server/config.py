@@ -70,7 +70,9 @@ class RoutingSettings(_Section):
         16, ge=1, description="prefix_affinity: an agent's sessions share out its first k prefix workers."
     )
     slow_start_s: float = Field(
-        600.0, ge=0, description="After a worker (re)joins, only new sessions go to it for this long "
+        600.0,
+        ge=0,
+        description="After a worker (re)joins, only new sessions go to it for this long "
         "(established sessions stay where their KV cache is). 0 = off.",
     )
     upstream: Literal["raw", "aiohttp", "httpx"] = Field(
@@ -80,12 +82,16 @@ class RoutingSettings(_Section):
         10.0, gt=0, description="route --workers-dns: seconds between re-resolving the worker DNS name."
     )
     load_epsilon: float = Field(
-        2.0, ge=0.0, description="Spill a session when its worker has > (1+eps) x mean in-flight requests "
+        2.0,
+        ge=0.0,
+        description="Spill a session when its worker has > (1+eps) x mean in-flight requests "
         "(a spill re-prefills the session's context elsewhere: see benchmarks/results/fleet_sim.md); with "
-        "load_epsilon_new, the bound of established sessions (first turns are held to a tighter one)."
+        "load_epsilon_new, the bound of established sessions (first turns are held to a tighter one).",
     )
     load_epsilon_new: float | None = Field(
-        0.1, ge=0.0, description="A session's first turn spills past (1+eps) x mean in-flight, its second "
+        0.1,
+        ge=0.0,
+        description="A session's first turn spills past (1+eps) x mean in-flight, its second "
         "past (1+2 eps), doubling per turn up to load_epsilon: young sessions (little KV to lose) keep the "
         "fleet "
         "level, old ones stay put. null = one flat bound (load_epsilon) for every turn.",

@@ -104,8 +104,15 @@ def test_top_k_1_and_min_p_1_sample_the_greedy_reply(server_url):
 
 def test_top_logprobs_in_a_stream_equal_the_non_streamed_ones(server_url):
     full = chat(server_url, max_tokens=6, logprobs=True, top_logprobs=3).json()["choices"][0]["logprobs"]
-    body = {"model": MODEL, "messages": HI, "max_tokens": 6, "temperature": 0, "stream": True,
-            "logprobs": True, "top_logprobs": 3}
+    body = {
+        "model": MODEL,
+        "messages": HI,
+        "max_tokens": 6,
+        "temperature": 0,
+        "stream": True,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
     entries = []
     with httpx.stream("POST", server_url + "/v1/chat/completions", json=body, timeout=300) as r:
         for line in r.iter_lines():
@@ -126,8 +133,19 @@ def test_completions_logprobs_use_the_legacy_shape(server_url):
 
 
 def test_the_tool_mask_wins_over_a_plus_100_bias(server_url, tokenizer):
-    tools = [{"type": "function", "function": {"name": "shell_exec", "parameters": {
-        "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "shell_exec",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"cmd": {"type": "string"}},
+                    "required": ["cmd"],
+                },
+            },
+        }
+    ]
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")  # never allowed inside a call
     msgs = [{"role": "user", "content": "List the files"}]
     free = chat(server_url, msgs, max_tokens=2, logit_bias={str(start): 100}).json()["choices"][0]

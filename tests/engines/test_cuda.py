@@ -117,9 +117,7 @@ def test_masked_tool_call_on_cuda(cuda_engine):
         plan = plan_tools(TOOLS, choice, [{"role": "user", "content": "x"}], False, None, env)
         spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", cuda_engine.eos_token_ids)
         prefill = cuda_engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"]
-        req = GenerationRequest(
-            f"cuda-{seed}", prompt + prefill, SamplingParams(64, 1.0, seed=seed), spec
-        )
+        req = GenerationRequest(f"cuda-{seed}", prompt + prefill, SamplingParams(64, 1.0, seed=seed), spec)
         ids = []
         async for chunk in cuda_engine.generate(req):
             assert chunk.error is None, chunk.error

@@ -91,8 +91,13 @@ def test_sharing_can_be_allowed(hf_engine):
 @pytest.fixture(scope="module")
 def limited_url(hf_engine):
     limits = LimitsSettings(
-        max_request_bytes=4096, max_tools=2, max_tool_schema_bytes=300, max_tokens=50,
-        max_concurrent_requests=1, max_queued_requests=0, request_timeout_s=3,
+        max_request_bytes=4096,
+        max_tools=2,
+        max_tool_schema_bytes=300,
+        max_tokens=50,
+        max_concurrent_requests=1,
+        max_queued_requests=0,
+        request_timeout_s=3,
     )
     with running_server(app_with(hf_engine, limits=limits)) as url:
         yield url
@@ -131,8 +136,13 @@ def _stream_lines(url, body, until=None):
 
 
 def test_queue_full_is_429_with_retry_after(limited_url):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 40,
-            "stream": True, "temperature": 0}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 40,
+        "stream": True,
+        "temperature": 0,
+    }
     started = threading.Event()
 
     def hold():
@@ -164,8 +174,13 @@ def test_timeout_ends_the_request_with_an_error(hf_engine):
 
 
 def test_disconnect_mid_stream_stops_generation(server_url, hf_engine):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to one thousand."}],
-            "max_tokens": 500, "stream": True, "temperature": 0}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count to one thousand."}],
+        "max_tokens": 500,
+        "stream": True,
+        "temperature": 0,
+    }
     before = hf_engine.tokens_generated
     _stream_lines(server_url, body, until=4)  # read a few chunks, then hang up
     deadline = time.monotonic() + 10

@@ -21,13 +21,21 @@ def test_sigterm_finishes_in_flight_stream(embedded_model_dir):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--device", "cpu"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_health(url, 120, proc=proc)
-        body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Tell a story."}],
-                "max_tokens": 30, "temperature": 0, "stream": True}
+        body = {
+            "model": "smollm2-135m-instruct",
+            "messages": [{"role": "user", "content": "Tell a story."}],
+            "max_tokens": 30,
+            "temperature": 0,
+            "stream": True,
+        }
         lines: list[str] = []
         first = threading.Event()
 

@@ -190,8 +190,13 @@ def _tool_request(engine, tokenizer, rid: str, choice, temperature: float, **sam
 
 
 def test_constrained_requests_return_valid_tool_calls_beside_a_free_one(engine, loop, tokenizer):
-    prefix = {"type": "allowed_tools", "allowed_tools": {
-        "mode": "required", "tools": [{"type": "function", "function": {"name_prefix": "browser_"}}]}}
+    prefix = {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": "required",
+            "tools": [{"type": "function", "function": {"name_prefix": "browser_"}}],
+        },
+    }
     requests = [
         _tool_request(engine, tokenizer, "req-greedy", "required", 0.0),
         _tool_request(engine, tokenizer, "req-hot", prefix, 1.0),
@@ -293,8 +298,14 @@ def test_penalties_end_a_greedy_loop_and_top_k_1_is_greedy(engine, loop, tokeniz
 
 def test_the_tool_mask_wins_over_a_plus_100_bias(engine, loop, tokenizer):
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")  # never allowed inside a call
-    free = loop.run(collect(engine, GenerationRequest(
-        "bias-free", ids_of(tokenizer, HI), SamplingParams(2, 0.0, logit_bias=((start, 100.0),)))))
+    free = loop.run(
+        collect(
+            engine,
+            GenerationRequest(
+                "bias-free", ids_of(tokenizer, HI), SamplingParams(2, 0.0, logit_bias=((start, 100.0),))
+            ),
+        )
+    )
     assert _tokens(free) == [start, start]  # precondition: the bias is in force
     req, plan = _tool_request(engine, tokenizer, "bias-tool", "required", 0.0, logit_bias=((start, 100.0),))
     chunks = loop.run(collect(engine, req))
@@ -315,8 +326,13 @@ def test_chat_service_on_vllm_returns_a_tool_call_and_cached_tokens(engine, loop
         "model": "smol",
         "messages": [{"role": "user", "content": "Open https://example.org in the browser."}],
         "tools": TOOLS,
-        "tool_choice": {"type": "allowed_tools", "allowed_tools": {
-            "mode": "required", "tools": [{"type": "function", "function": {"name_prefix": "browser_"}}]}},
+        "tool_choice": {
+            "type": "allowed_tools",
+            "allowed_tools": {
+                "mode": "required",
+                "tools": [{"type": "function", "function": {"name_prefix": "browser_"}}],
+            },
+        },
         "temperature": 0.0,
         "max_tokens": 120,
         "prompt_cache_key": "session-1",
@@ -332,8 +348,10 @@ def test_chat_service_on_vllm_returns_a_tool_call_and_cached_tokens(engine, loop
     assert choice["finish_reason"] == "tool_calls", choice
     call = choice["message"]["tool_calls"][0]["function"]
     assert call["name"].startswith("browser_")
-    jsonschema.validate(json.loads(call["arguments"]), {t["function"]["name"]: t["function"]["parameters"]
-                                                        for t in TOOLS}[call["name"]])
+    jsonschema.validate(
+        json.loads(call["arguments"]),
+        {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call["name"]],
+    )
     prompt_tokens = second["usage"]["prompt_tokens"]
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0.9 * prompt_tokens
 
@@ -344,8 +362,14 @@ def test_chat_service_on_vllm_reports_logprobs_and_refuses_a_seed(engine, loop):
     from server.protocol import ChatCompletionRequest
 
     service = ChatService(engine, load_settings(None, engine="vllm", served_model_name="smol"), Metrics())
-    body = {"model": "smol", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
-            "temperature": 0.0, "logprobs": True, "top_logprobs": 2}
+    body = {
+        "model": "smol",
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "max_tokens": 4,
+        "temperature": 0.0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     reply = loop.run(service.complete(service.prepare_chat(ChatCompletionRequest(**body), {})))
     content = reply["choices"][0]["logprobs"]["content"]
     assert len(content) == reply["usage"]["completion_tokens"] > 0

@@ -52,7 +52,7 @@ CASES = {
     "required": ("required", OPEN),
     # hermes writes argument keys sorted (key_order: sorted), as the history renders them
     "named": (fn("file_open"), '", "arguments": {"line_number": 3, "path": "a.py"}}\n</tool_call>'),
-    "allowed-required-prefix": (allowed("required", PREFIX), "_open_site" + OPEN[len("browser_open_site"):]),
+    "allowed-required-prefix": (allowed("required", PREFIX), "_open_site" + OPEN[len("browser_open_site") :]),
     "allowed-auto-list": (allowed("auto", fn("shell_exec"), fn("submit")), "I am done."),
 }
 
@@ -182,8 +182,15 @@ def test_wrong_token_from_the_sampler_ends_the_row_with_the_reason(setup, tokeni
 
 def test_validate_params_400s_for_bad_specs(setup):
     def spec(**kw):
-        base = {"tools": TOOLS, "plan": {"mode": "required", "allowed": ["submit"], "parallel": False,
-                                         "prefill": '<tool_call>\n{"name": "'}}
+        base = {
+            "tools": TOOLS,
+            "plan": {
+                "mode": "required",
+                "allowed": ["submit"],
+                "parallel": False,
+                "prefill": '<tool_call>\n{"name": "',
+            },
+        }
         return SamplingParams(extra_args={"agentserve": {**base, **kw}})
 
     AgentserveLogitsProcessor.validate_params(spec())

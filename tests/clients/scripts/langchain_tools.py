@@ -20,8 +20,13 @@ def get_weather(city: str) -> str:
 
 def main(url: str) -> None:
     llm = ChatOpenAI(
-        model="smollm2-135m-instruct", base_url=url + "/v1", api_key="unused", temperature=0,
-        max_tokens=48, max_retries=0, timeout=300,
+        model="smollm2-135m-instruct",
+        base_url=url + "/v1",
+        api_key="unused",
+        temperature=0,
+        max_tokens=48,
+        max_retries=0,
+        timeout=300,
     )
     messages = [("system", "You are a weather assistant."), ("human", "Weather in Berlin?")]
     out = {}
