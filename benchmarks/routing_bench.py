@@ -1,8 +1,10 @@
 """Routing benchmarks: router overhead, and prompt tokens served from cache per policy.
 
 1. overhead: one fast fake worker, called directly and through `agentserve route`
-   (interleaved, sequential requests): added latency p50/p99 per body size, and under
-   concurrency the requests/s per core of router CPU time (from /proc).
+   (interleaved, sequential requests): added latency p50/p99 per body size; then a lean
+   keep-alive client (optionally paced: --rate) loads a fresh router process per run and the
+   router's CPU seconds per request come from /proc. --router-root DIR (repeat) alternates
+   router builds from other checkouts in one run, --rounds times: compare builds at one rate.
 2. cache: an agent-like trace (sessions that append tool results turn after turn,
    a system prompt + tools shared by all sessions) through a router with each policy
    over 4 workers. By default the workers are SIMULATED (server.routing.fake_worker:
@@ -14,6 +16,8 @@
 
 Usage:
   python benchmarks/routing_bench.py                 # both parts, markdown tables
+  python benchmarks/routing_bench.py --part overhead --upstream raw --rate 300 --rounds 4 \
+      --router-root ../old-checkout --router-root .   # before/after, alternated
   python benchmarks/routing_bench.py --part cache --sessions 32 --turns 10
   python benchmarks/routing_bench.py --part cache --scale 0.05 --real-worker http://127.0.0.1:8001 ...
 """
