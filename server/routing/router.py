@@ -76,13 +76,13 @@ class Router:
         turns: int | None = None,
     ) -> tuple[list[Worker], Outcome | None]:
         """Workers to try, in order, for a session key (None: any worker, least loaded first)."""
-        workers = self.pool.workers
+        workers, tries = self.pool.workers, 1 + self.settings.routing.max_failovers
         if key is None:
             order = sorted((w for w in workers if w.healthy), key=lambda w: w.in_flight)
             outcome = None
         else:
             sel = self.policy.select_worker(key, self.pool.loads(), prefix, new_session, turns)
-            order = [workers[i] for i in sel.order] if sel else []
+            order = [workers[i] for i in sel.order[:tries]] if sel else []
             outcome = sel.outcome if sel else None
         if not order:
             errors = "; ".join(f"{w.id}: {w.last_error or 'not checked yet'}" for w in workers)
@@ -91,7 +91,7 @@ class Router:
                 f"({errors or 'none found'}); "
                 "check that the workers run and answer GET /health"
             )
-        return order[: 1 + self.settings.routing.max_failovers], outcome
+        return order[:tries], outcome
 
 
 class RouterApp(FastAPI):

@@ -57,9 +57,6 @@ class Worker:
     last_error: str | None = None
     healthy_since: float = float("-inf")  # monotonic time it last came into rotation
 
-    def load(self, warm_after: float) -> WorkerLoad:
-        return WorkerLoad(self.id, self.healthy, self.in_flight, self.healthy_since > warm_after)
-
     def info(self) -> dict[str, object]:
         return {
             "id": self.id,
@@ -90,7 +87,8 @@ class WorkerPool:
 
     def loads(self) -> list[WorkerLoad]:
         warm_after = time.monotonic() - self.settings.slow_start_s
-        return [w.load(warm_after) for w in self.workers]
+        # per request, over every worker: kept to one plain construction each
+        return [WorkerLoad(w.id, w.healthy, w.in_flight, w.healthy_since > warm_after) for w in self.workers]
 
     def healthy_count(self) -> int:
         return sum(w.healthy for w in self.workers)
