@@ -64,15 +64,25 @@ def main(argv: list[str] | None = None) -> int:
 
     route = sub.add_parser("route", help="route sessions to workers that run elsewhere")
     _add_settings_flags(route)
-    route.add_argument("--worker", action="append", default=[], metavar="URL",
-                       help="worker base URL, or ID=URL (the id feeds the session hash: give every "
-                       "router replica the same ids); repeat per worker")
-    route.add_argument("--workers-dns", metavar="NAME:PORT",
-                       help="discover workers from DNS (e.g. a Kubernetes headless Service), "
-                       "re-resolved every routing.dns_interval_s")
-    route.add_argument("--policy", choices=["prefix_affinity", "affinity", "prefix", "round_robin",
-                                            "least_loaded"],
-                       help="routing policy (default: routing.policy in the config, else affinity)")
+    route.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="worker base URL, or ID=URL (the id feeds the session hash: give every "
+        "router replica the same ids); repeat per worker",
+    )
+    route.add_argument(
+        "--workers-dns",
+        metavar="NAME:PORT",
+        help="discover workers from DNS (e.g. a Kubernetes headless Service), "
+        "re-resolved every routing.dns_interval_s",
+    )
+    route.add_argument(
+        "--policy",
+        choices=["prefix_affinity", "affinity", "prefix", "round_robin", "least_loaded"],
+        help="routing policy (default: routing.policy in the config, else affinity)",
+    )
     route.add_argument("--load-epsilon", type=float, help="affinity: spill above (1+eps) x mean in-flight")
 
     sub.add_parser(
@@ -119,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                 serve_worker(settings)
         elif args.command == "route":
             # only the flags given: nested settings merge with the YAML's routing section
-            routing = {k: v for k, v in (("policy", args.policy), ("load_epsilon", args.load_epsilon))
-                       if v is not None}
+            routing = {
+                k: v
+                for k, v in (("policy", args.policy), ("load_epsilon", args.load_epsilon))
+                if v is not None
+            }
             settings = _settings(args, routing=routing or None)
             from server.routing.router import serve_router
 
