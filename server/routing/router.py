@@ -25,7 +25,7 @@ from server.auth import authenticate_key, router_headers
 from server.config import ConfigError, Settings
 from server.errors import AgentServeError, NotFound, UpstreamUnavailable
 from server.routing.discovery import DnsDiscovery
-from server.routing.forward import WORKER_HEADER
+from server.routing.forward import WORKER_HEADER, send_json
 from server.routing.metrics import RouterMetrics
 from server.routing.policy import Outcome, make_policy
 from server.routing.proxy import proxy_request
@@ -101,7 +101,15 @@ class RouterApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            await proxy_request(self.lean_router, scope, receive, send)
+            try:
+                await proxy_request(self.lean_router, scope, receive, send)
+            except Exception:  # a bug: still an OpenAI-shaped answer (FastAPI's error layer is skipped)
+                log.exception("router: unexpected error on %s %s", scope["method"], scope["path"])
+                error = AgentServeError("internal router error (logged on the router); please report it")
+                try:
+                    await send_json(send, error.status, error.body())
+                except Exception:  # the response had begun: the client sees it end early
+                    log.debug("router: could not send the error answer", exc_info=True)
         else:
             await super().__call__(scope, receive, send)
 

@@ -72,6 +72,22 @@ def test_worker_4xx_passed_through_unchanged(workers, make_router):
     assert "x-agentserve-worker" in via.headers
 
 
+def test_a_router_bug_on_the_proxy_path_is_an_openai_shaped_500(workers, make_router, monkeypatch):
+    import server.routing.router as router_module
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    r = make_router([w.url for w in workers])
+    monkeypatch.setattr(router_module, "proxy_request", broken)
+    resp = post(r, chat("s-bug"))
+    assert resp.status_code == 500
+    err = resp.json()["error"]
+    assert err["type"] == "server_error" and "internal router error" in err["message"]
+    assert "boom" not in err["message"]  # internals stay in the router's log
+    assert httpx.get(r.url + "/health", timeout=5).status_code == 200  # the rest of the app is untouched
+
+
 @pytest.mark.parametrize("upstream", ["raw", "aiohttp", "httpx"])
 def test_sequential_requests_reuse_one_upstream_connection(workers, make_router, upstream):
     """Keep-alive to the worker: one connection for a run of sequential requests (JSON and SSE),
