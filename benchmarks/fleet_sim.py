@@ -83,6 +83,17 @@ class Session:
     counted: tuple[int, int, int] = (0, 0, 0)  # (prompt, cached, ideal) of the request in flight
 
 
+def _cut_lru_tail(entries: OrderedDict, excess: int) -> tuple[tuple, int]:
+    """Cut up to ``excess`` tokens from the tail of the least recently used entry (dropped when
+    nothing is left of it); returns (its key, tokens cut)."""
+    key = next(iter(entries))
+    cut = min(entries[key], excess)
+    entries[key] -= cut
+    if entries[key] == 0:
+        del entries[key]
+    return key, cut
+
+
 @dataclass
 class Worker:
     id: str
@@ -117,24 +128,16 @@ class Worker:
             self.cache[key] = size
         while self.size > capacity and self.cache:
             # cut the least recently used entry from its tail (a block cache frees a chain's last
-            # blocks first and keeps its head), dropping it only when nothing is left; with a
-            # tier 2 the cut blocks go there (in front of what it already holds of that entry)
-            key = next(iter(self.cache))
-            cut = min(self.cache[key], self.size - capacity)
-            self.cache[key] -= cut
+            # blocks first and keeps its head); with a tier 2 the cut blocks go there (in front of
+            # what it already holds of that entry)
+            key, cut = _cut_lru_tail(self.cache, self.size - capacity)
             self.size -= cut
-            if self.cache[key] == 0:
-                del self.cache[key]
             if capacity2 > 0:
                 self.tier2[key] = self.tier2.pop(key, 0) + cut
                 self.size2 += cut
         while self.size2 > capacity2 and self.tier2:  # tier 2 is LRU too, cut from the tail
-            key = next(iter(self.tier2))
-            cut = min(self.tier2[key], self.size2 - capacity2)
-            self.tier2[key] -= cut
+            _, cut = _cut_lru_tail(self.tier2, self.size2 - capacity2)
             self.size2 -= cut
-            if self.tier2[key] == 0:
-                del self.tier2[key]
 
     def wipe(self) -> None:
         self.cache.clear()
