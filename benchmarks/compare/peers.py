@@ -69,6 +69,11 @@ def _workload_sessions(args: argparse.Namespace) -> dict[str, list[Session]]:
     return {"agent": agent, "swe": [] if args.no_swe else swe_sessions(args), "restrict": agent}
 
 
+def variant_of(workload: str, mask: bool) -> str:
+    """The request layout of a workload: restricting tools is allowed_tools (``mask``) or removing them."""
+    return "good" if workload != "restrict" else ("tools_mask" if mask else "tools_remove")
+
+
 def _replays(
     peer: Peer, url: str, model: str, sessions: dict[str, list[Session]], args: argparse.Namespace, mask: bool
 ) -> list[dict[str, Any]]:
@@ -77,7 +82,7 @@ def _replays(
     for workload in REPLAYS:
         if not sessions[workload]:
             continue
-        variant = "good" if workload != "restrict" else ("tools_mask" if mask else "tools_remove")
+        variant = variant_of(workload, mask)
         arm = Arm(f"{peer.name}|{workload}", variant)
         _say(f"{peer.name}: {workload} ({variant}), {len(sessions[workload])} session(s)")
         t0 = time.perf_counter()

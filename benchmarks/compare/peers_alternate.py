@@ -115,7 +115,7 @@ def run_side_by_side(
     notes: list[str],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """All servers at once: warm-up each, the replays alternated, then BFCL server by server."""
-    from benchmarks.compare.peers import REPLAYS, _say, run_bfcl, start_peer, warm_up
+    from benchmarks.compare.peers import REPLAYS, _say, run_bfcl, start_peer, variant_of, warm_up
 
     replay_recs: list[dict[str, Any]] = []
     bfcl_recs: list[dict[str, Any]] = []
@@ -136,9 +136,7 @@ def run_side_by_side(
                 continue
             targets, variants = [], {}
             for srv in up:
-                variants[srv.peer.name] = variant = (
-                    "good" if workload != "restrict" else ("tools_mask" if srv.mask else "tools_remove")
-                )
+                variants[srv.peer.name] = variant = variant_of(workload, srv.mask)
                 arm = Arm(f"{srv.peer.name}|{workload}", variant)
                 targets.append(
                     Target(
