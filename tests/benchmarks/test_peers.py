@@ -106,29 +106,17 @@ def serve(app):
         thread.join(10)
 
 
+def quick_args(good: str, bad: str, out, *extra: str) -> list[str]:
+    """``bench peers --quick`` (3 turns) against the two fake servers only, plus ``extra``."""
+    base = ["peers", "--quick", "--servers", "none", "--url", f"good={good}", "--url", f"bad={bad}"]
+    return [*base, "--out", str(out), "--quiet", "--max-turns", "3", *extra]
+
+
 def test_peers_quick_against_fake_servers(tmp_path):
     from benchmarks import run
 
     with serve(fake_app(True)) as good, serve(fake_app(False)) as bad:
-        rc = run.main(
-            [
-                "peers",
-                "--quick",
-                "--servers",
-                "none",
-                "--url",
-                f"good={good}",
-                "--url",
-                f"bad={bad}",
-                "--out",
-                str(tmp_path),
-                "--quiet",
-                "--max-turns",
-                "3",
-                "--pairs",
-                "good:bad",
-            ]
-        )
+        rc = run.main(quick_args(good, bad, tmp_path, "--pairs", "good:bad"))
     assert rc == 0
     doc = json.loads((tmp_path / "peers_quick.json").read_text())
     assert (tmp_path / "peers_quick.md").is_file() and (tmp_path / "peers_quick.png").stat().st_size > 1000
@@ -176,28 +164,8 @@ def test_peers_alternate_sends_each_turn_to_every_server_in_rotating_order(tmp_p
 
     arrivals: list = []
     with serve(fake_app(True, arrivals)) as good, serve(fake_app(False, arrivals)) as bad:
-        rc = run.main(
-            [
-                "peers",
-                "--quick",
-                "--alternate",
-                "--alternate-pause",
-                "0",
-                "--bfcl-modes",
-                "",
-                "--servers",
-                "none",
-                "--url",
-                f"good={good}",
-                "--url",
-                f"bad={bad}",
-                "--out",
-                str(tmp_path),
-                "--quiet",
-                "--max-turns",
-                "3",
-            ]
-        )
+        extra = ("--alternate", "--alternate-pause", "0", "--bfcl-modes", "")
+        rc = run.main(quick_args(good, bad, tmp_path, *extra))
     assert rc == 0
     replayed = [a for a in arrivals if "|agent" in a[1] or "|restrict" in a[1]]
     assert len(replayed) == 12  # 2 workloads x 3 turns x 2 servers
