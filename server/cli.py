@@ -103,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     make.add_argument("--layers", type=int, default=2)
     make.add_argument("--hidden", type=int, default=64)
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument(
+        "--max-positions",
+        type=int,
+        default=None,
+        help="context window (default: the family's, 8192); Claude Code / Codex need 32768+",
+    )
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -150,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             from server.families.test_model import make_test_model
 
             try:
-                print(make_test_model(args.family, args.out, args.hidden, args.layers, args.seed))
+                print(
+                    make_test_model(
+                        args.family, args.out, args.hidden, args.layers, args.seed, args.max_positions
+                    )
+                )
             except FamilyError as exc:
                 print(f"agentserve: {exc}", file=sys.stderr)
                 return 2

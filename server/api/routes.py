@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from server.api.sse import sse_stream
+from server.api.sse import Framing, sse_stream
 from server.chat.prepare import Prepared
 from server.chat.service import ChatService
 from server.errors import Timeout
@@ -45,7 +45,23 @@ async def _await_unless_gone(
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def _serve(request: Request, prepare: Callable[[], Prepared]) -> Response:
+ToJson = Callable[[Prepared, dict[str, Any]], dict[str, Any]]
+ToStream = Callable[[Prepared, AsyncIterator[dict[str, Any]]], AsyncIterator[dict[str, Any]]]
+
+
+async def serve_prepared(
+    request: Request,
+    prepare: Callable[[], Prepared],
+    to_json: ToJson | None = None,
+    to_stream: ToStream | None = None,
+    framing: Framing | None = None,
+) -> Response:
+    """The one serving path of every dialect: prepare (thread) → admission → generate → respond.
+
+    A dialect adapter (Responses, Anthropic Messages) passes ``to_json`` to turn the OpenAI
+    chat completion into its own body, ``to_stream`` to turn the chat chunks into its own
+    events, and ``framing`` for how those events go on the wire (see ``api/sse.py``).
+    """
     service = _service(request)
     limits = request.app.state.settings.limits
     deadline = time.monotonic() + limits.request_timeout_s
@@ -62,8 +78,11 @@ async def _serve(request: Request, prepare: Callable[[], Prepared]) -> Response:
         raise
     if prepared.stream:
         remaining = max(0.001, deadline - time.monotonic())
+        chunks = service.stream(prepared)
+        if to_stream is not None:
+            chunks = to_stream(prepared, chunks)
         return StreamingResponse(
-            sse_stream(service.stream(prepared), ticket, remaining),
+            sse_stream(chunks, ticket, remaining, framing),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -75,7 +94,7 @@ async def _serve(request: Request, prepare: Callable[[], Prepared]) -> Response:
         ticket.release()
     if result is None:
         return Response(status_code=499)  # the client is gone; nothing to deliver
-    return JSONResponse(result)
+    return JSONResponse(to_json(prepared, result) if to_json is not None else result)
 
 
 @router.post("/v1/chat/completions")
@@ -83,7 +102,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     service = _service(request)
     tenant = request.state.tenant
     raw = await request.json()  # already parsed by FastAPI (cached): the session key uses the body as sent
-    return await _serve(request, lambda: service.prepare_chat(body, request.headers, tenant, raw))
+    return await serve_prepared(request, lambda: service.prepare_chat(body, request.headers, tenant, raw))
 
 
 @router.post("/v1/completions")
@@ -91,7 +110,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     service = _service(request)
     tenant = request.state.tenant
     raw = await request.json()
-    return await _serve(request, lambda: service.prepare_completion(body, request.headers, tenant, raw))
+    return await serve_prepared(
+        request, lambda: service.prepare_completion(body, request.headers, tenant, raw)
+    )
 
 
 @router.get("/v1/models")

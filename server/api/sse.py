@@ -6,7 +6,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from server.admission import Ticket
@@ -20,14 +21,44 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {payload}\n\n"
 
 
+@dataclass(frozen=True)
+class Framing:
+    """How a dialect's events go on the wire.
+
+    OpenAI Chat Completions: ``data:`` lines, errors as an ``{"error": …}`` event, then
+    ``[DONE]``. Responses / Anthropic Messages: ``event: TYPE`` + ``data:`` (the event's
+    ``type`` field names it), their own error event (``error_event``), no ``[DONE]``.
+    """
+
+    named_events: bool = False
+    done: bool = True
+    error_event: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def frame(self, data: dict[str, Any] | str) -> str:
+        if self.named_events and isinstance(data, dict) and isinstance(data.get("type"), str):
+            payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+            return f"event: {data['type']}\ndata: {payload}\n\n"
+        return sse(data)
+
+    def error(self, body: dict[str, Any]) -> str:
+        return self.frame(self.error_event(body) if self.error_event is not None else body)
+
+
+OPENAI_FRAMING = Framing()
+
+
 async def sse_stream(
-    chunks: AsyncIterator[dict[str, Any]], ticket: Ticket | None = None, timeout_s: float | None = None
+    chunks: AsyncIterator[dict[str, Any]],
+    ticket: Ticket | None = None,
+    timeout_s: float | None = None,
+    framing: Framing | None = None,
 ) -> AsyncIterator[str]:
     """Frame chunks as SSE; an error after the stream began becomes an error event, then [DONE].
 
     A client disconnect cancels this generator at its current await; closing ``chunks``
     then cancels the engine request. The admission ticket is released in every case.
     """
+    framing = framing or OPENAI_FRAMING
     deadline = time.monotonic() + timeout_s if timeout_s else None
     try:
         while True:
@@ -38,14 +69,15 @@ async def sse_stream(
                 break
             except TimeoutError:
                 raise Timeout(f"request timed out after {timeout_s:g} s (limits.request_timeout_s)") from None
-            yield sse(chunk)
+            yield framing.frame(chunk)
     except AgentServeError as exc:
-        yield sse(exc.body())
+        yield framing.error(exc.body())
     except Exception as exc:  # the status line is gone: report in-band, never drop silently
         log.exception("stream failed")
-        yield sse(internal_error_body(exc))
+        yield framing.error(internal_error_body(exc))
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
         if ticket is not None:
             ticket.release()
-    yield sse("[DONE]")
+    if framing.done:
+        yield sse("[DONE]")

@@ -34,9 +34,18 @@ def _tokenizer(vocab: str, version: str | None, tmp: Path) -> Any:
 
 
 def make_test_model(
-    family_ref: str, out: str | Path, hidden: int = 64, layers: int = 2, seed: int = 0
+    family_ref: str,
+    out: str | Path,
+    hidden: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    max_positions: int | None = None,
 ) -> Path:
-    """Write the model folder at ``out`` (replaced if it exists); returns its path."""
+    """Write the model folder at ``out`` (replaced if it exists); returns its path.
+
+    ``max_positions`` sets the context window (default: the family's ``test_model.max_positions``,
+    else 8,192); agent clients such as Claude Code send 12-20k-token prompts and need 32k+.
+    """
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -55,7 +64,7 @@ def make_test_model(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=int(spec.get("max_positions", 8192)),
+        max_position_embeddings=max_positions or int(spec.get("max_positions", 8192)),
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,
         eos_token_id=eos,
