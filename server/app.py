@@ -12,11 +12,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.admission import Admission
+from server.api.messages import router as messages_router
 from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
 from server.auth import authenticate, needs_key
 from server.chat.service import ChatService
 from server.config import ConfigError, Settings
+from server.dialects.messages.errors import shape_error
 from server.engines.base import Engine
 from server.errors import AgentServeError, PayloadTooLarge, internal_error_body
 from server.metrics import Metrics
@@ -82,6 +84,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     )
     app.include_router(router)
     app.include_router(tokenize_router)
+    app.include_router(messages_router)
     max_body = settings.limits.max_request_bytes
 
     @app.middleware("http")
@@ -99,7 +102,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
                 )
             response = await call_next(request)
         except AgentServeError as exc:
-            response = JSONResponse(exc.body(), status_code=exc.status)
+            response = JSONResponse(shape_error(path, exc.status, exc.body()), status_code=exc.status)
         metrics.requests.labels(
             path if path.startswith(("/v1/", "/health", "/metrics")) else "other", str(response.status_code)
         ).inc()
@@ -108,24 +111,25 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     @app.exception_handler(AgentServeError)
     async def on_agentserve_error(request: Request, exc: AgentServeError) -> JSONResponse:
         headers = {"Retry-After": str(exc.retry_after_s)} if hasattr(exc, "retry_after_s") else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        body = shape_error(request.url.path, exc.status, exc.body())
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
-        return JSONResponse(body, status_code=400)
+        return JSONResponse(shape_error(request.url.path, 400, body), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         body = {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
-        return JSONResponse(body, status_code=exc.status_code)
+        return JSONResponse(shape_error(request.url.path, exc.status_code, body), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
-        return JSONResponse(internal_error_body(exc), status_code=500)
+        return JSONResponse(shape_error(request.url.path, 500, internal_error_body(exc)), status_code=500)
 
     return app
 

@@ -102,6 +102,7 @@ class ChatChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str
     incomplete_tool_call: IncompleteToolCall | None = Field(None, exclude_if=lambda v: v is None)
+    stop_reason: str | None = Field(None, exclude_if=lambda v: v is None)  # vLLM's: the stop string matched
 
 
 class TextChoice(BaseModel):
@@ -127,6 +128,7 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
     incomplete_tool_call: IncompleteToolCall | None = Field(None, exclude_if=lambda v: v is None)
+    stop_reason: str | None = Field(None, exclude_if=lambda v: v is None)  # vLLM's: the stop string matched
 
 
 class _Response(BaseModel):

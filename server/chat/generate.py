@@ -28,6 +28,7 @@ class GenerationResult:
 
     text: str = ""
     finish_reason: str = "stop"
+    stop_string: str | None = None  # the stop string that ended the reply, if one did
     completion_tokens: int = 0
     cached_tokens: int = 0
     first_token_at: float | None = None
@@ -114,6 +115,7 @@ async def generate_text(
                 continue  # an incomplete UTF-8 sequence: wait for the next token
             cut = first_stop(text, p.stops)
             if cut is not None:
+                out.stop_string = next(s for s in p.stops if s and text.find(s) == cut)
                 text, out.finish_reason = text[:cut], "stop"
                 out.text = text
                 _cut_logprobs(out, cut)

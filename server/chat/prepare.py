@@ -110,6 +110,8 @@ class Preparer:
                 f"{name}={asked} is over this server's limit of {cap} (limits.max_tokens): ask for fewer",
                 param=name,
             )
+        if asked is not None and asked > room and getattr(req, "max_tokens_fit_window", False):
+            asked = room  # Anthropic Messages: lowered to fit; a full window is model_context_window_exceeded
         if asked is not None and asked > room:
             raise ContextLengthExceeded(
                 f"prompt ({prompt_len} tokens) + {name} ({asked}) exceeds the context window "

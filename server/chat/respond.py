@@ -139,7 +139,11 @@ def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: 
             finish = "tool_calls"
     message = AssistantMessage(content=parsed.content, tool_calls=calls)
     choice = ChatChoice(
-        message=message, logprobs=chat_logprobs(out.logprobs), finish_reason=finish, incomplete_tool_call=cut
+        message=message,
+        logprobs=chat_logprobs(out.logprobs),
+        finish_reason=finish,
+        incomplete_tool_call=cut,
+        stop_reason=out.stop_string,
     )
     return ChatCompletionResponse(**head, choices=[choice], usage=usage(p, out)).model_dump()
 
@@ -159,12 +163,21 @@ class StreamChunks:
         self.text_offset = 0
 
     def _chunk(
-        self, delta: ChatDelta | str, finish: str | None = None, cut: Any = None, **ext: Any
+        self,
+        delta: ChatDelta | str,
+        finish: str | None = None,
+        cut: Any = None,
+        stop_reason: str | None = None,
+        **ext: Any,
     ) -> dict[str, Any]:
         entries, self.pending = (self.pending or None), []
         if isinstance(delta, ChatDelta):
             choice = ChatChunkChoice(
-                delta=delta, logprobs=chat_logprobs(entries), finish_reason=finish, incomplete_tool_call=cut
+                delta=delta,
+                logprobs=chat_logprobs(entries),
+                finish_reason=finish,
+                incomplete_tool_call=cut,
+                stop_reason=stop_reason,
             )
             return ChatCompletionChunk(**self.head, **ext, choices=[choice]).model_dump()
         lp = text_logprobs(entries, self.text_offset)
@@ -214,7 +227,9 @@ class StreamChunks:
     def final(self, out: GenerationResult) -> list[dict[str, Any]]:
         """The final chunk (finish reason + extensions), then the usage chunk when asked for."""
         ext = extensions(self.p, out)
-        end = self._chunk(ChatDelta() if self.chat else "", self.finish_reason, self.incomplete, **ext)
+        end = self._chunk(
+            ChatDelta() if self.chat else "", self.finish_reason, self.incomplete, out.stop_string, **ext
+        )
         if not self.p.include_usage:
             return [end]
         kind = ChatCompletionChunk if self.chat else CompletionChunk

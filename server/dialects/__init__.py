@@ -1,0 +1,1 @@
+"""Dialect adapters: other APIs' request/response shapes onto the one chat pipeline."""

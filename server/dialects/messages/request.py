@@ -1,0 +1,189 @@
+"""A Messages request body -> the internal ``ChatCompletionRequest`` + a chat-shaped raw body.
+
+Field by field (README "Anthropic Messages"): ``model``, ``max_tokens``, ``temperature``,
+``top_p``, ``top_k``, ``stop_sequences``, ``stream``, ``system``/``messages``/``tools``/
+``tool_choice`` (``blocks.py``), ``output_config.format`` (a JSON schema: enforced like
+``response_format``) are used. Accepted and not used: ``thinking`` (no reasoning is produced),
+``output_config.effort``, ``context_management`` (the server never edits the context),
+``service_tier``, ``speed``, ``inference_geo``, ``container``, ``cache_control`` (prefix caching is
+always on), ``metadata`` (its ``user_id`` may name the session: kept in the raw body for the
+session key). ``mcp_servers`` are dropped like server tools. Extensions ``tool_state_machine``,
+``cache_compare_with`` and ``prompt_cache_key`` pass through. Other fields: accepted, logged once.
+``max_tokens`` larger than what is left of the context window is lowered to fit (Anthropic's newer
+models do the same); a reply that reaches the window ends with ``model_context_window_exceeded``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from server.dialects.messages import blocks, ids
+from server.errors import InvalidRequest
+from server.protocol import ChatCompletionRequest
+
+log = logging.getLogger(__name__)
+
+USED = frozenset(
+    {
+        "model", "max_tokens", "messages", "system", "tools", "tool_choice", "temperature", "top_p",
+        "top_k", "stop_sequences", "stream", "metadata", "diagnostics", "output_config",
+        "tool_state_machine", "cache_compare_with", "prompt_cache_key",
+    }
+)  # fmt: skip
+ACCEPTED_UNUSED = frozenset(
+    {
+        "thinking", "context_management", "service_tier", "speed", "inference_geo", "container",
+        "cache_control", "mcp_servers", "user_profile_id", "workspace_id",
+    }
+)  # fmt: skip
+THINKING_TYPES = ("enabled", "adaptive", "disabled")
+_logged: set[str] = set()
+
+
+class CountTokensBody(BaseModel):
+    """``/v1/messages/count_tokens``: what the prompt depends on (no ``max_tokens``)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)
+    system: str | list[Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    tool_state_machine: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+
+
+class MessagesBody(CountTokensBody):
+    """``/v1/messages``: Anthropic's ranges (temperature 0..1)."""
+
+    max_tokens: int = Field(ge=1)  # required here
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    diagnostics: dict[str, Any] | None = None
+    cache_compare_with: str | None = Field(None, max_length=256)
+    prompt_cache_key: str | None = None
+    mcp_servers: list[Any] | None = None
+
+
+class MessagesChatRequest(ChatCompletionRequest):
+    """The chat request of a Messages call: ``max_tokens`` is lowered to fit the context window."""
+
+    max_tokens_fit_window: bool = True
+
+
+@dataclass
+class Converted:
+    chat: MessagesChatRequest
+    raw: dict[str, Any]  # chat-shaped, the client's key order (session key, prefix hash)
+    dropped_tools: list[str] = field(default_factory=list)
+    diagnostics: bool = False  # the request asked for Anthropic's cache diagnostics
+    stop_sequences: list[str] = field(default_factory=list)
+
+
+def _check_thinking(thinking: dict[str, Any] | None) -> None:
+    if thinking is None:
+        return
+    kind = thinking.get("type")
+    if kind not in THINKING_TYPES:
+        raise blocks.bad(
+            "thinking.type", f"{kind!r} is not a thinking type: use one of {list(THINKING_TYPES)}"
+        )
+    budget = thinking.get("budget_tokens")
+    if kind == "enabled" and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise blocks.bad(
+            "thinking.budget_tokens", 'thinking {"type": "enabled"} needs an integer budget_tokens >= 1'
+        )
+
+
+def _response_format(output_config: dict[str, Any] | None) -> dict[str, Any] | None:
+    fmt = (output_config or {}).get("format")
+    if fmt is None:
+        return None
+    if (
+        not isinstance(fmt, dict)
+        or fmt.get("type") != "json_schema"
+        or not isinstance(fmt.get("schema"), dict)
+    ):
+        raise blocks.bad("output_config.format", 'use {"type": "json_schema", "schema": {…}}')
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+
+
+def _log_unknown(body: BaseModel) -> None:
+    for name in body.model_extra or {}:
+        if name not in USED and name not in ACCEPTED_UNUSED and name not in _logged:
+            _logged.add(name)
+            log.info("Messages field %r is not used by this server (accepted)", name)
+
+
+def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:
+    """The chat request and raw chat-shaped body of a Messages (or count_tokens) request."""
+    _check_thinking(body.thinking)
+    _log_unknown(body)
+    messages = blocks.chat_messages(body.system, body.messages)
+    tools, dropped = blocks.chat_tools(body.tools)
+    mcp = raw_body.get("mcp_servers")
+    if isinstance(mcp, list):
+        dropped += [f"{s.get('name', '?') if isinstance(s, dict) else '?'} (mcp_servers)" for s in mcp]
+    tool_choice, parallel = blocks.chat_tool_choice(body.tool_choice)
+    sampling = {k: raw_body[k] for k in ("temperature", "top_p", "top_k") if raw_body.get(k) is not None}
+    stops = list(raw_body.get("stop_sequences") or [])
+    extensions = {k: raw_body[k] for k in ("tool_state_machine", "prompt_cache_key") if raw_body.get(k)}
+    diagnostics = raw_body.get("diagnostics")
+    compare = raw_body.get("cache_compare_with")
+    previous = diagnostics.get("previous_message_id") if isinstance(diagnostics, dict) else None
+    if not compare and isinstance(previous, str) and previous:
+        compare = ids.chat_id(previous)
+    chat: dict[str, Any] = {
+        "model": body.model,
+        "messages": messages,
+        **({"tools": tools} if tools else {}),
+        **({"tool_choice": tool_choice} if tool_choice is not None and tools else {}),
+        "parallel_tool_calls": parallel,
+        "max_tokens": body.max_tokens,
+        **sampling,
+        **({"stop": stops} if stops else {}),
+        "stream": bool(raw_body.get("stream", False)),
+        "stream_options": {"include_usage": True},
+        **extensions,
+        **({"cache_compare_with": compare} if compare else {}),
+    }
+    response_format = _response_format(body.output_config)
+    if response_format is not None:
+        chat["response_format"] = response_format
+    if tool_choice not in (None, "none", "auto") and not tools:
+        raise blocks.bad("tool_choice", "tool_choice needs tools: send the tools it may choose from")
+    try:
+        request = MessagesChatRequest.model_validate(chat)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise InvalidRequest(f"invalid request: {where}: {first.get('msg')}", param=where or None) from None
+    return Converted(
+        request, _raw(raw_body, messages, tools, tool_choice), dropped, diagnostics is not None, stops
+    )
+
+
+def _raw(raw_body: dict[str, Any], messages: list[Any], tools: list[Any], tool_choice: Any) -> dict[str, Any]:
+    """The body as a chat request, keys in the client's order (metadata kept for the session key)."""
+    out: dict[str, Any] = {}
+    for key, value in raw_body.items():
+        if key in ("system", "messages"):
+            out.setdefault("messages", messages)
+        elif key == "tools":
+            out["tools"] = tools
+        elif key == "tool_choice":
+            if tool_choice is not None:
+                out["tool_choice"] = tool_choice
+        else:
+            out[key] = value
+    return out
