@@ -84,6 +84,7 @@ def test_stop_string_cuts_the_text(client):
     cut = ask(client, msgs, "e2e-stop", max_tokens=30, stop=["@@never@@", stop])
     assert cut.choices[0].message.content == full[: full.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].model_extra["stop_reason"] == stop  # vLLM's field: which stop string ended it
 
 
 def test_completions_endpoint(client):

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from server.chat.prepare import Prepared
 from server.dialects.messages import ids
 
 # our cache-miss types -> Anthropic's ``cache_miss_reason`` types; the rest (evicted, expired,
@@ -33,6 +32,14 @@ MISS_TYPES = {
     "settings_changed": "unavailable",
     "unavailable": "unavailable",
 }
+
+
+class Prepared(Protocol):
+    """What the converters read of ``server.chat.prepare.Prepared`` (a leaf module: no chat import)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: Any  # SamplingParams: max_tokens as lowered to fit the window
 
 
 @dataclass

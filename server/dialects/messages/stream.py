@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from server.chat.prepare import Prepared
 from server.dialects.messages import ids
-from server.dialects.messages.response import Reply, extensions, stop_reason, usage
+from server.dialects.messages.response import Prepared, Reply, extensions, stop_reason, usage
 
 
 class _Blocks:
