@@ -244,6 +244,11 @@ def test_history_blocks_documents_and_tool_result_text():
                 "role": "user",
                 "content": [
                     {"type": "tool_result", "tool_use_id": "toolu_q", "is_error": True, "content": "boom"},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_q",
+                        "content": [{"type": "tool_reference", "tool_name": "Glob"}],
+                    },
                     {"type": "text", "text": "go on"},
                 ],
             },
@@ -254,6 +259,7 @@ def test_history_blocks_documents_and_tool_result_text():
     assert got[1]["content"] == "ok" and got[1]["tool_calls"][0]["id"] == "q"
     assert got[2:] == [
         {"role": "tool", "content": "boom", "tool_call_id": "q"},
+        {"role": "tool", "content": '{"tool_name": "Glob", "type": "tool_reference"}', "tool_call_id": "q"},
         {"role": "user", "content": "go on"},
     ]
 

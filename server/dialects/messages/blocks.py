@@ -9,7 +9,9 @@ Rendering rules (see README "Anthropic Messages"):
 - ``thinking`` / ``redacted_thinking`` blocks in the history are accepted and not rendered;
 - a ``tool_result`` becomes a chat ``tool`` message (``is_error`` is not rendered: the result's
   text is what the model reads); ``tool_use`` becomes an assistant tool call;
-- a ``role: "system"`` message inside ``messages`` is a system message at that position.
+- a ``role: "system"`` message inside ``messages`` is a system message at that position;
+- every client tool is rendered, ``defer_loading`` ones too (the tool list stays the same all
+  session long, which keeps the prefix cache; a ``tool_reference`` in a tool result is shown as sent).
 Anything the model cannot read (images, PDFs, unknown block types) is a 400 saying how to fix it.
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 
 from server.dialects.messages import ids
 from server.errors import InvalidRequest
+from server.session_key import canonical_json
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +117,12 @@ def _texts(content: Any, where: str) -> str:
             out.append(_text(block, at))
         elif block["type"] == "document":
             out.append(_document_text(block, at))
+        elif block["type"] == "tool_reference" and isinstance(block.get("tool_name"), str):
+            # tool search's answer (Claude Code's ToolSearch): every tool is always rendered here, so
+            # the reference is shown as sent, in canonical JSON
+            out.append(canonical_json({"type": "tool_reference", "tool_name": block["tool_name"]}))
         else:
-            raise _unsupported(block["type"], at, ("text", "document"))
+            raise _unsupported(block["type"], at, ("text", "document", "tool_reference"))
     return TEXT_JOIN.join(out)
 
 
