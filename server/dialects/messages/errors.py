@@ -17,7 +17,7 @@ STATUS_TYPES = {
     402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
-    405: "not_found_error",
+    405: "invalid_request_error",  # a method the path does not take
     413: "request_too_large",
     422: "invalid_request_error",
     429: "rate_limit_error",
