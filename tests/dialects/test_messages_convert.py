@@ -365,3 +365,22 @@ def test_stream_events_from_chat_chunks():
         "output_tokens": 5,
     }
     assert delta["cache"] == cache and delta["diagnostics"] == {"cache_miss_reason": None}
+
+
+def test_closing_the_event_stream_closes_the_chat_stream():
+    closed = []
+
+    async def chat():
+        try:
+            while True:
+                yield {"choices": [{"delta": {"content": "x"}}]}
+        finally:
+            closed.append(True)  # service.stream's finally cancels the engine request
+
+    async def run():
+        events = message_events(prepared(), Reply(MODEL, 10), chat())
+        assert [(await anext(events))["type"] for _ in range(4)][-1] == "content_block_delta"
+        await events.aclose()
+        assert closed == [True]  # now, not when the event loop shuts down
+
+    asyncio.run(run())

@@ -81,7 +81,20 @@ def message_start(p: Prepared, reply: Reply) -> dict[str, Any]:
 async def message_events(
     p: Prepared, reply: Reply, chunks: AsyncIterator[dict[str, Any]]
 ) -> AsyncIterator[dict[str, Any]]:
-    """The Anthropic events for a chat stream (``serve_prepared``'s ``to_stream``)."""
+    """The Anthropic events for a chat stream (``serve_prepared``'s ``to_stream``).
+
+    Closing this generator (the client went away) closes ``chunks``, which cancels the engine request.
+    """
+    try:
+        async for event in _events(p, reply, chunks):
+            yield event
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
+async def _events(
+    p: Prepared, reply: Reply, chunks: AsyncIterator[dict[str, Any]]
+) -> AsyncIterator[dict[str, Any]]:
     yield message_start(p, reply)
     yield {"type": "ping"}
     blocks = _Blocks()
