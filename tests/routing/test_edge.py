@@ -8,7 +8,7 @@ import pytest
 from server.auth import TENANT_HEADER, TOKEN_HEADER, authenticate, namespaced_session
 from server.config import AuthSettings, RoutingSettings, Settings
 from server.errors import Unauthorized
-from server.session_key import prefix_hash
+from server.session_key import key_digest, prefix_hash
 from tests.routing.conftest import RouterThread
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,7 +84,8 @@ def test_two_tenants_with_the_same_session_key_are_placed_independently(workers,
     policy, pool = r.router.policy, r.router.pool
 
     def home(tenant: str, key: str) -> str:
-        sel = policy.select_worker(namespaced_session(tenant, key), pool.loads(), prefix_hash(chat(key)))
+        placement = key_digest(namespaced_session(tenant, key))  # the router places by the key's digest
+        sel = policy.select_worker(placement, pool.loads(), prefix_hash(chat(key)))
         return pool.workers[sel.worker].url
 
     keys = [k for k in (f"shared-{i}" for i in range(60)) if home("team-a", k) != home("team-b", k)][:5]
