@@ -122,3 +122,23 @@ def test_worker_trusts_the_tenant_header_only_with_the_router_token():
     # no router token configured: a tenant header is never trusted, even with a valid key
     with pytest.raises(Unauthorized, match="only from the router"):
         authenticate({TENANT_HEADER: "team-a", "authorization": "Bearer key-a"}, AuthSettings(api_keys=KEYS))
+
+
+def test_x_api_key_authenticates_like_bearer():
+    """Anthropic clients (Claude Code) send x-api-key; a Bearer header, when valid, wins."""
+    auth = AuthSettings(api_keys=KEYS)
+    assert authenticate({"x-api-key": "key-b"}, auth) == "team-b"
+    assert authenticate({"x-api-key": " key-b "}, auth) == "team-b"
+    assert authenticate({"authorization": "Bearer key-a", "x-api-key": "key-b"}, auth) == "team-a"
+    assert authenticate({"authorization": "Basic xyz", "x-api-key": "key-b"}, auth) == "team-b"
+    for headers in (
+        {"x-api-key": "nope"},
+        {"x-api-key": ""},
+        {},
+        {"authorization": "Bearer ", "x-api-key": " "},
+    ):
+        with pytest.raises(Unauthorized):
+            authenticate(headers, auth)
+    with pytest.raises(Unauthorized, match="x-api-key"):
+        authenticate({}, auth)
+    assert authenticate({"x-api-key": "anything"}, AuthSettings()) == ""  # no keys configured: open
