@@ -139,7 +139,7 @@ class Preparer:
             raise ContextLengthExceeded(
                 f"prompt ({prompt_len} tokens) + {name} ({asked}) exceeds the context window "
                 f"({self.engine.max_model_len}): lower {name} to at most {room} or shorten the prompt "
-                f"(or set limits.max_tokens_over_window: clamp)",
+                f"(this server refuses rather than lowers it: limits.max_tokens_over_window is reject)",
                 param=name,
             )
         max_tokens = asked if asked is not None else min(self.settings.default_max_tokens, room)
