@@ -71,6 +71,7 @@ def test_served_names_and_the_window_policy(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="served_model_aliases"):
         load_settings(served_model_aliases=[" "])
     assert load_settings().limits.max_tokens_over_window == "clamp"
-    assert load_settings(limits={"max_tokens_over_window": "reject"}).limits.max_tokens_over_window == "reject"
+    reject = load_settings(limits={"max_tokens_over_window": "reject"})
+    assert reject.limits.max_tokens_over_window == "reject"
     with pytest.raises(ConfigError, match="limits.max_tokens_over_window"):
         load_settings(limits={"max_tokens_over_window": "truncate"})
