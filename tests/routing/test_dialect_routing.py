@@ -155,3 +155,24 @@ def test_x_api_key_is_checked_at_the_router(workers, keyed_router):
     )
     both = {"x-api-key": "wrong", "Authorization": "Bearer key-b"}
     assert worker_of(post(r, "/v1/messages", body, **hdr, **both)) == home(r, key, body, "team-b")
+
+
+def test_turns_of_messages_and_responses_bodies():
+    """The turn (slow start, graded load bound) from the body alone, in the new dialects too."""
+    from server.routing.proxy import assistant_turns
+
+    def enc(body: dict) -> bytes:
+        return json.dumps(body).encode()
+
+    assert assistant_turns(enc(messages())) == 0
+    later = messages()
+    later["messages"] += [
+        {"role": "assistant", "content": [{"type": "tool_use"}]},
+        {"role": "user", "content": "r"},
+    ]
+    assert assistant_turns(enc(later)) == 1
+    assert assistant_turns(enc(responses())) == 0
+    call = {"type": "function_call", "call_id": "c", "name": "shell", "arguments": "{}"}
+    out = {"type": "function_call_output", "call_id": "c", "output": "x"}
+    assert assistant_turns(enc({**responses(), "input": [{"role": "user", "content": "go"}, call, out]})) == 1
+    assert assistant_turns(enc({"model": "m", "input": "next", "previous_response_id": "resp_x"})) == 1
