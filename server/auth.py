@@ -1,7 +1,8 @@
 """API keys and tenants: who is calling, and which cache namespace they get.
 
 With no keys configured every caller is the anonymous tenant "". With keys, a
-request must send ``Authorization: Bearer KEY`` for one of them (401 otherwise);
+request must send ``Authorization: Bearer KEY`` (or Anthropic's ``x-api-key: KEY``, which
+Claude Code sends; the Bearer header wins when both come) for one of them (401 otherwise);
 its tenant names the prefix-cache namespace and prefixes its session keys, so one
 tenant's prompt is never served from (or timed against) another tenant's cache.
 Keys are compared in constant time and never logged.
@@ -48,12 +49,13 @@ def authenticate_key(headers: Mapping[str, str], auth: AuthSettings) -> str:
     """The tenant of the request's API key (what the router checks at the edge)."""
     if not auth.api_keys:
         return ANONYMOUS
-    header = headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():  # Anthropic clients (Claude Code) send x-api-key
+        key = headers.get("x-api-key", "")
+    if not key.strip():
         raise Unauthorized(
-            "missing API key: send the header 'Authorization: Bearer YOUR_KEY' "
-            "(with the openai client: OpenAI(api_key=...))"
+            "missing API key: send the header 'Authorization: Bearer YOUR_KEY' or 'x-api-key: YOUR_KEY' "
+            "(openai client: OpenAI(api_key=...); anthropic client / Claude Code: ANTHROPIC_API_KEY)"
         )
     key_bytes = key.strip().encode()
     tenant = None

@@ -11,7 +11,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -176,6 +176,14 @@ class LimitsSettings(_Section):
     max_tools: int = Field(128, ge=1, description="Most tools in one request.")
     max_tool_schema_bytes: int = Field(32768, ge=64, description="Largest JSON of one tool definition.")
     max_tokens: int | None = Field(None, ge=1, description="Cap on max_tokens (None: the context window).")
+    max_tokens_over_window: Literal["clamp", "reject"] = Field(
+        "clamp",
+        description="A max_tokens / max_completion_tokens / max_output_tokens larger than what the context "
+        "window holds after the prompt: clamp = lower it to what remains (the reply ends with "
+        "finish_reason 'length' if it gets there; the response carries max_tokens_clamped and the log a "
+        "line), reject = a 400 naming the most that fits. A prompt alone over the window is a 400 either "
+        "way (never truncated). clamp suits agent clients that send a fixed 32000 (opencode, Claude Code).",
+    )
     max_concurrent_requests: int = Field(16, ge=1, description="Requests generating at once per worker.")
     max_queued_requests: int = Field(64, ge=0, description="Requests waiting beyond that; more get 429.")
     request_timeout_s: float = Field(
@@ -190,6 +198,11 @@ class Settings(BaseSettings):
 
     model: str = Field("embedded", description="'embedded', a transformers model folder, or a .gguf file.")
     served_model_name: str = Field("smollm2-135m-instruct", description="The name clients send as 'model'.")
+    served_model_aliases: list[str] = Field(
+        default_factory=list,
+        description="More names served as the same model (Claude Code sends its configured model and a "
+        "'small fast' model name). Responses echo the name the request used; GET /v1/models lists all.",
+    )
     engine: Literal["hf", "vllm"] = Field(
         "hf", description="hf = transformers + torch; vllm = vLLM AsyncLLM."
     )
@@ -232,6 +245,18 @@ class Settings(BaseSettings):
     vllm: VllmSettings = VllmSettings()
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
+
+    @field_validator("served_model_aliases")
+    @classmethod
+    def _aliases_are_names(cls, aliases: list[str]) -> list[str]:
+        bad = [a for a in aliases if not a.strip()]
+        if bad:
+            raise ValueError("an alias must be a non-empty model name")
+        return aliases
+
+    def served_model_names(self) -> list[str]:
+        """Every name this deployment answers to: served_model_name first, then the aliases (no repeats)."""
+        return list(dict.fromkeys([self.served_model_name, *self.served_model_aliases]))
 
     def engine_settings(self) -> EngineSettings:
         """The engine's own section (model, device, dtype, context, prefix cache, vLLM knobs)."""

@@ -3,7 +3,8 @@
 Built by server/chat/respond.py (logprob entries by server/chat/generate.py); optional
 fields marked ``exclude_if`` are left out of the JSON when unset, as OpenAI leaves them out.
 Extensions: ``cache`` (``CacheInfo``: cached tokens and why not more) and ``tool_state``
-(``ToolStateInfo``) on a response, ``incomplete_tool_call`` on a choice cut inside a call.
+(``ToolStateInfo``) on a response, ``max_tokens_clamped`` (``MaxTokensClamped``) when max_tokens
+was lowered to fit the window, ``incomplete_tool_call`` on a choice cut inside a call.
 The request types are in server/protocol.py.
 """
 
@@ -44,6 +45,14 @@ class ToolStateInfo(BaseModel):
     mode: str
     allowed: list[str]
     state: str | None
+
+
+class MaxTokensClamped(BaseModel):
+    """Extension ``max_tokens_clamped``: max_tokens was lowered to what the context window holds after
+    the prompt (``limits.max_tokens_over_window: clamp``); ``granted`` is what the reply could use."""
+
+    requested: int
+    granted: int
 
 
 class FunctionCallOut(BaseModel):
@@ -138,6 +147,7 @@ class _Response(BaseModel):
     model: str
     cache: CacheInfo | None = Field(None, exclude_if=lambda v: v is None)
     tool_state: ToolStateInfo | None = Field(None, exclude_if=lambda v: v is None)
+    max_tokens_clamped: MaxTokensClamped | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ChatCompletionResponse(_Response):

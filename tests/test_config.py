@@ -59,3 +59,19 @@ def test_log_prompts_is_gone():
 
     with pytest.raises(ConfigError, match="log_prompts"):
         load_settings(log_prompts=True)
+
+
+def test_served_names_and_the_window_policy(tmp_path, monkeypatch):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("served_model_aliases: [claude-sonnet-4-5, claude-haiku-4-5, smollm2-135m-instruct]\n")
+    s = load_settings(cfg)
+    assert s.served_model_names() == ["smollm2-135m-instruct", "claude-sonnet-4-5", "claude-haiku-4-5"]
+    monkeypatch.setenv("AGENTSERVE_SERVED_MODEL_ALIASES", '["a", "b"]')
+    assert load_settings().served_model_names() == ["smollm2-135m-instruct", "a", "b"]
+    with pytest.raises(ConfigError, match="served_model_aliases"):
+        load_settings(served_model_aliases=[" "])
+    assert load_settings().limits.max_tokens_over_window == "clamp"
+    reject = load_settings(limits={"max_tokens_over_window": "reject"})
+    assert reject.limits.max_tokens_over_window == "reject"
+    with pytest.raises(ConfigError, match="limits.max_tokens_over_window"):
+        load_settings(limits={"max_tokens_over_window": "truncate"})

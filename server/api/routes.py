@@ -119,18 +119,21 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 async def models(request: Request) -> dict[str, Any]:
     s = request.app.state.settings
     engine = request.app.state.service.engine
-    return {
+    family = request.app.state.service.family.ref
+    return {  # one entry per served name (aliases too): the same model, the same context window
         "object": "list",
         "data": [
             {
-                "id": s.served_model_name,
+                "id": name,
                 "object": "model",
                 "created": 0,
                 "owned_by": "agentserve",
                 "max_model_len": engine.max_model_len,
                 "engine": engine.name,
-                "family": request.app.state.service.family.ref,
+                "family": family,
+                **({"root": s.served_model_name} if name != s.served_model_name else {}),
             }
+            for name in s.served_model_names()
         ],
     }
 

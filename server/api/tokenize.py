@@ -40,9 +40,10 @@ class DetokenizeRequest(BaseModel):
 
 
 def _check_model(request: Request, model: str | None) -> None:
-    served = request.app.state.settings.served_model_name
-    if model is not None and model != served:
-        raise ModelNotFound(f"model {model!r} is not served here: use {served!r}", param="model")
+    served = request.app.state.settings.served_model_names()
+    if model is not None and model not in served:
+        listed = " or ".join(repr(n) for n in served)
+        raise ModelNotFound(f"model {model!r} is not served here: use {listed}", param="model")
 
 
 @router.post("/tokenize")

@@ -9,6 +9,7 @@ schema is a 400 here, before the request waits for a decode slot.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from array import array
@@ -30,7 +31,10 @@ from server.masking.spec import ToolSpec
 from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.masking.tool_choice import ToolPlan, plan_tools
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.response_types import MaxTokensClamped
 from server.session_key import SessionKey, canonical_json, session_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,6 +56,9 @@ class Prepared:
     call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
     compare_with: str | None = None  # a response id to diagnose the cache against
     tenant: str = ""
+    model: str = ""  # the served name the request used (an alias or served_model_name): echoed back
+    # max_tokens lowered to fit the window (limits.max_tokens_over_window: clamp): every dialect reports it
+    max_tokens_clamped: MaxTokensClamped | None = None
 
 
 class Preparer:
@@ -80,10 +87,12 @@ class Preparer:
 
     # -- checks ---------------------------------------------------------------------------------
     def _check_common(self, req: SamplingFields) -> None:
-        if req.model != self.settings.served_model_name:
+        names = self.settings.served_model_names()
+        if req.model not in names:
+            listed = " or ".join(repr(n) for n in names)
             raise ModelNotFound(
-                f"model {req.model!r} is not served here: use {self.settings.served_model_name!r} "
-                f"(GET /v1/models lists it)",
+                f"model {req.model!r} is not served here: use {listed} (GET /v1/models lists them; "
+                f"operators: served_model_aliases adds names)",
                 param="model",
             )
         if req.n != 1:
@@ -94,7 +103,10 @@ class Preparer:
         enc = self.engine.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc["input_ids"]), array("l", (s for s, _ in enc["offset_mapping"]))
 
-    def _sampling(self, req: SamplingFields, prompt_len: int) -> SamplingParams:
+    def _sampling(
+        self, req: SamplingFields, prompt_len: int
+    ) -> tuple[SamplingParams, MaxTokensClamped | None]:
+        """The sampling parameters, and the clamp when max_tokens was lowered to fit the window."""
         room = self.engine.max_model_len - prompt_len
         if room < 1:
             raise ContextLengthExceeded(
@@ -110,16 +122,28 @@ class Preparer:
                 f"{name}={asked} is over this server's limit of {cap} (limits.max_tokens): ask for fewer",
                 param=name,
             )
-        if asked is not None and asked > room and getattr(req, "max_tokens_fit_window", False):
-            asked = room  # Anthropic Messages: lowered to fit; a full window is model_context_window_exceeded
+        clamped = None
+        if asked is not None and asked > room and self.settings.limits.max_tokens_over_window == "clamp":
+            clamped = MaxTokensClamped(requested=asked, granted=room)
+            log.info(
+                "%s=%d lowered to %d: the prompt holds %d of the %d-token context window "
+                "(limits.max_tokens_over_window: clamp)",
+                name,
+                asked,
+                room,
+                prompt_len,
+                self.engine.max_model_len,
+            )
+            asked = room
         if asked is not None and asked > room:
             raise ContextLengthExceeded(
                 f"prompt ({prompt_len} tokens) + {name} ({asked}) exceeds the context window "
-                f"({self.engine.max_model_len}): lower {name} to at most {room} or shorten the prompt",
+                f"({self.engine.max_model_len}): lower {name} to at most {room} or shorten the prompt "
+                f"(this server refuses rather than lowers it: limits.max_tokens_over_window is reject)",
                 param=name,
             )
         max_tokens = asked if asked is not None else min(self.settings.default_max_tokens, room)
-        return sampling_params(req, max_tokens, self.engine)
+        return sampling_params(req, max_tokens, self.engine), clamped
 
     def _prompt(
         self,
@@ -191,7 +215,7 @@ class Preparer:
         """
         body = raw_body if raw_body is not None else req.model_dump(exclude_none=True)
         key = session_key(body, headers)
-        return SessionKey(namespaced_session(tenant, key.key), key.source)
+        return SessionKey(namespaced_session(tenant, key.key), key.source, key.digest)
 
     def _tool_spec(
         self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int, json_text: dict[str, Any] | None
@@ -243,7 +267,7 @@ class Preparer:
             self.engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"] if plan.prefill else []
         )
         prompt_ids = ids + list(prefill_ids)
-        sampling = self._sampling(req, len(prompt_ids))
+        sampling, clamped = self._sampling(req, len(prompt_ids))
         return Prepared(
             kind="chat",
             request_id="chatcmpl-" + uuid.uuid4().hex[:24],
@@ -262,6 +286,8 @@ class Preparer:
             call_id_style=self.call_id_style,
             compare_with=req.comparison_response_id(),
             tenant=tenant,
+            model=req.model,
+            max_tokens_clamped=clamped,
         )
 
     def completion(
@@ -295,6 +321,7 @@ class Preparer:
             offsets = array("l", range(len(ids)))
         if not ids:
             raise InvalidRequest("the prompt is empty: send at least one token of text", param="prompt")
+        sampling, clamped = self._sampling(req, len(ids))
         return Prepared(
             kind="text",
             request_id="cmpl-" + uuid.uuid4().hex[:24],
@@ -302,11 +329,13 @@ class Preparer:
             prompt_ids=ids,
             session_prompt=self._prompt(req, tenant, ids, offsets, rendered),
             session=self._session(req, raw_body, headers, tenant),
-            sampling=self._sampling(req, len(ids)),
+            sampling=sampling,
             stops=req.stop_list(),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             cache_salt=cache_salt(tenant, self.settings.auth),
             compare_with=req.comparison_response_id(),
             tenant=tenant,
+            model=req.model,
+            max_tokens_clamped=clamped,
         )

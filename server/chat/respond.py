@@ -4,7 +4,8 @@
 ``StreamChunks`` builds the stream: the role chunk, content and tool-call deltas as
 text arrives, the final chunk (finish reason + extensions) and, when asked for, the
 usage chunk. Extensions on every reply: ``cache`` (cached tokens, where and why the
-session's prefix diverged) and ``tool_state`` (the tool plan) for chat. With ``logprobs``,
+session's prefix diverged) and ``tool_state`` (the tool plan) for chat; ``max_tokens_clamped``
+when the window lowered max_tokens. With ``logprobs``,
 ``choices[].logprobs`` holds every generated token (content and tool-call text alike, up to a
 stop string), in OpenAI's chat shape or the legacy completions shape; in a stream each token's
 entry rides on the first chunk sent after its text was released.
@@ -118,6 +119,8 @@ def extensions(p: Prepared, out: GenerationResult) -> dict[str, Any]:
     }
     if p.plan is not None:
         ext["tool_state"] = ToolStateInfo(mode=p.plan.mode, allowed=list(p.plan.allowed), state=p.plan.state)
+    if p.max_tokens_clamped is not None:
+        ext["max_tokens_clamped"] = p.max_tokens_clamped
     return ext
 
 

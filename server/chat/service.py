@@ -108,7 +108,7 @@ class ChatService:
         async for _ in generate_text(self.engine, self.metrics, p, out, self._on_first_token):
             pass
         self._finish_accounting(p, out)
-        response = complete_response(p, out, self.settings.served_model_name, self.envelope)
+        response = complete_response(p, out, p.model or self.settings.served_model_name, self.envelope)
         message = response["choices"][0].get("message") or {}
         self._reply_finished(p, [c["function"]["name"] for c in message.get("tool_calls") or []])
         return response
@@ -116,7 +116,7 @@ class ChatService:
     async def stream(self, p: Prepared) -> AsyncIterator[dict[str, Any]]:
         """Yield OpenAI stream chunks (dicts); the route turns them into SSE lines."""
         out = GenerationResult()
-        chunks = StreamChunks(p, self.settings.served_model_name, self.envelope)
+        chunks = StreamChunks(p, p.model or self.settings.served_model_name, self.envelope)
         for c in chunks.start():
             yield c
         async for text in generate_text(self.engine, self.metrics, p, out, self._on_first_token):

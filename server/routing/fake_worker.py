@@ -1,7 +1,8 @@
 """A simulated worker for router tests and benchmarks: the worker's HTTP API, no model.
 
 It answers /v1/chat/completions (JSON or SSE), /v1/completions, /v1/models, /health
-and /metrics like a real worker, and adds controls under /fake/: ``POST /fake/config``
+and /metrics like a real worker (and /v1/responses, /v1/messages[/count_tokens] with the chat
+shapes, for routing tests), and adds controls under /fake/: ``POST /fake/config``
 (delays, chunk count, die after k chunks, report unhealthy), ``GET /fake/log`` (which
 session each request had, whether it completed or was cancelled), ``POST /fake/reset``.
 
@@ -75,6 +76,8 @@ class FakeEngine:
 
 
 def _prompt_text(body: dict[str, Any]) -> str:
+    if "input" in body and "messages" not in body:  # Responses
+        return json.dumps(body["input"]) if not isinstance(body["input"], str) else body["input"]
     if "messages" in body:
         parts = []
         for m in body["messages"]:
@@ -127,6 +130,12 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await _complete(request, chat=False)
 
+    @app.post("/v1/responses")
+    @app.post("/v1/messages")
+    @app.post("/v1/messages/count_tokens")
+    async def other_dialects(request: Request) -> Response:  # routing only: the chat shapes stand in
+        return await _complete(request, chat=True)
+
     async def _complete(request: Request, chat: bool) -> Response:
         t0 = time.perf_counter()
         body = await request.json()
@@ -142,6 +151,8 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
         record: dict[str, Any] = {
             "session": session_key(body, request.headers).key,
             "path": request.url.path,
+            "query": request.url.query,
+            "source": session_key(body, request.headers).source,
             "stream": bool(body.get("stream")),
             "completed": False,
             "cancelled": False,

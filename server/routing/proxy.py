@@ -3,10 +3,14 @@
 Request lifecycle
   1. Auth at the edge (``server.auth.authenticate_key``: a bad key is a 401 here, no worker
      sees it). The body is read once (413 past ``limits.max_request_bytes``).
-  2. Keys: the session key (``server.session_key``: prompt_cache_key, X-Session-ID, user,
-     else the prefix hash) and, for policies that place by it, the prefix hash; both are
-     namespaced by tenant (the prefix by the tenant's cache namespace), so two tenants that
-     pick the same key are placed independently.
+  2. Keys: the session key (``server.session_key``: prompt_cache_key, X-Session-ID,
+     X-Claude-Code-Session-Id, metadata.user_id, user, previous_response_id, else the prefix
+     hash), namespaced by tenant and placed by its digest (``SessionKey.placement``: a
+     ``previous_response_id`` carries the digest of its session, so it lands where the session
+     is), and, for policies that place by it, the prefix hash, namespaced by the tenant's cache
+     namespace; two tenants that pick the same key are placed independently. Every POST under
+     /v1 is placed this way: chat and text completions, ``/v1/responses``, ``/v1/messages`` and
+     ``/v1/messages/count_tokens`` (the query, e.g. Claude Code's ``?beta=true``, is forwarded).
   3. (``forward.py`` from here) The policy orders the healthy workers; the request goes to
      the first on a persistent upstream connection (``upstream.py``). If the worker cannot be
      reached, or drops the connection before anything was sent to the client, the next is
@@ -31,14 +35,14 @@ from server.auth import authenticate_key, cache_salt, namespaced_session
 from server.auth import router_headers as tenant_headers
 from server.errors import AgentServeError, PayloadTooLarge
 from server.routing.forward import HOP_HEADERS, ProxyCall, send_json
-from server.session_key import prefix_hash, session_key
+from server.session_key import CLAUDE_CODE_HEADER, HEADER, SessionKey, prefix_hash, session_key
 
 if TYPE_CHECKING:
     from server.routing.router import Router
 
 
 # the request headers the router reads (ASGI header names are lower-case)
-_READ_HEADERS = {b"authorization": "authorization", b"x-session-id": "x-session-id"}
+_READ_HEADERS = {name.encode(): name for name in ("authorization", "x-api-key", HEADER, CLAUDE_CODE_HEADER)}
 
 
 async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Send) -> None:
@@ -55,9 +59,7 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
     key = prefix = None
     turns = assistant_turns(body)  # 0: a session's first turn (is_first_turn)
     if scope["method"] == "POST":
-        key, prefix = route_keys(body, headers, router.policy_uses_prefix)
-        key = namespaced_session(tenant, key)
-        prefix = namespaced_session(cache_salt(tenant, auth), prefix) if prefix is not None else None
+        key, prefix = route_keys(body, headers, router.policy_uses_prefix, tenant, cache_salt(tenant, auth))
     out = [(k, v) for k, v in raw_headers if k not in HOP_HEADERS]
     out += tenant_headers(tenant, auth)
     target = scope.get("raw_path") or scope["path"].encode()
@@ -95,20 +97,37 @@ def is_first_turn(body: bytes) -> bool:
 
 
 def assistant_turns(body: bytes) -> int | None:
-    """A chat request's turn: its assistant messages (counted as the bytes '"assistant"', so text
-    quoting that word only makes the request look older: a looser load bound, never a stricter
-    one); None for a request without messages."""
-    return body.count(b'"assistant"') if b'"messages"' in body else None
+    """A conversation's turn: its assistant messages (chat, Messages) or assistant and function-call
+    items (Responses ``input``), counted as the bytes '"assistant"' / '"function_call"', so text
+    quoting them only makes the request look older: a looser load bound, never a stricter one.
+    A Responses request continuing a stored one (``previous_response_id``) counts at least 1.
+    None for a request without a conversation (completions)."""
+    if b'"messages"' in body:
+        return body.count(b'"assistant"')
+    if b'"input"' in body:
+        turns = body.count(b'"assistant"') + body.count(b'"function_call"')
+        return max(turns, 1) if b'"previous_response_id"' in body else turns
+    return None
 
 
-def route_keys(body: bytes, headers: dict[str, str], with_prefix: bool) -> tuple[str, str | None]:
-    """(session key, prefix hash or None), parsing the JSON body only when it can matter."""
-    if not with_prefix and b'"prompt_cache_key"' not in body and "x-session-id" in headers:
-        return session_key({}, headers).key, None  # the header wins when the body has no prompt_cache_key
+def route_keys(
+    body: bytes, headers: dict[str, str], with_prefix: bool, tenant: str = "", salt: str = ""
+) -> tuple[str, str | None]:
+    """(placement digest of the tenant's session, namespaced prefix hash or None), parsing the JSON
+    body only when it can matter. ``salt``: the tenant's cache namespace (``auth.cache_salt``)."""
+    if not with_prefix and b'"prompt_cache_key"' not in body and HEADER in headers:
+        sk = session_key({}, headers)  # the header wins when the body has no prompt_cache_key
+        return _placed(sk, tenant), None
     try:
         parsed = json.loads(body) if body else {}
     except ValueError:
         parsed = {}  # the worker will answer 400; route it somewhere stable
     if not isinstance(parsed, dict):
         parsed = {}
-    return session_key(parsed, headers).key, prefix_hash(parsed) if with_prefix else None
+    prefix = namespaced_session(salt, prefix_hash(parsed)) if with_prefix else None
+    return _placed(session_key(parsed, headers), tenant), prefix
+
+
+def _placed(sk: SessionKey, tenant: str) -> str:
+    """The digest the worker's ``Prepared.session.placement`` has for the same request."""
+    return SessionKey(namespaced_session(tenant, sk.key), sk.source, sk.digest).placement

@@ -169,7 +169,7 @@ def test_fields_accepted_or_used():
     assert c.chat.stop == ["END"] and c.chat.temperature == 0.5 and c.chat.top_k == 5
     assert c.chat.stream and c.chat.stream_options.include_usage
     assert c.chat.cache_compare_with == "chatcmpl-abc" and c.diagnostics
-    assert c.chat.tool_state_machine == "off" and c.chat.max_tokens_fit_window
+    assert c.chat.tool_state_machine == "off"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 from server.auth import TENANT_HEADER, TOKEN_HEADER, authenticate, namespaced_session
 from server.config import AuthSettings, RoutingSettings, Settings
 from server.errors import Unauthorized
-from server.session_key import prefix_hash
+from server.session_key import key_digest, prefix_hash
 from tests.routing.conftest import RouterThread
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,7 +84,8 @@ def test_two_tenants_with_the_same_session_key_are_placed_independently(workers,
     policy, pool = r.router.policy, r.router.pool
 
     def home(tenant: str, key: str) -> str:
-        sel = policy.select_worker(namespaced_session(tenant, key), pool.loads(), prefix_hash(chat(key)))
+        placement = key_digest(namespaced_session(tenant, key))  # the router places by the key's digest
+        sel = policy.select_worker(placement, pool.loads(), prefix_hash(chat(key)))
         return pool.workers[sel.worker].url
 
     keys = [k for k in (f"shared-{i}" for i in range(60)) if home("team-a", k) != home("team-b", k)][:5]
@@ -121,3 +122,23 @@ def test_worker_trusts_the_tenant_header_only_with_the_router_token():
     # no router token configured: a tenant header is never trusted, even with a valid key
     with pytest.raises(Unauthorized, match="only from the router"):
         authenticate({TENANT_HEADER: "team-a", "authorization": "Bearer key-a"}, AuthSettings(api_keys=KEYS))
+
+
+def test_x_api_key_authenticates_like_bearer():
+    """Anthropic clients (Claude Code) send x-api-key; a Bearer header, when valid, wins."""
+    auth = AuthSettings(api_keys=KEYS)
+    assert authenticate({"x-api-key": "key-b"}, auth) == "team-b"
+    assert authenticate({"x-api-key": " key-b "}, auth) == "team-b"
+    assert authenticate({"authorization": "Bearer key-a", "x-api-key": "key-b"}, auth) == "team-a"
+    assert authenticate({"authorization": "Basic xyz", "x-api-key": "key-b"}, auth) == "team-b"
+    for headers in (
+        {"x-api-key": "nope"},
+        {"x-api-key": ""},
+        {},
+        {"authorization": "Bearer ", "x-api-key": " "},
+    ):
+        with pytest.raises(Unauthorized):
+            authenticate(headers, auth)
+    with pytest.raises(Unauthorized, match="x-api-key"):
+        authenticate({}, auth)
+    assert authenticate({"x-api-key": "anything"}, AuthSettings()) == ""  # no keys configured: open

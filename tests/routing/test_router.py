@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from server.session_key import prefix_hash
+from server.session_key import key_digest, prefix_hash
 from tests.routing.conftest import spawn_fake_workers, stop_fake_workers
 
 pytestmark = pytest.mark.timeout(60)
@@ -116,8 +116,9 @@ def test_every_turn_of_a_session_lands_on_one_worker(workers, make_router):
 
 
 def expected_home(router, key: str, body: dict) -> str:
-    """Where the policy puts session ``key`` (given explicitly, not via the router's key logic)."""
-    sel = router.router.policy.select_worker(key, router.router.pool.loads(), prefix_hash(body))
+    """Where the policy puts session ``key`` (given explicitly, not via the router's key logic: the
+    router places a session by its key's digest)."""
+    sel = router.router.policy.select_worker(key_digest(key), router.router.pool.loads(), prefix_hash(body))
     return router.router.pool.workers[sel.worker].id
 
 

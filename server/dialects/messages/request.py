@@ -9,8 +9,9 @@ Field by field (README "Anthropic Messages"): ``model``, ``max_tokens``, ``tempe
 always on), ``metadata`` (its ``user_id`` may name the session: kept in the raw body for the
 session key). ``mcp_servers`` are dropped like server tools. Extensions ``tool_state_machine``,
 ``cache_compare_with`` and ``prompt_cache_key`` pass through. Other fields: accepted, logged once.
-``max_tokens`` larger than what is left of the context window is lowered to fit (Anthropic's newer
-models do the same); a reply that reaches the window ends with ``model_context_window_exceeded``.
+``max_tokens`` larger than what is left of the context window follows ``limits.max_tokens_over_window``
+as in every dialect (default ``clamp``: lowered to fit, as Anthropic's newer models do); a reply that
+reaches a lowered limit ends with ``model_context_window_exceeded``.
 """
 
 from __future__ import annotations
@@ -76,9 +77,7 @@ class MessagesBody(CountTokensBody):
 
 
 class MessagesChatRequest(ChatCompletionRequest):
-    """The chat request of a Messages call: ``max_tokens`` is lowered to fit the context window."""
-
-    max_tokens_fit_window: bool = True
+    """The chat request of a Messages call (``max_tokens`` follows ``limits.max_tokens_over_window``)."""
 
 
 @dataclass

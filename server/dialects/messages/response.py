@@ -92,11 +92,11 @@ def cache_miss_reason(cache: dict[str, Any] | None, compare_with: str | None) ->
 
 
 def extensions(reply: Reply, chat: dict[str, Any], incomplete: Any = None) -> dict[str, Any]:
-    """Our fields on a Message / message_delta: diagnostics (asked), cache, tool_state, drops, cut call."""
+    """Our fields on a Message / message_delta: diagnostics, cache, tool_state, clamp, drops, cut call."""
     ext: dict[str, Any] = {}
     if reply.diagnostics:
         ext["diagnostics"] = {"cache_miss_reason": cache_miss_reason(chat.get("cache"), reply.compare_with)}
-    for key in ("cache", "tool_state"):
+    for key in ("cache", "tool_state", "max_tokens_clamped"):
         if chat.get(key) is not None:
             ext[key] = chat[key]
     if reply.dropped_tools:
