@@ -9,9 +9,9 @@ the session key. All transforms are deterministic (seeded by session id and turn
   (a simulated clock: a per-session start time, 7 s per turn) -> the prefix breaks within the
   first block on every turn.
 - ``shuffled_keys``: every earlier tool call's ``arguments`` JSON re-serialized with its
-  keys in a random order each turn. agentserve renders arguments canonically (sorted
-  keys), so this should NOT break the cache here; it does on servers that render the
-  client's string verbatim.
+  keys in a random order each turn. agentserve renders the client's JSON in the client's
+  key order (as the models' own chat templates do), so this breaks the cache at the first
+  reshuffled call, as on other servers; the cache report names it (``key_order``).
 - ``edited_observation``: every 10th turn the agent "compacts" the observation of 6
   steps back (first line + "[... N characters elided by the agent ...]"); edits persist,
   so each breaks the prefix once, from that observation on.

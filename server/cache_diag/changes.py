@@ -123,3 +123,18 @@ def structural_changes(prev: Fingerprint, cur: Fingerprint, cur_len: int) -> lis
 def changed_settings(prev: Fingerprint, cur: Fingerprint) -> list[str]:
     a, b = dict(prev.settings), dict(cur.settings)
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def key_order_change(prev: Fingerprint, cur: Fingerprint) -> dict[str, Any] | None:
+    """The first tool or message whose content is the same but whose JSON keys the client sent
+    in another order (the prompt renders them as sent), else None."""
+    n_tools = len(cur.tools)
+    if len(prev.tools) != n_tools:
+        return None
+    for i, (a, b) in enumerate(zip(prev.key_order, cur.key_order, strict=False)):  # the common part
+        if a == b:
+            continue
+        if i < n_tools:
+            return {"change": "key_order", "tool": cur.tools[i][0]}
+        return {"change": "key_order", "message": i - n_tools, "role": cur.messages[i - n_tools][0]}
+    return None

@@ -24,7 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.cache_diag import fixes
-from server.cache_diag.changes import NAMESPACE_SETTINGS, Change, changed_settings, structural_changes
+from server.cache_diag.changes import (
+    NAMESPACE_SETTINGS,
+    Change,
+    changed_settings,
+    key_order_change,
+    structural_changes,
+)
 from server.cache_diag.fingerprint import Fingerprint, common_prefix, hashed_common_prefix
 
 REASON_TYPES = (
@@ -208,6 +214,16 @@ def _change(prev: Prompt, cur: Prompt, lcp: int, where: tuple[int, bool, str], m
         detail: dict[str, Any] = {"segment": "prompt", "character": at, "change": "edited"}
         return Diagnosis("messages_changed", missed, lcp, text, fix, detail)
     change = _pick(structural_changes(pfp, cfp, len(cur.text or "")), at)
+    if change is None and (reordered := key_order_change(pfp, cfp)) is not None:
+        named = f"tool {reordered['tool']!r}" if "tool" in reordered else f"message {reordered['message']}"
+        return Diagnosis(
+            "tools_changed" if "tool" in reordered else "messages_changed",
+            missed,
+            lcp,
+            f"the JSON keys of {named} were sent in another order; {text}",
+            fixes.KEY_ORDER_FIX,
+            reordered,
+        )
     if change is None:
         settings = changed_settings(pfp, cfp)
         flagged = REWRITE in cfp.notes  # the renderer saw its template change an earlier turn

@@ -37,10 +37,27 @@ _K = [np.uint64(int.from_bytes(_KEY[i : i + 8]) | 1) for i in (0, 4, 8)]  # keye
 _MESSAGE_LABEL = re.compile(r"message (\d+)\b")
 
 
-def digest(value: Any) -> bytes:
-    """A keyed 8-byte digest of a JSON-able value (canonical: sorted keys, fixed separators)."""
-    raw = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+def digest(value: Any, ordered: bool = False) -> bytes:
+    """A keyed 8-byte digest of a JSON-able value (fixed separators; keys sorted unless ``ordered``)."""
+    raw = json.dumps(value, sort_keys=not ordered, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.blake2b(raw.encode(), digest_size=8, key=_KEY).digest()
+
+
+def _parsed_arguments(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The message with its tool-call arguments parsed (JSON text -> value), so that the same
+    arguments with other whitespace digest alike and a key reorder shows as a key-order change."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for call in calls:
+        fn = dict(call.get("function") or {})
+        try:
+            fn["arguments"] = json.loads(fn.get("arguments") or "{}")
+        except (TypeError, ValueError):
+            pass
+        out.append({**call, "function": fn})
+    return {**message, "tool_calls": out}
 
 
 @dataclass(frozen=True)
@@ -66,6 +83,9 @@ class Fingerprint:
     marks: array[int]  # 'H': per-token mark
     segments: tuple[SegmentMark, ...]
     structured: bool = True  # False for raw completions prompts (no messages / tools)
+    # digests with the JSON keys in the order the client sent them (tools, then messages): the
+    # prompt keeps the client's key order, so a reorder is a change the digests above do not see
+    key_order: tuple[bytes, ...] = ()
     notes: tuple[str, ...] = ()  # what the renderer noticed (e.g. "template_rewrote_history")
 
     def setting(self, name: str) -> str | None:
@@ -162,7 +182,9 @@ def fingerprint(
     if msgs and msgs[0].get("role") in ("system", "developer"):
         system = digest(msgs[0].get("content"))
     tool_fp = tuple((str((t.get("function") or {}).get("name", "")), digest(t)) for t in tools or [])
-    msg_fp = tuple((str(m.get("role", "")), digest(m)) for m in msgs)
+    parsed = [_parsed_arguments(m) for m in msgs]
+    msg_fp = tuple((str(m.get("role", "")), digest(m)) for m in parsed)
+    ordered = tuple(digest(v, ordered=True) for v in [*(tools or []), *parsed])
     segs = []
     for s in rendered.segments:
         segs.append(
@@ -190,4 +212,5 @@ def fingerprint(
         segments=tuple(segs),
         structured=messages is not None,
         notes=tuple(getattr(rendered, "notes", ())),
+        key_order=ordered,
     )

@@ -112,3 +112,10 @@ def expired(d: dict[str, Any]) -> str:
         f"prefix unchanged, but its blocks expired: idle {d['idle_seconds']:.1f} s, past the cache's "
         f"retention of {d['retention_seconds']:.0f} s"
     )
+
+
+KEY_ORDER_FIX = (
+    "send JSON (tool definitions, call arguments) with its keys in the same order every turn: the "
+    "prompt shows the client's JSON as sent, as the model's own chat template does; echo a "
+    "reply's tool-call arguments back unchanged"
+)

@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from server.families.conversation import dump_json
 from server.families.envelope import Envelope
 from server.families.xml_arguments import parse_xml_arguments
-from server.session_key import canonical_json
 
 _KEY_RE = re.compile(r'"(\w+)"\s*:')
 _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
@@ -57,7 +57,7 @@ class BodyParser:
         if args is None:
             return None
         call_id = obj.get(self.id_key) if self.id_key else None
-        return ParsedCall(obj["name"], canonical_json(args), call_id if isinstance(call_id, str) else None)
+        return ParsedCall(obj["name"], dump_json(args), call_id if isinstance(call_id, str) else None)
 
     def json_text(self, body: str) -> ParsedCall | None:
         try:
@@ -70,7 +70,7 @@ class BodyParser:
             args = _as_object(json.loads(args_text))
         except json.JSONDecodeError:
             return None
-        return ParsedCall(name, canonical_json(args)) if args is not None and name else None
+        return ParsedCall(name, dump_json(args)) if args is not None and name else None
 
     def xml_function(self, body: str) -> ParsedCall | None:
         m = _FUNCTION_RE.fullmatch(body)
@@ -78,7 +78,7 @@ class BodyParser:
             return None
         name = m.group(1)
         args = parse_xml_arguments(m.group(2), self.schemas.get(name))
-        return ParsedCall(name, canonical_json(args)) if args is not None else None
+        return ParsedCall(name, dump_json(args)) if args is not None else None
 
     def tagged_body(self, body: str) -> ParsedCall | None:
         """The text between a call's tags (text-trigger envelopes)."""

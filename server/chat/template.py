@@ -5,9 +5,9 @@ renderer (server/families/render.py). ``render_chat`` keeps the old call shape: 
 argument is a family (name, ``Family`` or ``FamilyRenderer``) or, as before, an
 ``Envelope`` whose family has the same name (``hermes``).
 
-Determinism: JSON is serialized with sorted keys and fixed separators; nothing time-
-or order-dependent is added. The rendered text carries labelled segments so a cache
-miss can be explained ("system message changed at character 41").
+Fidelity: the client's JSON is rendered in the client's key order (as the vendors' chat
+templates do), with fixed separators; nothing time-dependent is added. The rendered text
+carries labelled segments so a cache miss can be explained ("system message changed at character 41").
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from server.families.envelope import Envelope
-from server.families.render import FamilyRenderer, canonical_arguments, renderer_for
+from server.families.render import FamilyRenderer, renderer_for, template_arguments
 from server.families.rendered import RenderedPrompt
 from server.families.spec import Family, load_family
 from server.protocol import ChatMessage
 
-__all__ = ["GENERATION_PROMPT", "canonical_arguments", "render_chat"]
+__all__ = ["GENERATION_PROMPT", "template_arguments", "render_chat"]
 
 GENERATION_PROMPT = load_family("hermes").layout.generation_prompt
 

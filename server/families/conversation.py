@@ -1,7 +1,8 @@
 """A conversation as a family sees it: the request's messages read, checked, normalised.
 
 ``read_messages`` turns the OpenAI messages into ``Msg``s (developer → system; call
-arguments canonical JSON, or the family's ASCII JSON); ``check_rules`` applies the
+arguments re-serialized as the vendor template's ``tojson`` writes them, in the client's key
+order: no key is sorted anywhere); ``check_rules`` applies the
 family's rules (what its format cannot express is a 400 that says how to fix it);
 ``normalise`` applies its layout (merge consecutive roles, move the system text, sort
 and group tool results, default system turn). ``render.py`` renders the result.
@@ -18,18 +19,19 @@ from typing import Any
 from server.errors import InvalidRequest
 from server.families.markers import MARKERS
 from server.families.spec import Family
-from server.session_key import canonical_json
 
 
-def canonical_value(value: Any) -> Any:
-    """``value`` with every mapping's keys sorted (dicts keep insertion order)."""
-    return json.loads(canonical_json(value))
+def dump_json(value: Any, ascii: bool = False) -> str:
+    """JSON as the chat templates' ``tojson`` writes it: keys in the order given (the client's),
+    ``", "`` / ``": "`` separators, non-ASCII kept unless ``ascii``."""
+    return json.dumps(value, ensure_ascii=ascii)
 
 
-def canonical_arguments(arguments: str) -> str:
-    """Tool-call arguments re-serialized canonically (sorted keys) when they are JSON."""
+def template_arguments(arguments: str) -> str:
+    """Tool-call arguments as the history renders them (``dump_json``, the client's key order)
+    when they are JSON, else unchanged."""
     try:
-        return canonical_json(json.loads(arguments))
+        return dump_json(json.loads(arguments))
     except (json.JSONDecodeError, TypeError):
         return arguments
 
@@ -39,8 +41,8 @@ class Call:
     index: int
     id: str | None
     name: str
-    arguments: str  # as the family writes it (canonical JSON text, or the raw text)
-    args: Any  # parsed and key-sorted, or the raw text when not JSON
+    arguments: str  # as the family writes it (JSON text in the client's key order, or the raw text)
+    args: Any  # parsed (keys in the client's order), or the raw text when not JSON
 
 
 @dataclass
@@ -83,7 +85,7 @@ def message_text(msg: Any, index: int) -> str:
 def _call(family: Family, call: Any, index: int, where: str) -> Call:
     raw = call.function.arguments
     try:
-        parsed = canonical_value(json.loads(raw)) if raw.strip() else {}
+        parsed = json.loads(raw) if raw.strip() else {}
         is_json = True
     except json.JSONDecodeError:
         parsed, is_json = raw, False
@@ -94,17 +96,12 @@ def _call(family: Family, call: Any, index: int, where: str) -> Call:
             f"call arguments as a JSON object; send the arguments as a JSON object string",
             param=f"{where}.function.arguments",
         )
-    if not is_json:
-        text = raw
-    elif layout.arguments_json == "ascii":
-        text = json.dumps(parsed)
-    else:
-        text = canonical_json(parsed)
+    text = dump_json(parsed, ascii=layout.arguments_json == "ascii") if is_json else raw
     return Call(index, call.id, call.function.name, text, parsed)
 
 
 def read_messages(family: Family, messages: Sequence[Any]) -> list[Msg]:
-    """The request's messages as the family sees them (developer is system; arguments canonical)."""
+    """The request's messages as the family sees them (developer is system; arguments parsed)."""
     out = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
@@ -206,7 +203,7 @@ def normalise(family: Family, msgs: list[Msg], has_tools: bool) -> tuple[list[Ms
         merged.insert(0, Msg(-1, "system", family.default_system))
     elif (
         layout.system_placement == "turn"
-        and family.default_system
+        and (family.default_system or (has_tools and layout.system_turn_with_tools))
         and (has_tools or not layout.default_system_only_with_tools)
         and (not merged or merged[0].role != "system")
     ):

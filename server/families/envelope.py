@@ -18,8 +18,9 @@ is rendered back into the next prompt are the same text. A reply holding calls i
   argument, raw values typed by the schema).
 * ``call_id`` — a regex for an id the model writes itself, placed where ``call_end``
   says ``{call_id}`` (Mistral v3: 9 alphanumerics); the parser returns it as the call id.
-* ``key_order`` — ``schema`` (properties in the schema's order) or ``sorted`` (sorted,
-  as the server's canonical JSON renders arguments back into the history).
+* ``key_order`` — ``schema`` (properties in the schema's order: what models are trained on,
+  and what the history renders back, since arguments keep their key order) or ``sorted``
+  (an opt-in for a deployment whose clients sort argument keys themselves).
 * ``call_after_text`` — false when a reply with calls holds nothing else (Mistral v3:
   the trigger token only as the reply's first token).
 * ``end_tokens`` — special tokens that may end a reply (the engine must stop on them).

@@ -5,8 +5,8 @@ For a model no family file covers. The template comes from ``chat_template.jinja
 (``trim_blocks``, ``lstrip_blocks``, ``tojson``, ``raise_exception``, ``bos_token``...).
 Our guarantees hold here too:
 
-- tool definitions and call arguments are canonical JSON (sorted keys) before the template
-  sees them; call arguments are handed over as objects, as vLLM does;
+- tool definitions and call arguments reach the template as the client sent them (its key
+  order); call arguments are handed over as objects, as vLLM does;
 - ``strftime_now(fmt)`` (Llama 3.2/3.3 "Today Date") formats a PINNED date (the family
   ``date`` / the ``date`` argument), never the clock, so the prompt does not change per request;
 - segment labels come from rendering growing prefixes of the conversation: message i is
@@ -28,7 +28,6 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from server.errors import InvalidRequest
-from server.families.conversation import canonical_value
 from server.families.rendered import RenderedPrompt, Segment
 
 REWROTE_HISTORY = "template_rewrote_history"
@@ -69,7 +68,7 @@ class ModelTemplateRenderer:
             for j, call in enumerate(d.get("tool_calls") or []):
                 raw = call["function"].get("arguments") or "{}"
                 try:
-                    call["function"]["arguments"] = canonical_value(json.loads(raw))
+                    call["function"]["arguments"] = json.loads(raw)
                 except json.JSONDecodeError:
                     raise InvalidRequest(
                         f"messages[{i}].tool_calls[{j}].function.arguments is not JSON: the model's chat "
@@ -96,7 +95,7 @@ class ModelTemplateRenderer:
         add_generation_prompt: bool = True,
     ) -> RenderedPrompt:
         msgs = self._messages(messages)
-        tool_list = [canonical_value(t) for t in tools or []] or None
+        tool_list = [dict(t) for t in tools or []] or None
         text = self._render(msgs, tool_list, add_generation_prompt)
         segments: list[Segment] = []
         notes: list[str] = []

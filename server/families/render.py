@@ -6,9 +6,10 @@ family's rules (a 400 that says what and how to fix), and renders each turn with
 family's snippet. Snippets mark labelled spans with ``seg(label, text)``; the markers
 become ``Segment``s (the cache report names the part of the prompt that changed).
 
-Determinism: tool definitions and call arguments are canonical JSON (sorted keys, fixed
-separators) before any snippet sees them; the date a family prints is pinned (family
-data or config), never read from the clock.
+Fidelity: tool definitions and call arguments reach the snippets as the client sent them,
+keys in the client's order (as the vendors' chat templates render them: nothing is
+sorted); JSON is written with fixed separators; the date a family prints is pinned
+(family data or config), never read from the clock.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from server.families.conversation import Msg, canonical_value, check_rules, normalise, read_messages
-from server.families.conversation import canonical_arguments as canonical_arguments  # re-exported
+from server.families.conversation import Msg, check_rules, dump_json, normalise, read_messages
+from server.families.conversation import template_arguments as template_arguments  # re-exported
 from server.families.markers import extract, seg
 from server.families.rendered import RenderedPrompt
 from server.families.spec import Family, load_family
-from server.session_key import canonical_json
 
 
 def _json(value: Any, indent: int | None = None, ascii: bool = False) -> str:
@@ -69,15 +69,16 @@ class FamilyRenderer:
     def _tools(self, tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
         for tool in tools:
-            fn = canonical_value(tool.get("function", {}))
-            fn.pop("strict", None)
+            fn = {k: v for k, v in tool.get("function", {}).items() if k != "strict"}
+            as_sent = {**tool, "function": fn}
             out.append(
                 {
                     "name": fn.get("name", ""),
                     "description": fn.get("description"),
                     "parameters": fn.get("parameters"),
                     "function": fn,
-                    "json": canonical_json(tool),
+                    "tool": as_sent,  # the tool as the client sent it (less "strict")
+                    "json": dump_json(tool),
                 }
             )
         return out

@@ -65,6 +65,7 @@ class Layout:
     system_placement: str = "turn"  # "last_user": all system text joins the last user message
     always_system_turn: bool = False  # render a system turn even with no system message
     default_system_only_with_tools: bool = False  # no system message: the default only if tools
+    system_turn_with_tools: bool = False  # no system message but tools: a system turn for them
     merge_consecutive: tuple[str, ...] = ()  # roles whose consecutive messages become one
     merge_separator: str = "\n\n"
     empty_user_first: bool = False  # a conversation that does not start with a user gets ""

@@ -97,9 +97,8 @@ def tool_schema(tool: dict[str, Any]) -> dict[str, Any]:
 def sorted_properties(schema: Any) -> Any:
     """The schema with every ``properties`` mapping in sorted key order (nested too).
 
-    The grammar writes properties in the schema's order; the server renders arguments back
-    into the history as canonical JSON (sorted keys), so envelopes with ``key_order: sorted``
-    compile this form and the model writes what the history will show.
+    The grammar writes properties in the schema's order; an envelope with the opt-in
+    ``key_order: sorted`` compiles this form instead (the shipped envelopes keep the schema's).
     """
     if isinstance(schema, list):
         return [sorted_properties(s) for s in schema]

@@ -37,6 +37,31 @@ def test_tokenize_messages_is_what_chat_completions_renders(server_url, tokenize
     assert no_gen["count"] < body["count"]
 
 
+def test_tokenize_keeps_the_clients_json_key_order(server_url) -> None:
+    """Over HTTP (raw body -> request model -> renderer), the tools' schema keys and the call
+    arguments reach the prompt in the order the client sent them, as the chat templates of
+    the models show them; nothing is sorted on the way."""
+    schema = (
+        '{"type": "object", "required": ["zeta"], '
+        '"properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}}}'
+    )
+    args = '"{\\"zeta\\": \\"z\\", \\"alpha\\": 1}"'
+    call = f'{{"id": "c1", "type": "function", "function": {{"name": "f", "arguments": {args}}}}}'
+    raw = (
+        '{"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": null, '
+        f'"tool_calls": [{call}]}}, {{"role": "tool", "tool_call_id": "c1", "content": "ok"}}], '
+        f'"tools": [{{"type": "function", "function": {{"name": "f", "parameters": {schema}}}}}], '
+        '"return_text": true}'
+    )
+    r = httpx.post(
+        server_url + "/tokenize", content=raw, headers={"content-type": "application/json"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    text = r.json()["text"]
+    assert schema in text
+    assert '{"name": "f", "arguments": {"zeta": "z", "alpha": 1}}' in text
+
+
 def test_tokenize_prompt_and_detokenize_round_trip(server_url) -> None:
     r = httpx.post(server_url + "/tokenize", json={"prompt": "hello <|im_start|>", "return_token_strs": True})
     body = r.json()

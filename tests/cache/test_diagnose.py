@@ -53,7 +53,8 @@ def test_timestamp_in_system_prompt_is_named_with_offset_and_fix(tokenizer):
     assert d.detail["character"] == 10  # "Time: 10:4" then '1' vs '2'
     assert "character 10 of the system message" in d.fix and "move it to the end" in d.fix
     assert "10:4‸1:07" in d.reason and "10:4‸2:55" in d.reason
-    assert d.missed_tokens == (b.fp.n_tokens - 1) // 32 * 32 - (d.diverged_at_token // 32) * 32
+    reusable = min(a.fp.core_tokens, b.fp.n_tokens - 1)  # what the cache could have served
+    assert d.missed_tokens == reusable // 32 * 32 - (d.diverged_at_token // 32) * 32
 
 
 def test_tools_changes_name_the_tool(tokenizer):
@@ -73,6 +74,46 @@ def test_tools_changes_name_the_tool(tokenizer):
         assert d.detail["tool"] in d.fix or change == "reordered"
     d = run(base, prompt(tokenizer, turns(), cases["reordered"]))
     assert d.fix == "tools were reordered: send them in a stable order"
+
+
+def test_a_clients_key_reordering_between_turns_is_named(tokenizer):
+    """The prompt keeps the client's JSON key order (as the vendors' templates do): the same
+    tool or the same call arguments sent with their keys in another order miss the cache, and
+    the report names that, not an edit."""
+    calls = {"role": "assistant", "content": "", "tool_calls": [_call("shell_exec")]}
+    calls["tool_calls"][0]["function"]["arguments"] = '{"x": "1", "y": 2}'
+    result = {"role": "tool", "tool_call_id": "c", "content": "done"}
+    base = prompt(tokenizer, turns(calls, result, TAIL), TOOLS)
+    swapped = {"type": "object", "properties": {"x": {"type": "string"}}}
+    swapped = {
+        "function": {"parameters": dict(reversed(swapped.items())), "name": "shell_exec"},
+        "type": "function",
+    }
+    d = run(base, prompt(tokenizer, turns(calls, result, TAIL), [TOOLS[0], swapped, TOOLS[2]]))
+    assert d.type == "tools_changed" and d.detail == {"change": "key_order", "tool": "shell_exec"}
+    assert "keys of tool 'shell_exec' were sent in another order" in d.reason
+    assert "same order every turn" in d.fix
+    moved = dict(
+        calls,
+        tool_calls=[
+            dict(calls["tool_calls"][0], function={"name": "shell_exec", "arguments": '{"y":2,"x":"1"}'})
+        ],
+    )
+    d = run(base, prompt(tokenizer, turns(moved, result, TAIL), TOOLS))
+    assert d.type == "messages_changed" and d.detail == {
+        "change": "key_order",
+        "message": 2,
+        "role": "assistant",
+    }
+    assert d.missed_tokens > 0
+    # the same arguments with other whitespace render alike: no miss at all
+    spaced = dict(
+        calls,
+        tool_calls=[
+            dict(calls["tool_calls"][0], function={"name": "shell_exec", "arguments": '{"x":"1",  "y":2}'})
+        ],
+    )
+    assert run(base, prompt(tokenizer, turns(spaced, result, TAIL), TOOLS)).type is None
 
 
 def test_messages_edited_removed_inserted(tokenizer):

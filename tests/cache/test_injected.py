@@ -53,14 +53,21 @@ def test_good_traces_raise_no_false_alarm(tokenizer, traces):
     assert turns >= 100
 
 
-def test_shuffled_argument_keys_are_no_miss_here(tokenizer, traces):
-    """Tool-call arguments are rendered canonically: re-serialized keys change nothing."""
+def test_shuffled_argument_keys_are_named_as_a_key_reordering(tokenizer, traces):
+    """Tool-call arguments are rendered in the client's key order (as the models' templates
+    do): re-serialized keys are a miss, and the report names the message and the reason."""
     sessions = generate_sessions(17, 1, context=8192, steps=24)
+    named = 0
     for s in sessions:
         bodies = [r.body for r in build_requests(s, "shuffled_keys")]
         prompts = [prompt(tokenizer, b["messages"], b["tools"]) for b in bodies]
         for prev, cur in zip(prompts, prompts[1:], strict=False):
-            assert run(prev, cur).type is None
+            d = run(prev, cur)
+            assert d.type is None or (d.type, d.detail.get("change")) == ("messages_changed", "key_order"), d
+            if d.type is not None:
+                named += 1
+                assert "were sent in another order" in d.reason and d.missed_tokens > 0
+    assert named > 0
 
 
 # -- injections ------------------------------------------------------------------------------

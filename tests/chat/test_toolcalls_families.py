@@ -83,7 +83,7 @@ def test_a_cut_call_is_unfinished_and_can_stay_out_of_the_content(env_name):
 
 def test_llama_reply_that_does_not_open_a_call_is_content():
     env = load_envelope("llama3_json")
-    for text in ('{"name": "shell_exec", "parameters": {}}', ' {"type": 1}', "Sure."):
+    for text in ('{"type": "function", "name": "shell_exec", "parameters": {}}', ' {"type": 1}', "Sure."):
         out = parse_tool_calls(text, env, TOOLS)
         assert out.tool_calls == () and out.content == text
 

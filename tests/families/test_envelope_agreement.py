@@ -11,7 +11,7 @@ import json
 import pytest
 
 from server.families.envelope import load_envelope
-from server.families.render import FamilyRenderer, canonical_arguments
+from server.families.render import FamilyRenderer, template_arguments
 from server.families.spec import load_family
 from server.protocol import ChatMessage
 
@@ -39,7 +39,7 @@ def test_history_call_text_is_what_the_envelope_writes(ref: str, n_calls: int) -
     renderer = FamilyRenderer(family)
     prompt = renderer.render(head, [], add_generation_prompt=True).text
     history = renderer.render([*head, turn], [], add_generation_prompt=False).text
-    reply = envelope.render_calls([(n, canonical_arguments(a), cid) for n, a, cid in calls])
+    reply = envelope.render_calls([(n, template_arguments(a), cid) for n, a, cid in calls])
     assert history.startswith(prompt + reply), (prompt + reply, history)
     rest = history[len(prompt + reply) :]
     assert any(rest.startswith(eos) for eos in family.test_model["eos"]), rest

@@ -1,7 +1,8 @@
 # ruff: noqa: E501  (the expected prompt is written out literally)
 """Qwen3-Coder: no official Python renderer exists, so the layout is checked against the
 published Qwen3-Coder chat template's format, written out by hand below (tools XML with
-extra schema keys, the no-system default, XML calls with typed values, grouped results)."""
+extra schema keys, the no-system default, XML calls with typed values, grouped results), in the
+client's key order (the template iterates the dicts it is given: nothing is sorted)."""
 
 from __future__ import annotations
 
@@ -40,14 +41,14 @@ INSTRUCTIONS = (
 EXPECTED = (
     "<|im_start|>system\nYou are Qwen, a helpful AI assistant that can interact with a computer to solve tasks."
     "\n\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n<function>\n<name>edit_file</name>\n"
-    "<description>Edit a file.</description>\n<parameters>\n<parameter>\n<name>dry</name>\n<type>boolean</type>\n"
+    "<description>Edit a file.</description>\n<parameters>\n<parameter>\n<name>path</name>\n<type>string</type>\n"
+    "<description>Where.</description>\n</parameter>\n<parameter>\n<name>dry</name>\n<type>boolean</type>\n"
     "<default>False</default>\n</parameter>\n<parameter>\n<name>lines</name>\n<type>array</type>\n"
-    '<items>{"type": "integer"}</items>\n</parameter>\n<parameter>\n<name>path</name>\n<type>string</type>\n'
-    '<description>Where.</description>\n</parameter>\n<required>["path"]</required>\n</parameters>\n</function>\n'
+    '<items>{"type": "integer"}</items>\n</parameter>\n<required>["path"]</required>\n</parameters>\n</function>\n'
     "</tools>" + INSTRUCTIONS + "<|im_end|>\n"
     "<|im_start|>user\nfix it<|im_end|>\n"
-    "<|im_start|>assistant\nLet me look.\n\n<tool_call>\n<function=edit_file>\n<parameter=dry>\nTrue\n</parameter>\n"
-    "<parameter=lines>\n[3, 4]\n</parameter>\n<parameter=path>\na.py\n</parameter>\n</function>\n</tool_call>"
+    "<|im_start|>assistant\nLet me look.\n\n<tool_call>\n<function=edit_file>\n<parameter=path>\na.py\n</parameter>\n"
+    "<parameter=dry>\nTrue\n</parameter>\n<parameter=lines>\n[3, 4]\n</parameter>\n</function>\n</tool_call>"
     "\n<tool_call>\n<function=edit_file>\n<parameter=path>\nb.py\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
     "<|im_start|>user\n<tool_response>\nok\n</tool_response>\n<tool_response>\nnope\n</tool_response>\n<|im_end|>\n"
     "<|im_start|>assistant\n"

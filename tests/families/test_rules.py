@@ -82,15 +82,24 @@ def test_call_ids_follow_the_family() -> None:
     assert call_id({}, "chatcmpl-0123456789abcdef", 2) == "call_456789abcdef_2"
 
 
-def test_arguments_are_canonical_in_every_family() -> None:
+def test_arguments_keep_the_clients_key_order_in_every_family() -> None:
+    """Keys are never sorted (the vendors' templates keep the client's order); only the
+    whitespace of the JSON text is the family's own."""
     a = _msgs(
         {"role": "user", "content": "x"},
-        {"role": "assistant", "tool_calls": [_call("abcdefghi", '{"b": 1, "a": 2}')]},
+        {"role": "assistant", "tool_calls": [_call("abcdefghi", '{"b":1,  "a":2}')]},
     )
     b = _msgs(
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "tool_calls": [_call("abcdefghi", json.dumps({"b": 1, "a": 2}))]},
+    )
+    c = _msgs(
         {"role": "user", "content": "x"},
         {"role": "assistant", "tool_calls": [_call("abcdefghi", json.dumps({"a": 2, "b": 1}))]},
     )
     for ref in ("hermes", "llama3_json", "mistral:v3", "mistral:v13", "qwen3_coder"):
         r = FamilyRenderer(ref)
-        assert r.render(a, []).text == r.render(b, []).text
+        text = r.render(a, []).text
+        assert text == r.render(b, []).text
+        assert text != r.render(c, []).text
+        assert text.index("b") < text.rindex("a"), ref

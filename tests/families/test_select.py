@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from server.families.select import ModelFacts, detect_family, select_family
@@ -14,12 +16,18 @@ CHATML = frozenset({"<|im_start|>", "<|im_end|>", "<tool_call>"})
 MISTRAL = frozenset({"[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"})
 
 
+def _template(name: str) -> str:
+    return (Path(__file__).parent.parent / "fixtures" / "templates" / f"{name}.jinja").read_text()
+
+
 @pytest.mark.parametrize(
     ("facts", "want"),
     [
         (ModelFacts(special_tokens=LLAMA, model_type="llama"), "llama3_json"),
         (ModelFacts(special_tokens=CHATML, chat_template="{{ '<tool_call>' }}"), "hermes"),
         (ModelFacts(special_tokens=CHATML, chat_template="<function=x>\n<parameter=k>"), "qwen3_coder"),
+        (ModelFacts(special_tokens=CHATML, chat_template=_template("qwen2.5-instruct")), "hermes:qwen2.5"),
+        (ModelFacts(special_tokens=CHATML, chat_template=_template("qwen3")), "hermes:qwen3"),
         (ModelFacts(special_tokens=MISTRAL), "mistral:v3"),
         (ModelFacts(special_tokens=MISTRAL | {"[SYSTEM_PROMPT]"}), "mistral:v3"),  # Nemo's vocab has it too
         (ModelFacts(special_tokens=MISTRAL, chat_template="[SYSTEM_PROMPT]{{ m }}"), "mistral:v7"),
@@ -29,6 +37,7 @@ MISTRAL = frozenset({"[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"})
         ),
         (ModelFacts(special_tokens=MISTRAL | {"[ARGS]", "[CALL_ID]"}), "mistral:v13"),
         (ModelFacts(special_tokens=MISTRAL, tekken_version="v13"), "mistral:v13"),
+        (ModelFacts(special_tokens=MISTRAL | {"<0x0A>", "▁the"}), "mistral:v3_spm"),  # SentencePiece
     ],
 )
 def test_detection(facts: ModelFacts, want: str) -> None:

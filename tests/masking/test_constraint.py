@@ -120,7 +120,7 @@ def test_auto_subset_rejects_other_tools(factory, tokenizer, swe_tools, hermes):
 
 def test_arguments_follow_the_schema(factory, tokenizer, swe_tools, hermes):
     c = factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
-    assert feed(c, tokenizer, 'click_mouse", "arguments": {"button": "')  # keys sorted (key_order)
+    assert feed(c, tokenizer, 'click_mouse", "arguments": {"x": 1, "y": 2, "button": "')  # schema order
     assert not feed(c, tokenizer, "middle")
     assert "arguments of 'click_mouse'" in c.error
 
