@@ -60,7 +60,9 @@ def _format(tool: dict[str, Any], where: str) -> dict[str, Any]:
             param=where,
         )
     grammar = fmt.get("grammar", fmt)  # Chat Completions nests it; the Responses API does not
-    syntax, definition = (grammar.get("syntax"), grammar.get("definition")) if isinstance(grammar, dict) else (None, None)
+    syntax, definition = (
+        (grammar.get("syntax"), grammar.get("definition")) if isinstance(grammar, dict) else (None, None)
+    )
     if syntax not in SYNTAXES or not isinstance(definition, str) or not definition:
         raise InvalidRequest(
             f"{where}: a grammar format needs syntax 'lark' or 'regex' and a non-empty definition, "
@@ -76,7 +78,8 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     body = tool.get("custom")
     if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not body["name"]:
         raise InvalidRequest(
-            f'tools[{i}] is a custom tool without a name: write {{"type": "custom", "custom": {{"name": ...}}}}',
+            f"tools[{i}] is a custom tool without a name: write "
+            f'{{"type": "custom", "custom": {{"name": ...}}}}',
             param=f"tools[{i}].custom.name",
         )
     fmt = _format(body, f"tools[{i}].custom.format")
@@ -121,22 +124,31 @@ def _message(message: Any, i: int) -> Any:
             calls.append(call)
             continue
         body = call.get("custom")
-        if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not isinstance(body.get("input"), str):
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("name"), str)
+            or not isinstance(body.get("input"), str)
+        ):
             raise InvalidRequest(
                 f"messages[{i}].tool_calls[{j}] is a custom call without a name and a string input: "
                 f'write {{"type": "custom", "custom": {{"name": ..., "input": ...}}}}',
                 param=f"messages[{i}].tool_calls[{j}].custom",
             )
         fn = {"name": body["name"], "arguments": canonical_json({INPUT: body["input"]})}
-        calls.append({k: v for k, v in call.items() if k not in ("type", "custom")} | {"type": "function", "function": fn})
+        calls.append(
+            {k: v for k, v in call.items() if k not in ("type", "custom")}
+            | {"type": "function", "function": fn}
+        )
     return {**message, "tool_calls": calls}
 
 
 def _named(entry: dict[str, Any]) -> dict[str, Any]:
-    """A custom entry (``{"type": "custom", "custom": {"name": N}}`` or ``{"type": "custom", "name": N}``) as a function one."""
+    """A custom entry (``{"type": "custom", "custom": {"name": N}}`` or ``{"type": "custom", "name": N}``)
+    as a function one."""
     if not _is_custom(entry):
         return entry
-    body = entry.get("custom") if isinstance(entry.get("custom"), dict) else entry
+    inner = entry.get("custom")
+    body: dict[str, Any] = inner if isinstance(inner, dict) else entry
     return {"type": "function", "function": {"name": body.get("name")}}
 
 
@@ -144,7 +156,11 @@ def _choice(choice: dict[str, Any]) -> dict[str, Any]:
     if _is_custom(choice):
         return _named(choice)
     allowed = choice.get("allowed_tools")
-    if choice.get("type") == "allowed_tools" and isinstance(allowed, dict) and isinstance(allowed.get("tools"), list):
+    if (
+        choice.get("type") == "allowed_tools"
+        and isinstance(allowed, dict)
+        and isinstance(allowed.get("tools"), list)
+    ):
         tools = [_named(e) if isinstance(e, dict) else e for e in allowed["tools"]]
         return {**choice, "allowed_tools": {**allowed, "tools": tools}}
     return choice

@@ -25,10 +25,10 @@ from server.engines.base import Engine, SamplingParams
 from server.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
 from server.families.rendered import RenderedPrompt, Segment
+from server.masking.custom_grammar import prompt_tools
 from server.masking.response_format import text_schema
 from server.masking.spec import ToolSpec
 from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
-from server.masking.custom_grammar import prompt_tools
 from server.masking.tool_choice import ToolPlan, plan_tools
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.session_key import SessionKey, canonical_json, session_key

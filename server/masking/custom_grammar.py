@@ -121,8 +121,9 @@ class LlgVocab:
         self.byte_word, self.byte_bit = ids >> 5, (ids & 31).astype(np.uint32)
         self.byte_has = np.array([t is not None for t in self.byte_id])
         self.rows: dict[str, tuple[np.ndarray, tuple[int, ...]]] = {}
+        self._escapes: dict[bytes, tuple[list[int], np.ndarray, np.ndarray, list[int]]] = {}
         for enc, special in (("json", b'"\\'), ("xml", b"\n")):
-            plain, odd = [], []
+            plain, odd = list[int](), list[int]()
             for tid, tb in enumerate(vocab.token_bytes):
                 if not tb:
                     continue
@@ -130,6 +131,26 @@ class LlgVocab:
                     continue  # a raw control byte inside the string: never
                 (odd if any(c in special for c in tb) else plain).append(tid)
             self.rows[enc] = (vocab.pack(plain), tuple(odd))
+
+    def escape_table(self, rest: bytes) -> tuple[list[int], np.ndarray, np.ndarray, list[int]]:
+        """Tokens starting with ``rest`` (the end of an escape): those equal to it, those running on
+        with a token's bytes (ids of both, as arrays), and the others (to check one by one)."""
+        found = self._escapes.get(rest)
+        if found is None:
+            exact, tids, more_ids, check = [], [], [], []
+            for t in self.vocab.starting_with(rest):
+                more = self.vocab.token_bytes[t][len(rest) :]
+                r = self.vocab.by_bytes.get(more)
+                if not more:
+                    exact.append(t)
+                elif r is None or any(c in b'"\\' or c < 0x20 for c in more):
+                    check.append(t)
+                else:
+                    tids.append(t)
+                    more_ids.append(r[0])
+            found = (exact, np.array(tids, dtype=np.int64), np.array(more_ids, dtype=np.int64), check)
+            self._escapes[rest] = found
+        return found
 
     def ids(self, data: bytes) -> list[int] | None:
         """``data`` as single-byte tokens (None when a byte has no token of its own)."""
@@ -193,16 +214,32 @@ class CustomCompiled:
 
 
 def compile_custom(
-    vocab: TokenVocab, tool: str, fmt: dict[str, Any], prefix: str, suffix: str, style: str, tails: tuple[str, ...]
+    vocab: TokenVocab,
+    tool: str,
+    fmt: dict[str, Any],
+    prefix: str,
+    suffix: str,
+    style: str,
+    tails: tuple[str, ...],
 ) -> CustomCompiled:
-    """The pieces for one custom tool in one envelope (``prefix``/``suffix`` as the arguments backend gets them);
+    """The pieces for one custom tool in one envelope (``prefix``/``suffix`` as the arguments backend
+    gets them);
     cached per (vocabulary, format, envelope strings)."""
     key = (id(vocab), json.dumps(fmt, sort_keys=True), prefix, suffix, style, tails)
-    return _COMPILED.get_or_make(key, lambda: _compile(vocab, tool, fmt, prefix, suffix, style, tails))
+    found: CustomCompiled = _COMPILED.get_or_make(
+        key, lambda: _compile(vocab, tool, fmt, prefix, suffix, style, tails)
+    )
+    return found
 
 
 def _compile(
-    vocab: TokenVocab, tool: str, fmt: dict[str, Any], prefix: str, suffix: str, style: str, tails: tuple[str, ...]
+    vocab: TokenVocab,
+    tool: str,
+    fmt: dict[str, Any],
+    prefix: str,
+    suffix: str,
+    style: str,
+    tails: tuple[str, ...],
 ) -> CustomCompiled:
     if "{call_id}" in suffix:
         raise InvalidRequest(
@@ -308,11 +345,38 @@ class CustomMatcher:
                 for end in self.c.after:
                     if end.startswith(self.pending):
                         cands += [t for _, t in vocab.prefixes_of(end[len(self.pending) :])]
-            else:  # inside a JSON escape: finish it (single bytes will do)
-                for esc in ESCAPES:
-                    if esc.startswith(self.pending) and esc != self.pending:
-                        cands += [t for _, t in vocab.prefixes_of(esc[len(self.pending) :])]
+            else:  # inside a JSON escape: tokens that finish it (and may run on: '")' after '\\')
+                return self._escape_mask(row)
             ok = [t for t in dict.fromkeys(cands) if self._feed(vocab.token_bytes[t], commit=False)]
+        if ok:
+            row |= vocab.pack(ok)
+        return row
+
+    def _escape_mask(self, row: np.ndarray) -> np.ndarray:
+        """Inside a JSON escape (a token ended on ``\\`` or ``\\u00``): per escape that can finish it,
+        the token that completes it, then either ends or runs on with bytes that are a token of their
+        own (judged by the inner mask after the escaped byte) or are checked one by one."""
+        vocab, ok = self.vocab, list[int]()
+        plain = self.llg.rows["json"][0].view(np.uint32)
+        inner = np.zeros(vocab.words, dtype=np.int32)
+        for esc, byte in ESCAPES.items():
+            if not esc.startswith(self.pending) or esc == self.pending:
+                continue
+            ids = self.llg.ids(byte)
+            if ids is None or self.inner.validate_tokens(ids) != 1:
+                continue
+            self.inner.consume_tokens(ids)
+            self.inner.unsafe_compute_mask_ptr(inner.ctypes.data, inner.nbytes)
+            bits = inner.view(np.uint32) & plain
+            self.inner.rollback(1)
+            rest = esc[len(self.pending) :]
+            exact, more_tids, more_ids, check = self.llg.escape_table(rest)
+            ok += exact
+            if more_tids.size:
+                hit = (bits[more_ids >> 5] >> (more_ids & 31).astype(np.uint32)) & 1
+                ok += more_tids[hit.astype(bool)].tolist()
+            ok += [t for t in check if self._feed(vocab.token_bytes[t], commit=False)]
+            ok += [t for _, t in vocab.prefixes_of(rest) if vocab.token_bytes[t] != rest]  # partial: \u0
         if ok:
             row |= vocab.pack(ok)
         return row
@@ -323,8 +387,8 @@ class CustomMatcher:
         ids = self.llg.ids(held)
         if ids is None or self.inner.validate_tokens(ids) != len(ids):  # held bytes must end the input
             rest = XML_END[len(held) :]
-            cands = [t for _, t in vocab.prefixes_of(rest)] + vocab.starting_with(rest)
-            return [t for t in cands if self._feed(vocab.token_bytes[t], commit=False)]
+            ends = [t for _, t in vocab.prefixes_of(rest)] + vocab.starting_with(rest)
+            return [t for t in ends if self._feed(vocab.token_bytes[t], commit=False)]
         if ids:
             self.inner.consume_tokens(ids)
         self.inner.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
@@ -337,7 +401,9 @@ class CustomMatcher:
         if held:  # a token starting with the marker's next byte may continue the marker: checked below
             extra = vocab.by_first_byte.get(XML_END[len(held)], ())
             row &= ~vocab.pack(extra)
-            cands = [(t, scan("xml", held, vocab.token_bytes[t])) for t in (*odd, *extra)]
+            cands: list[tuple[int, Scan | None]] = [
+                (t, scan("xml", held, vocab.token_bytes[t])) for t in (*odd, *extra)
+            ]
         else:
             cands = self.c.odd_scans()
         out, memo = [], dict[tuple[bytes, bytes, bool], bool]()  # closers were checked against ``after``
@@ -345,9 +411,11 @@ class CustomMatcher:
             if sc is None:
                 continue
             raw = sc[0]
-            if raw and not first_ok[raw[0]]:
+            if raw and not held and not first_ok[raw[0]]:  # (held bytes start ``raw``: no quick check)
                 continue
-            if len(raw) == 1 and sc[2] < 0 and not sc[1]:  # one input byte: the inner mask said yes
+            if (
+                len(raw) == 1 and sc[2] < 0 and not sc[1] and not held
+            ):  # one input byte: the inner mask said yes
                 out.append(t)
                 continue
             tb = vocab.token_bytes[t]
@@ -438,7 +506,8 @@ class CustomMatcher:
         return True
 
     def _pending_viable(self, pending: bytes) -> bool:
-        """Held bytes at the end of a token: some way on must exist (an escape's end; XML: content or the end)."""
+        """Held bytes at the end of a token: some way on must exist (an escape's end; XML: content or
+        the end)."""
         if self.c.encoding == "json":
             for esc, byte in ESCAPES.items():
                 if esc.startswith(pending):

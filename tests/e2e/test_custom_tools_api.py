@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from tests.masking.custom_grammars import apply_patch_lark, apply_patch_ok, tricky_ok, TRICKY_REGEX
+from tests.masking.custom_grammars import TRICKY_REGEX, apply_patch_lark, apply_patch_ok, tricky_ok
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"
@@ -21,9 +21,18 @@ APPLY_PATCH = {
 }
 TRICKY = {
     "type": "custom",
-    "custom": {"name": "tricky", "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": TRICKY_REGEX}}},
+    "custom": {
+        "name": "tricky",
+        "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": TRICKY_REGEX}},
+    },
 }
-READ = {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+READ = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+    },
+}
 ASK = [{"role": "user", "content": "Create hello.txt containing 'hi'."}]
 
 
@@ -68,7 +77,9 @@ def test_named_custom_tool_gives_a_valid_custom_call_and_stream_equals_whole(ser
 @pytest.mark.timeout(1800)
 def test_sampled_regex_custom_calls_match_and_history_round_trips(server_url):
     for seed in range(4):
-        r = post(server_url, tools=[TRICKY], tool_choice="required", temperature=1.0, seed=seed, max_tokens=120)
+        r = post(
+            server_url, tools=[TRICKY], tool_choice="required", temperature=1.0, seed=seed, max_tokens=120
+        )
         assert r.status_code == 200, r.text
         msg = r.json()["choices"][0]["message"]
         for call in msg.get("tool_calls") or []:

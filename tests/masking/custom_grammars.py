@@ -20,7 +20,8 @@ APPLY_PATCH_RE = re.compile(
     r"\*\*\* Begin Patch\n"
     r"(?:\*\*\* Add File: .+\n(?:\+.*\n)+"
     r"|\*\*\* Delete File: .+\n"
-    r"|\*\*\* Update File: .+\n(?:\*\*\* Move to: .+\n)?(?:(?:(?:@@|@@ .+)\n|[-+ ].*\n)+(?:\*\*\* End of File\n)?)?"
+    r"|\*\*\* Update File: .+\n(?:\*\*\* Move to: .+\n)?"
+    r"(?:(?:(?:@@|@@ .+)\n|[-+ ].*\n)+(?:\*\*\* End of File\n)?)?"
     r")+\*\*\* End Patch\n?"
 )
 

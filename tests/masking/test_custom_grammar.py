@@ -35,10 +35,14 @@ GRAMMARS = {
     "tricky": ("regex", TRICKY_REGEX, tricky_ok),
 }
 # ways to finish an input begun at random (tried in order once the random steps are spent)
-_PATCH_ENDS = [p + e for p in ("", "\n", "\n+x\n", "+x\n", "\n x\n", " x\n") for e in ("*** End Patch", "*** End Patch\n")]
+_PATCH_ENDS = [
+    p + e
+    for p in ("", "\n", "\n+x\n", "+x\n", "\n x\n", " x\n")
+    for e in ("*** End Patch", "*** End Patch\n")
+]
 ENDINGS = {
     "apply_patch": _PATCH_ENDS,
-    "calc": ["", "1", ")", "1)", "))", "1))", ")))", "1)))", "))))", "1))))"],
+    "calc": [p + ")" * k for k in range(100) for p in ("", "1", "(1")],  # random walks nest deeply
     "tricky": ["", "a"],
 }
 SETTINGS = dict(derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -46,7 +50,13 @@ SETTINGS = dict(derandomize=True, deadline=None, suppress_health_check=[HealthCh
 
 def custom_tool(name: str) -> dict:
     syntax, definition, _ = GRAMMARS[name]
-    body = {"type": "custom", "custom": {"name": name, "format": {"type": "grammar", "grammar": {"syntax": syntax, "definition": definition}}}}
+    body = {
+        "type": "custom",
+        "custom": {
+            "name": name,
+            "format": {"type": "grammar", "grammar": {"syntax": syntax, "definition": definition}},
+        },
+    }
     return normalize_request({"tools": [body]})["tools"][0]
 
 
@@ -66,7 +76,9 @@ def decode_call(factory, name: str, seed: int, random_steps: int) -> tuple[str, 
     """Random logits under the mask for ``random_steps`` tokens, then the first ending the matcher
     takes (written as single-byte tokens, each checked against the mask). Returns (text, finished)."""
     tools = [custom_tool(name)]
-    plan = plan_tools(tools, {"type": "function", "function": {"name": name}}, [], False, None, factory.envelope)
+    plan = plan_tools(
+        tools, {"type": "function", "function": {"name": name}}, [], False, None, factory.envelope
+    )
     c = factory.build(tools, plan, (EOS,))
     vocab: TokenVocab = factory.vocab
     bitmask = np.zeros((1, vocab.words), dtype=np.int32)
@@ -81,13 +93,17 @@ def decode_call(factory, name: str, seed: int, random_steps: int) -> tuple[str, 
         assert allowed, f"the mask allowed nothing after {vocab.token_bytes[out[-1]] if out else b''!r}"
         m = c.matcher
         if step >= random_steps and isinstance(m, CustomMatcher) and m.phase == 1:
-            rest = m.c.after[0].decode()
             if _finish(c, m, name, factory.envelope.name, bitmask, single, out):
                 continue
         logits = torch.randn(vocab.vocab_size, generator=gen)
         ids = np.fromiter(allowed, dtype=np.int64)
         tok = int(ids[int(torch.argmax(logits[ids]))])
-        assert c.accept_token(tok), (c.error, b"".join(vocab.token_bytes[t] for t in out), c.phase, m and m.phase)
+        assert c.accept_token(tok), (
+            c.error,
+            b"".join(vocab.token_bytes[t] for t in out),
+            c.phase,
+            m and m.phase,
+        )
         out.append(tok)
     text = plan.prefill + b"".join(vocab.token_bytes[t] for t in out).decode("utf-8")
     return text, c.is_terminated()
@@ -160,10 +176,11 @@ def test_any_input_of_the_grammar_is_writable_and_round_trips(factory, value):
     rest += {"hermes": '{"input": "', "qwen3_coder": "<parameter=input>\n"}[factory.envelope.name]
     tail = encode(value, factory.envelope.name) + c.compiled[0].after[0].decode()
     bitmask = np.zeros((1, vocab.words), dtype=np.int32)
-    for b in (rest + tail).encode():
+    written = (rest + tail).encode()
+    for i, b in enumerate(written):
         tid = vocab.by_bytes[bytes([b])][0]
         c.fill_next_token_bitmask(bitmask, 0)
-        assert (int(bitmask[0][tid >> 5]) >> (tid & 31)) & 1, (value, bytes([b]))
+        assert (int(bitmask[0][tid >> 5]) >> (tid & 31)) & 1, (value, written[: i + 1])
         assert c.accept_token(tid), c.error
     assert c.is_terminated() or c.phase.name == "AFTER"
     assert recovered(factory, "tricky", plan.prefill + rest + tail) == value
