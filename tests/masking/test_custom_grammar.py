@@ -202,3 +202,57 @@ def test_bad_grammars_are_400s_with_the_compilers_message(fmt, needle):
     with pytest.raises(InvalidRequest) as err:
         check_format(fmt, "tools[0].custom.format")
     assert err.value.param == "tools[0].custom.format" and needle in str(err.value)
+
+
+def test_the_spec_json_carries_a_custom_tool_to_a_fresh_builder(tokenizer):
+    """vLLM's processor builds from the spec's JSON form in its engine core: the format travels."""
+    from server.masking.builder import ConstraintBuilder
+    from server.masking.spec import ToolSpec
+
+    tools = [custom_tool("tricky")]
+    plan = plan_tools(tools, "required", [], False, None, load_envelope("hermes"))
+    wire = json.loads(json.dumps(ToolSpec(tools, plan, eos_token_ids=(EOS,)).to_json()))
+    c = ConstraintBuilder(tokenizer, len(tokenizer)).build(ToolSpec.from_json(wire))
+    assert c is not None
+    c.accept_token(tokenizer.convert_tokens_to_ids('"'))  # name close begins
+    for b in ', "arguments": {"input": "a\\n€"}}\n</tool_call>'.encode():
+        tid = c.f.vocab.by_bytes[bytes([b])][0]
+        assert c.accept_token(tid), c.error
+    assert c.is_terminated()
+
+
+def test_front_door_shapes_become_function_forms():
+    syntax, definition, _ = GRAMMARS["tricky"]
+    fmt = {"type": "grammar", "grammar": {"syntax": syntax, "definition": definition}}
+    body = {
+        "tools": [{"type": "custom", "custom": {"name": "t", "description": "D", "format": fmt}}],
+        "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+            {"type": "custom", "name": "t"}, {"type": "custom", "custom": {"name": "t"}}]}},
+        "messages": [{"role": "assistant", "tool_calls": [
+            {"id": "c1", "type": "custom", "custom": {"name": "t", "input": 'a"\\\né'}}]}],
+    }  # fmt: skip
+    out = normalize_request(body)
+    tool = out["tools"][0]
+    assert tool["function"]["name"] == "t" and tool["function"]["description"].startswith("D\n\n")
+    assert definition in tool["function"]["description"] and tool["custom_format"]["syntax"] == "regex"
+    assert (
+        out["tool_choice"]["allowed_tools"]["tools"] == [{"type": "function", "function": {"name": "t"}}] * 2
+    )
+    call = out["messages"][0]["tool_calls"][0]
+    assert call == {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "t", "arguments": '{"input": "a\\"\\\\\\né"}'},
+    }
+    assert custom_input(call["function"]["arguments"]) == 'a"\\\né'
+    named = normalize_request({"tool_choice": {"type": "custom", "custom": {"name": "t"}}})
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "t"}}
+    flat = normalize_request({"tools": [{"type": "custom", "custom": {"name": "u", "format": {
+        "type": "grammar", "syntax": "lark", "definition": 'start: "x"'}}}]})  # fmt: skip
+    assert flat["tools"][0]["custom_format"] == {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: "x"',
+    }
+    text = normalize_request({"tools": [{"type": "custom", "custom": {"name": "v"}}]})
+    assert text["tools"][0]["custom_format"] == {"type": "text"}
