@@ -375,7 +375,19 @@ class CustomMatcher:
             if more_tids.size:
                 hit = (bits[more_ids >> 5] >> (more_ids & 31).astype(np.uint32)) & 1
                 ok += more_tids[hit.astype(bool)].tolist()
-            ok += [t for t in check if self._feed(vocab.token_bytes[t], commit=False)]
+            first, lead = self.llg.byte_id, self.llg.ids(byte) or []
+            for t in check:  # prune on the byte after the escape (plain bytes: the inner mask says)
+                more = vocab.token_bytes[t][len(rest) :]
+                f = first[more[0]]
+                plain_more = not any(c in b'"\\' or c < 0x20 for c in more)
+                if plain_more and f is not None and not (int(bits[f >> 5]) >> (f & 31)) & 1:
+                    continue
+                if plain_more:  # the escaped byte then these bytes, as they are
+                    ids = self.llg.ids(more)
+                    if ids is not None and self.inner.validate_tokens(lead + ids) == len(ids) + 1:
+                        ok.append(t)
+                elif self._feed(vocab.token_bytes[t], commit=False):
+                    ok.append(t)
             ok += [t for _, t in vocab.prefixes_of(rest) if vocab.token_bytes[t] != rest]  # partial: \u0
         if ok:
             row |= vocab.pack(ok)
