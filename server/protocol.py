@@ -31,6 +31,7 @@ class FunctionDef(_Loose):
 class Tool(_Loose):
     type: Literal["function"] = "function"
     function: FunctionDef
+    custom_format: dict[str, Any] | None = None  # a custom tool's format (server/chat/custom_tools.py)
 
 
 class FunctionCall(_Loose):
@@ -260,6 +261,13 @@ class ChatCompletionRequest(SamplingFields):
     @classmethod
     def _tool_choice(cls, value: Any) -> ToolChoice | None:
         return parse_tool_choice(value)  # an InvalidRequest (400, param tool_choice) passes through
+
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_tools(cls, data: Any) -> Any:
+        from server.chat.custom_tools import normalize_request
+
+        return normalize_request(data)  # custom tools, calls and choices in function form
 
 
 class CompletionRequest(SamplingFields):

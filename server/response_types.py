@@ -60,10 +60,16 @@ class FunctionCallOut(BaseModel):
     arguments: str
 
 
+class CustomCallOut(BaseModel):
+    name: str
+    input: str  # exactly what the model wrote under the tool's grammar
+
+
 class ToolCallOut(BaseModel):
     id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallOut
+    type: Literal["function", "custom"] = "function"
+    function: FunctionCallOut | None = Field(None, exclude_if=lambda v: v is None)
+    custom: CustomCallOut | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class AssistantMessage(BaseModel):

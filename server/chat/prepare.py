@@ -26,6 +26,7 @@ from server.engines.base import Engine, SamplingParams
 from server.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
 from server.families.rendered import RenderedPrompt, Segment
+from server.masking.custom_grammar import prompt_tools
 from server.masking.response_format import text_schema
 from server.masking.spec import ToolSpec
 from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
@@ -258,7 +259,7 @@ class Preparer:
                 f"{rules.tools_unsupported}",
                 param="tools",
             )
-        rendered = render_chat(req.messages, tools, self.renderer)
+        rendered = render_chat(req.messages, prompt_tools(tools), self.renderer)  # custom tools: as functions
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         machine = self._machine(req.tool_state_machine)
         plan = plan_tools(tools, req.tool_choice, messages, req.parallel_tool_calls, machine, self.envelope)

@@ -110,7 +110,9 @@ class ChatService:
         self._finish_accounting(p, out)
         response = complete_response(p, out, p.model or self.settings.served_model_name, self.envelope)
         message = response["choices"][0].get("message") or {}
-        self._reply_finished(p, [c["function"]["name"] for c in message.get("tool_calls") or []])
+        self._reply_finished(
+            p, [(c.get("function") or c.get("custom"))["name"] for c in message.get("tool_calls") or []]
+        )
         return response
 
     async def stream(self, p: Prepared) -> AsyncIterator[dict[str, Any]]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from server.families.envelope import Envelope
 from server.masking.arguments import make_backend, sorted_properties, tool_schema
+from server.masking.custom_grammar import compile_custom, custom_format
 from server.masking.envelope_masks import EnvelopeMasks
 from server.masking.min_call import minimal_call_tokens
 from server.masking.tool_choice import ToolPlan, tool_names
@@ -79,6 +80,12 @@ class ConstraintFactory:
             if env.calls_close and plan.parallel and env.parallel:
                 tails += (env.call_separator[:1],)
             for name in plan.allowed:
+                fmt = custom_format(by_name[name])
+                if fmt is not None:  # a custom tool: its input follows its grammar (custom_grammar.py)
+                    compiled[names.index(name)] = compile_custom(
+                        self.vocab, name, fmt, self.close_rest, env.call_end, env.arguments, tails
+                    )
+                    continue
                 schema = tool_schema(by_name[name])
                 if env.key_order == "sorted":
                     schema = sorted_properties(schema)

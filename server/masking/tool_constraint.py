@@ -301,7 +301,9 @@ class ToolConstraint:
             self.phase, self.node = Phase.CALL, st.node
             return True
         self.tool = st.name
-        self.matcher = matcher = self.f.backend.matcher(self.compiled[st.name])
+        compiled = self.compiled[st.name]
+        custom = getattr(compiled, "matcher", None)  # a custom tool's grammar (custom_grammar.py)
+        self.matcher = matcher = custom() if custom is not None else self.f.backend.matcher(compiled)
         self.phase = Phase.ARGS
         if st.overflow and not matcher.accept_bytes(st.overflow):
             return self._reject(f"the arguments grammar rejected {st.overflow!r} after the name")
