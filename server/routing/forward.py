@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import Message, Receive, Send
 
 from server.auth import TENANT_HEADER, TOKEN_HEADER
+from server.dialects.messages.errors import from_openai, is_messages_path, shape_error
 from server.errors import AgentServeError, UpstreamUnavailable
 from server.routing.upstream import UpstreamConnectError, UpstreamLost, UpstreamTimeout
 
@@ -239,11 +241,22 @@ class _EventRelay:
         await self.send({"type": "http.response.body", "body": self.pending, "more_body": False})
 
     async def fail(self, err: AgentServeError) -> None:
-        event = b"data: " + json.dumps(err.body()).encode() + b"\n\ndata: [DONE]\n\n"
+        if is_messages_path(REQUEST_PATH.get()):  # Anthropic's error event, no [DONE]
+            data = json.dumps(from_openai(err.body()))
+            event = b"event: error\ndata: " + data.encode() + b"\n\n"
+        else:
+            event = b"data: " + json.dumps(err.body()).encode() + b"\n\ndata: [DONE]\n\n"
         await self.send({"type": "http.response.body", "body": event, "more_body": False})
 
 
+# the path of the request being proxied (set at the entry): errors take that dialect's shape
+REQUEST_PATH: ContextVar[str] = ContextVar("agentserve_router_path", default="")
+
+
 async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    """An error (or other JSON) answer, in the dialect's shape for the request's path."""
+    if "error" in body:
+        body = shape_error(REQUEST_PATH.get(), status, body)
     data = json.dumps(body).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -34,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 from server.auth import authenticate_key, cache_salt, namespaced_session
 from server.auth import router_headers as tenant_headers
 from server.errors import AgentServeError, PayloadTooLarge
-from server.routing.forward import HOP_HEADERS, ProxyCall, send_json
+from server.routing.forward import HOP_HEADERS, REQUEST_PATH, ProxyCall, send_json
 from server.session_key import CLAUDE_CODE_HEADER, HEADER, SessionKey, prefix_hash, session_key
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ _READ_HEADERS = {name.encode(): name for name in ("authorization", "x-api-key", 
 
 async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Send) -> None:
     t0 = time.perf_counter()
+    REQUEST_PATH.set(scope["path"])  # errors from here on take the dialect's shape
     raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
     headers = {_READ_HEADERS[k]: v.decode("latin-1") for k, v in raw_headers if k in _READ_HEADERS}
     auth = router.settings.auth

@@ -141,6 +141,10 @@ def test_x_api_key_is_checked_at_the_router(workers, keyed_router):
         resp = post(r, "/v1/messages", messages(), **headers)
         assert resp.status_code == 401, (headers, resp.text)
         assert "x-agentserve-worker" not in resp.headers
+        # the router's own errors take the dialect's shape: Anthropic's on /v1/messages
+        assert resp.json()["type"] == "error" and resp.json()["error"]["type"] == "authentication_error"
+    openai_shaped = post(r, "/v1/responses", responses()).json()
+    assert openai_shaped["error"]["type"] == "authentication_error" and "type" not in openai_shaped
     assert all(not w.log() for w in workers)
     assert post(r, "/v1/messages?beta=true", messages(), **{"x-api-key": "key-a"}).status_code == 200
     assert post(r, "/v1/responses", responses(), **{"Authorization": "Bearer key-b"}).status_code == 200
