@@ -1,9 +1,11 @@
 """The hf engine: transformers + torch, a block-hash prefix cache, one scheduler thread.
 
 Requests are queued to a single engine thread that owns the model. Each loop turn it
-admits waiting requests (prefill, chunked, reusing the longest cached prefix) and
-then advances every running request by one decode step, round-robin, so a long
-generation never starves a short one and no two requests ever share KV state.
+prefills one chunk of the request being admitted (reusing the longest cached prefix) and
+then advances every running request by one token in ONE batched forward (continuous
+batching: requests join after their prefill and leave when they finish, between steps;
+each keeps its own KV, so none shares state with another and a reused prefix is never
+copied). A long prompt delays the others' decode by one chunk per step, no more.
 Tokens go back to each request's asyncio queue; closing the request's iterator
 cancels it at the next step. This module loads the model and runs that loop; the
 steps themselves (prefill, decode, finish, retain) are ``hf_steps``.
@@ -170,39 +172,63 @@ class HFEngine(SequenceSteps):
     # -- engine thread -------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        prefilling: SequenceState | None = None
         while not self._stop.is_set():
-            admitted = False
-            while True:
+            if prefilling is None:
                 try:
-                    seq = self._inbox.get_nowait()
+                    prefilling = self._inbox.get_nowait()
                 except queue.Empty:
-                    break
-                admitted = True
-                self._run_guarded(seq, self._prefill)
-                if seq.kv is not None:
-                    self._running.append(seq)
-                if self._running:
-                    break  # admit one per turn so running requests keep decoding
-            for seq in list(self._running):
-                self._run_guarded(seq, self._decode_step)
+                    prefilling = None
+            if prefilling is not None:
+                # one chunk, then a decode step for the running ones: a long prompt stalls them one chunk
+                seq = prefilling
+                done = self._run_guarded(seq, self._prefill_chunk)
+                if done or seq.kv is None:
+                    prefilling = None
+                    if seq.kv is not None:
+                        self._running.append(seq)
+            if self._running:
+                self._decode_running()
             self._running = [s for s in self._running if s.kv is not None]
-            if not self._running and not admitted and self._inbox.empty():
+            if not self._running and prefilling is None and self._inbox.empty():
                 self._wake.wait(0.5)
                 self._wake.clear()
 
-    def _run_guarded(self, seq: SequenceState, step: Callable[[SequenceState], None]) -> None:
+    def _decode_running(self) -> None:
+        """One decode step of every running request: sample each, then one batched forward."""
+        going = []
+        for seq in self._running:
+            self._run_guarded(seq, self._pick)
+            if seq.kv is not None and seq.pending is not None:
+                going.append(seq)
+        if not going:
+            return
+        try:
+            self._forward(going)
+        except Exception as exc:  # the batch's forward failed: end those requests, keep the engine
+            log.exception("decode step of %d requests failed", len(going))
+            for seq in going:
+                seq.kv = None
+                seq.emit(
+                    GenerationChunk(
+                        [], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}"
+                    )
+                )
+
+    def _run_guarded(self, seq: SequenceState, step: Callable[[SequenceState], Any]) -> Any:
         try:
             if seq.cancelled:
                 self._retain(seq)
                 seq.kv = None
-                return
-            step(seq)
+                return None
+            return step(seq)
         except Exception as exc:  # never let one request kill the engine thread
             log.exception("request %s failed", seq.request.request_id)
             seq.kv = None
             seq.emit(
                 GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}")
             )
+            return None
 
     def reply_finished(self, session_key: str, tool_names: list[str] | tuple[str, ...] = ()) -> None:
         """The service says what the session's reply ended with: tool calls (named) or text."""

@@ -2,12 +2,15 @@
 
 ``SequenceState`` is a request as the engine thread holds it (KV, next logits, sampler,
 constraint, tokens so far). ``SequenceSteps`` (a base of ``HFEngine``) runs the model on
-one of them at a time; the engine's scheduler loop (hf.py) decides which and when.
+one sequence (prefill) or all running ones (decode); the engine's loop (hf.py) decides when.
 
-* ``_prefill``: the longest cached prefix from the prefix cache, the rest in chunks of
-  ``prefill_chunk`` tokens (stopping if cancelled), the prompt's blocks inserted.
-* ``_decode_step``: bias and penalties, then the tool mask, sample one token, check it
-  against the constraint and the stop ids, emit it, run the model one token further.
+* ``_prefill_chunk``: the longest cached prefix from the prefix cache, then the rest one
+  chunk of ``prefill_chunk`` tokens per call (the loop interleaves chunks with decode
+  steps), the prompt's blocks inserted at the end.
+* ``_pick`` + ``_forward``: bias and penalties, then the tool mask, sample one token, check
+  it against the constraint and the stop ids, emit it; then every running sequence's token
+  goes through the model in ONE forward (``batched_decode.decode_rows``: batched decode,
+  each row over its own KV).
 * ``_finish`` / ``_retain``: the last chunk; on a normal end the KV of prompt + generated
   tokens (tail included) goes into the prefix cache for the session's next turn.
 """
@@ -23,6 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
+from server.engines.batched_decode import decode_rows
 from server.engines.kv_blocks import BlockCutter, cached_kv
 from server.engines.kv_growing import growing_cache, restore
 from server.engines.prefix_cache import PrefixCache
@@ -44,6 +48,9 @@ class SequenceState:
     sampler: TokenSampler | None = None  # built at admission (bias, penalty state, seeded generator)
     constraint: TokenConstraint | None = None  # built from request.tool_spec by the engine
     stop_ids: frozenset[int] = frozenset()  # the model's EOS ids + the request's stop_token_ids
+    prefill_at: int = -1  # next prompt position to prefill (-1: prefill not begun)
+    prefill_t0: float = 0.0
+    pending: int | None = None  # the token sampled this step, to run through the model next
 
     def emit(self, chunk: GenerationChunk) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
@@ -63,37 +70,70 @@ class SequenceSteps:
     _stats: EngineStats
 
     def _prefill(self, seq: SequenceState) -> None:
+        """The whole prefill at once (probes and benchmarks; the engine loop goes chunk by chunk)."""
+        while not self._prefill_chunk(seq) and not seq.cancelled:
+            pass
+
+    def _prefill_begin(self, seq: SequenceState) -> None:
         ids = seq.request.prompt_ids
-        salt = seq.request.cache_salt
-        session = seq.request.session_key
         # always leave at least one token to compute: a cache covering the whole input gives no logits
-        match = self.cache.match(ids, salt, max_tokens=len(ids) - 1, session=session)
+        match = self.cache.match(
+            ids, seq.request.cache_salt, max_tokens=len(ids) - 1, session=seq.request.session_key
+        )
         n_cached = match.cached_tokens
         self._stats.prefix_queries_tokens += len(ids)
         self._stats.prefix_hits_tokens += n_cached
         kv = growing_cache(self.model.config)  # appends in place: no whole-KV copy per step
         stacked = cached_kv(match, self.device)
-        t0 = time.perf_counter()
+        seq.prefill_t0 = time.perf_counter()
         if stacked is not None:
             restore(kv, stacked)
-        logits = None
-        for start in range(n_cached, len(ids), self.prefill_chunk):
-            if seq.cancelled:
-                return
-            chunk = torch.tensor([ids[start : start + self.prefill_chunk]], device=self.device)
-            out = self.model(input_ids=chunk, past_key_values=kv, use_cache=True, logits_to_keep=1)
-            logits = out.logits[0, -1]
-        assert logits is not None
+        seq.kv = kv
+        seq.cached_tokens = n_cached
+        seq.prefill_at = n_cached
+
+    def _prefill_chunk(self, seq: SequenceState) -> bool:
+        """Prefill the next ``prefill_chunk`` tokens of the prompt; True once the prompt is done.
+
+        One chunk per engine-loop turn: a long prompt delays the running requests' decode by
+        at most one chunk per step.
+        """
+        if seq.prefill_at < 0:
+            self._prefill_begin(seq)
+        ids = seq.request.prompt_ids
+        start = seq.prefill_at
+        chunk = torch.tensor([ids[start : start + self.prefill_chunk]], device=self.device)
+        out = self.model(input_ids=chunk, past_key_values=seq.kv, use_cache=True, logits_to_keep=1)
+        seq.prefill_at = min(len(ids), start + self.prefill_chunk)
+        if seq.prefill_at < len(ids):
+            return False
         if self.cache.tier2 is not None:  # the cost model weighs restoring against this, measured
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            self.cache.cost.observe_prefill(len(ids) - n_cached, time.perf_counter() - t0)
-        self.cache.insert(ids, salt, BlockCutter(kv, self.cache.block_size), session=session)
-        seq.kv = kv
-        seq.next_logits = logits
-        seq.cached_tokens = n_cached
+            self.cache.cost.observe_prefill(
+                len(ids) - seq.cached_tokens, time.perf_counter() - seq.prefill_t0
+            )
+        self.cache.insert(
+            ids,
+            seq.request.cache_salt,
+            BlockCutter(seq.kv, self.cache.block_size),
+            session=seq.request.session_key,
+        )
+        seq.next_logits = out.logits[0, -1]
+        return True
 
     def _decode_step(self, seq: SequenceState) -> None:
+        """One decode step of one sequence alone (a batch of one)."""
+        self._pick(seq)
+        if seq.pending is not None:
+            self._forward([seq])
+
+    def _pick(self, seq: SequenceState) -> None:
+        """Sample the next token from ``next_logits`` and emit it, or finish the sequence.
+
+        Leaves the token in ``seq.pending`` when the sequence goes on (``_forward`` runs it).
+        """
+        seq.pending = None
         req = seq.request
         raw = seq.next_logits
         sampler = seq.sampler
@@ -129,10 +169,24 @@ class SequenceSteps:
             self._finish(seq, "length", tokens=[token], logprobs=logprobs)
             return
         seq.emit(GenerationChunk([token], seq.cached_tokens, logprobs=logprobs))
-        out = self.model(
-            input_ids=torch.tensor([[token]], device=self.device), past_key_values=seq.kv, use_cache=True
-        )
-        seq.next_logits = out.logits[0, -1]
+        seq.pending = token
+
+    def _forward(self, seqs: list[SequenceState]) -> None:
+        """Run each sequence's pending token through the model: one forward for all of them."""
+        tokens = [s.pending for s in seqs]
+        assert all(t is not None for t in tokens)
+        if len(seqs) == 1:
+            seq = seqs[0]
+            out = self.model(
+                input_ids=torch.tensor([tokens], device=self.device), past_key_values=seq.kv, use_cache=True
+            )
+            seq.next_logits = out.logits[0, -1]
+        else:
+            logits = decode_rows(self.model, [s.kv for s in seqs], tokens, self.device)  # type: ignore[arg-type]
+            for i, seq in enumerate(seqs):
+                seq.next_logits = logits[i]
+        for seq in seqs:
+            seq.pending = None
 
     def _retain(self, seq: SequenceState) -> None:
         """Cache the KV of prompt + generated tokens, tail included: the next turn starts with them."""

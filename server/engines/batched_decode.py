@@ -1,0 +1,111 @@
+"""One forward pass that advances every running sequence by one token (batched decode).
+
+Each running request keeps its own KV cache (a ``DynamicCache`` of ``GrowingLayer``s, of its
+own length, restored from the prefix cache without a copy). A decode step stacks the B new
+tokens into one ``[B, 1]`` forward, so the weights are read once per step instead of once
+per request (what makes decode fast: on this CPU a 135M model's step is weight-bound). Only
+attention differs per row: ``RowsKV`` stands in for the cache during that forward — its
+``update`` appends row i's new key/value to sequence i's own cache and hands back the list
+of per-row K/V, and the attention function registered as ``ROWS_ATTENTION`` runs SDPA row
+by row over each sequence's own K/V (no padding, no copy of a reused prefix). Every other
+layer (projections, MLP, norms, rotary with per-row positions, the LM head) runs batched.
+
+Chosen over transformers' own continuous batching (``generate_batch`` / paged attention):
+that owns its scheduler and a paged KV pool of its own, so our prefix cache, tiers, masks,
+penalties and per-request stop handling would have to move inside it; here each request's
+state and cache stay exactly as they are when it runs alone, and a batch of one is the
+old path. Row results equal the single-sequence forward within fp32 rounding (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+ROWS_ATTENTION = "agentserve_rows"
+
+
+class RowsKV:
+    """The stand-in cache of a batched decode forward: row i reads and grows ``caches[i]``."""
+
+    def __init__(self, caches: list[Any]) -> None:
+        self.caches = caches
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for i, cache in enumerate(self.caches):
+            k, v = cache.update(key_states[i : i + 1], value_states[i : i + 1], layer_idx)
+            keys.append(k)
+            values.append(v)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(int(c.get_seq_length()) for c in self.caches)
+
+
+def rows_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: list[torch.Tensor],
+    value: list[torch.Tensor],
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """SDPA of row i's one query over sequence i's own K/V; output [B, 1, heads, head_dim].
+
+    With grouped-query attention the G query heads that share a KV head become G query
+    positions of that head (one query token attends to past keys only, so no causal mask):
+    no copy of the K/V is made to repeat heads.
+    """
+    outs = []
+    batch, heads, _, dim = query.shape
+    for i, (k, v) in enumerate(zip(key, value, strict=True)):
+        kv_heads = k.shape[1]
+        q = query[i : i + 1].reshape(1, kv_heads, heads // kv_heads, dim)
+        out = F.scaled_dot_product_attention(q, k, v, scale=scaling)
+        outs.append(out.reshape(1, heads, 1, dim))
+    return torch.cat(outs, dim=0).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ROWS_ATTENTION, rows_attention)
+
+
+@contextmanager
+def _attention(config: Any, name: str) -> Iterator[None]:
+    before = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def decode_rows(model: Any, caches: list[Any], tokens: list[int], device: torch.device) -> torch.Tensor:
+    """Run ``tokens[i]`` through the model on top of ``caches[i]`` for every i; logits [B, V].
+
+    Every cache grows by one token. Positions are each sequence's own length, and the 4-D
+    placeholder mask is passed through untouched (attention is per row, causal by length).
+    """
+    positions = torch.tensor([[c.get_seq_length()] for c in caches], device=device)
+    ids = torch.tensor([[t] for t in tokens], device=device)
+    placeholder = torch.zeros((len(tokens), 1, 1, 1), device=device, dtype=torch.bool)
+    with _attention(model.config, ROWS_ATTENTION):
+        out = model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=placeholder,
+            past_key_values=RowsKV(caches),
+            use_cache=True,
+        )
+    logits: torch.Tensor = out.logits[:, -1]
+    return logits
