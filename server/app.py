@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server.admission import Admission
 from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
-from server.auth import authenticate, needs_key
+from server.auth import authenticate, check_worker_auth, needs_key
 from server.chat.service import ChatService
 from server.config import ConfigError, Settings
 from server.engines.base import Engine
@@ -25,9 +25,11 @@ log = logging.getLogger(__name__)
 
 
 def check_settings(settings: Settings) -> None:
-    """What the config schema cannot know: names that must exist in a registry (ConfigError)."""
+    """What the config schema cannot know: names that must exist in a registry, an auth setup
+    that would serve someone unauthenticated (ConfigError)."""
     from server.masking.arguments import backend_names
 
+    check_worker_auth(settings.auth)
     if settings.grammar_backend not in backend_names():
         raise ConfigError(
             f"grammar_backend {settings.grammar_backend!r} is not available: use one of {backend_names()} "

@@ -165,6 +165,12 @@ class AuthSettings(_Section):
         "authenticated (X-Agentserve-Tenant), and a worker trusts that header only with this token. "
         "Empty = workers check the forwarded API key themselves. Never logged.",
     )
+    require_router: bool = Field(
+        False,
+        description="Worker only: this worker is reached only through routers; every keyed path "
+        "(/v1/*, /tokenize, /detokenize) needs auth.router_token (401 otherwise), so a request that "
+        "bypasses the router is refused even with no auth.api_keys here. Needs auth.router_token.",
+    )
     share_prefix_cache: bool = Field(
         False,
         description="Let tenants share cached prefixes (off: each tenant's cache is its own namespace).",
@@ -253,6 +259,19 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
+_SECRET_WORDS = ("auth", "key", "token", "secret", "password")
+
+
+def _shown_input(loc: tuple[int | str, ...], value: Any) -> str:
+    """The rejected value for a config error, never a secret: anything under ``auth`` (or a field
+    whose name says key/token/secret) is shown as its type only."""
+    if any(word in str(part).lower() for part in loc for word in _SECRET_WORDS):
+        return f"<redacted {type(value).__name__}>"
+    if isinstance(value, dict) and any(w in str(k).lower() for k in value for w in _SECRET_WORDS):
+        return f"<redacted {type(value).__name__}>"
+    return repr(value)
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build Settings from a YAML file, the environment and explicit overrides (None = unset)."""
     path = Path(config_file) if config_file else None
@@ -265,7 +284,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         lines = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"  {where}: {err['msg']} (got {_shown_input(err['loc'], err.get('input'))})")
         src = f" in {path}" if path else ""
         raise ConfigError(
             f"invalid settings{src} (or AGENTSERVE_* environment / flags):\n" + "\n".join(lines)
