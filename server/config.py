@@ -182,6 +182,22 @@ class LimitsSettings(_Section):
     max_tools: int = Field(128, ge=1, description="Most tools in one request.")
     max_tool_schema_bytes: int = Field(32768, ge=64, description="Largest JSON of one tool definition.")
     max_tokens: int | None = Field(None, ge=1, description="Cap on max_tokens (None: the context window).")
+    max_stop_sequences: int = Field(
+        16,
+        ge=1,
+        description="Most stop strings in one request (OpenAI allows 4; Anthropic's stop_sequences has no "
+        "small limit, so the default leaves room for agent clients).",
+    )
+    max_stop_chars: int = Field(
+        256, ge=1, description="Longest stop string in characters (bounds the per-token stop search)."
+    )
+    max_stop_token_ids: int = Field(128, ge=1, description="Most entries in stop_token_ids.")
+    max_logit_bias: int = Field(300, ge=1, description="Most logit_bias entries (OpenAI's limit, 300).")
+    max_messages: int = Field(
+        4096,
+        ge=1,
+        description="Most messages (chat) or input items in one request, checked before rendering.",
+    )
     max_concurrent_requests: int = Field(16, ge=1, description="Requests generating at once per worker.")
     max_queued_requests: int = Field(64, ge=0, description="Requests waiting beyond that; more get 429.")
     request_timeout_s: float = Field(

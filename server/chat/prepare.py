@@ -18,6 +18,7 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_diag import Prompt, fingerprint
+from server.chat.limits import check_request_limits
 from server.chat.sampling import check_fields, sampling_params
 from server.chat.template import render_chat
 from server.config import Settings
@@ -89,6 +90,7 @@ class Preparer:
         if req.n != 1:
             raise InvalidRequest(f"n={req.n} is not supported: only n=1; send separate requests", param="n")
         check_fields(req)  # refused parameters are 400s naming them; unknown ones are logged once
+        check_request_limits(req, self.settings.limits)  # stop, logit_bias, messages: before rendering
 
     def _tokenize(self, rendered: RenderedPrompt) -> tuple[list[int], array[int]]:
         enc = self.engine.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)

@@ -1,0 +1,47 @@
+"""Per-request size limits checked before any rendering or tokenizing (each a 400 naming its setting).
+
+Every limit is a field of ``limits`` in server/config.py and is listed in docs/security.md.
+"""
+
+from __future__ import annotations
+
+from server.config import LimitsSettings
+from server.errors import InvalidRequest
+from server.protocol import SamplingFields
+
+
+def check_request_limits(req: SamplingFields, limits: LimitsSettings) -> None:
+    """Refuse a request whose stop strings, stop token ids, logit_bias or messages exceed the limits."""
+    stops = req.stop_list()
+    if len(stops) > limits.max_stop_sequences:
+        raise InvalidRequest(
+            f"{len(stops)} stop strings sent; the limit is {limits.max_stop_sequences} "
+            f"(limits.max_stop_sequences): send fewer",
+            param="stop",
+        )
+    longest = max((len(s) for s in stops), default=0)
+    if longest > limits.max_stop_chars:
+        raise InvalidRequest(
+            f"a stop string is {longest} characters; the limit is {limits.max_stop_chars} "
+            f"(limits.max_stop_chars): shorten it",
+            param="stop",
+        )
+    if req.stop_token_ids is not None and len(req.stop_token_ids) > limits.max_stop_token_ids:
+        raise InvalidRequest(
+            f"{len(req.stop_token_ids)} stop_token_ids sent; the limit is {limits.max_stop_token_ids} "
+            f"(limits.max_stop_token_ids): send fewer",
+            param="stop_token_ids",
+        )
+    if req.logit_bias is not None and len(req.logit_bias) > limits.max_logit_bias:
+        raise InvalidRequest(
+            f"{len(req.logit_bias)} logit_bias entries sent; the limit is {limits.max_logit_bias} "
+            f"(limits.max_logit_bias): send fewer",
+            param="logit_bias",
+        )
+    messages = getattr(req, "messages", None)
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
+        raise InvalidRequest(
+            f"{len(messages)} messages sent; the limit is {limits.max_messages} (limits.max_messages): "
+            f"shorten the conversation",
+            param="messages",
+        )
