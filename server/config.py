@@ -182,6 +182,15 @@ class LimitsSettings(_Section):
     max_tools: int = Field(128, ge=1, description="Most tools in one request.")
     max_tool_schema_bytes: int = Field(32768, ge=64, description="Largest JSON of one tool definition.")
     max_tokens: int | None = Field(None, ge=1, description="Cap on max_tokens (None: the context window).")
+    max_schema_bound: int = Field(
+        65536,
+        ge=1,
+        description="Largest minLength / maxLength / minItems / maxItems / minProperties / maxProperties "
+        "(and minContains / maxContains) in a tool or response_format schema.",
+    )
+    max_response_format_schema_bytes: int = Field(
+        32768, ge=64, description="Largest JSON of a response_format json_schema."
+    )
     max_stop_sequences: int = Field(
         16,
         ge=1,

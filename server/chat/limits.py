@@ -5,6 +5,9 @@ Every limit is a field of ``limits`` in server/config.py and is listed in docs/s
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from server.config import LimitsSettings
 from server.errors import InvalidRequest
 from server.protocol import SamplingFields
@@ -38,6 +41,22 @@ def check_request_limits(req: SamplingFields, limits: LimitsSettings) -> None:
             f"(limits.max_logit_bias): send fewer",
             param="logit_bias",
         )
+    for i, tool in enumerate(getattr(req, "tools", None) or []):
+        function = getattr(tool, "function", None)
+        parameters = getattr(function, "parameters", None)
+        check_schema_bounds(parameters, limits, f"tools[{i}].function.parameters")
+    rf = getattr(req, "response_format", None)
+    schema = (getattr(rf, "json_schema", None) or {}).get("schema")
+    if schema is not None:
+        size = len(json.dumps(schema, separators=(",", ":")).encode())
+        if size > limits.max_response_format_schema_bytes:
+            raise InvalidRequest(
+                f"response_format.json_schema.schema is {size} bytes of JSON; the limit is "
+                f"{limits.max_response_format_schema_bytes} (limits.max_response_format_schema_bytes): "
+                f"shorten the schema",
+                param="response_format.json_schema.schema",
+            )
+        check_schema_bounds(schema, limits, "response_format.json_schema.schema")
     messages = getattr(req, "messages", None)
     if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise InvalidRequest(
@@ -45,3 +64,34 @@ def check_request_limits(req: SamplingFields, limits: LimitsSettings) -> None:
             f"shorten the conversation",
             param="messages",
         )
+
+
+BOUND_KEYS = (
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "minContains",
+    "maxContains",
+)
+
+
+def check_schema_bounds(schema: Any, limits: LimitsSettings, param: str) -> None:
+    """A 400 when a length / count bound anywhere in ``schema`` is over limits.max_schema_bound
+    (the masks compile those bounds into grammars; the shortest-call estimate counts them)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in BOUND_KEYS and isinstance(value, int | float) and value > limits.max_schema_bound:
+                    raise InvalidRequest(
+                        f"{param}: {key} = {value} is over the limit of {limits.max_schema_bound} "
+                        f"(limits.max_schema_bound): use a smaller bound",
+                        param=param,
+                    )
+                stack.append(value)
