@@ -73,8 +73,8 @@ def _minimal(schema: Any, depth: int, cap: int) -> tuple[Any, int]:
         parts = {k: _minimal(props.get(k, {}), depth + 1, cap) for k in required}
         length = 2 + sum(len(_dumps(k)) + len(_SEP[1]) + v[1] for k, v in parts.items())
         return {k: v[0] for k, v in parts.items()}, length + max(0, len(parts) - 1) * len(_SEP[0])
-    value = _SCALAR.get(kind, {})
-    return value, len(_dumps(value))
+    scalar: Any = _SCALAR.get(kind, {})
+    return scalar, len(_dumps(scalar))
 
 
 def minimal_value(schema: Any, cap: int = REPEAT_CAP) -> Any:
