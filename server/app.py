@@ -15,10 +15,11 @@ from server.admission import Admission
 from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
 from server.auth import authenticate, check_worker_auth, needs_key
+from server.body_limit import BodyLimit, too_large
 from server.chat.service import ChatService
 from server.config import ConfigError, Settings
 from server.engines.base import Engine
-from server.errors import AgentServeError, PayloadTooLarge, internal_error_body
+from server.errors import AgentServeError, internal_error_body
 from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(tokenize_router)
     max_body = settings.limits.max_request_bytes
+    app.add_middleware(BodyLimit, max_bytes=max_body)  # inside front_door: auth runs first
 
     @app.middleware("http")
     async def front_door(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -95,10 +97,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             request.state.tenant = authenticate(request.headers, settings.auth) if protected else ""
             length = request.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > max_body:
-                raise PayloadTooLarge(
-                    f"request body is {length} bytes; the limit is {max_body} (limits.max_request_bytes): "
-                    f"send a shorter conversation"
-                )
+                raise too_large(max_body, length)
             response = await call_next(request)
         except AgentServeError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status)

@@ -1,0 +1,78 @@
+"""Request bodies bounded however they are framed: bytes are counted as they arrive.
+
+A ``Content-Length`` over the limit is refused by the front door before anything is read;
+a chunked body (no length) is read here, counting, and refused with the same 413 the moment
+it passes ``limits.max_request_bytes``, before any route parses or tokenizes it. A body within
+the limit is handed to the app unchanged (replayed from the buffer; the route reads it whole
+anyway), later ``receive`` calls (a client disconnect) go to the server.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.errors import PayloadTooLarge
+
+
+def too_large(limit: int, length: str | None = None) -> PayloadTooLarge:
+    size = f"{length} bytes" if length is not None else f"over {limit} bytes"
+    return PayloadTooLarge(
+        f"request body is {size}; the limit is {limit} (limits.max_request_bytes): "
+        f"send a shorter conversation"
+    )
+
+
+class BodyLimit:
+    """ASGI middleware: a 413 once a request body passes ``max_bytes``, however it is framed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before its body was complete: nothing to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await _send_error(send, too_large(self.max_bytes))
+                return
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body: Message | None = {"type": "http.request", "body": b"".join(parts), "more_body": False}
+
+        async def replay() -> Message:
+            nonlocal body
+            if body is not None:
+                first, body = body, None
+                return first
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _send_error(send: Send, exc: PayloadTooLarge) -> None:
+    payload: Any = json.dumps(exc.body()).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": exc.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
