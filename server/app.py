@@ -62,6 +62,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"invalid request: {param or 'body'}: {msg}{more}", param
 
 
+def _route_label(request: Request, known: frozenset[str]) -> str:
+    """The matched route's template, or a path that is one (a 401 before routing); never any other
+    raw path: a client could mint unbounded series."""
+    template = getattr(request.scope.get("route"), "path", None)
+    if isinstance(template, str):
+        return template
+    return request.url.path if request.url.path in known else "other"
+
+
 def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     check_settings(settings)
     metrics = Metrics()
@@ -101,9 +110,8 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             response = await call_next(request)
         except AgentServeError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status)
-        metrics.requests.labels(
-            path if path.startswith(("/v1/", "/health", "/metrics")) else "other", str(response.status_code)
-        ).inc()
+        label = _route_label(request, frozenset(getattr(r, "path", "") for r in app.routes))
+        metrics.requests.labels(label, str(response.status_code)).inc()
         return response
 
     @app.exception_handler(AgentServeError)

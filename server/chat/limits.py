@@ -6,11 +6,14 @@ Every limit is a field of ``limits`` in server/config.py and is listed in docs/s
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from server.config import LimitsSettings
 from server.errors import InvalidRequest
 from server.protocol import SamplingFields
+
+MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a request's tool_state_machine: a name only
 
 
 def check_request_limits(req: SamplingFields, limits: LimitsSettings) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_diag import Prompt, fingerprint
+from server.chat.limits import MACHINE_NAME as _MACHINE_NAME
 from server.chat.limits import check_request_limits
 from server.chat.sampling import check_fields, sampling_params
 from server.chat.template import render_chat
@@ -172,7 +173,7 @@ class Preparer:
             return self.default_machine
         if name == "off":
             return None
-        if "/" in name or name.endswith(".yaml"):
+        if not _MACHINE_NAME.fullmatch(name):  # a name from grammars/, never a path (x.yml, ../x, C:\\x)
             raise InvalidRequest(
                 "tool_state_machine takes the name of a machine in grammars/ (or 'off'), not a path",
                 param="tool_state_machine",

@@ -1,0 +1,61 @@
+"""Small attack surfaces: metric labels from route templates only, request-chosen state machines by
+name only, noncharacters in tool definitions."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.hardening.helpers import assert_still_answers, chat, clean_latency
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def url(hf_engine):
+    from server.app import build_app
+    from tests.conftest import running_server, worker_settings
+
+    with running_server(build_app(worker_settings(), engine=hf_engine)) as u:
+        yield u
+
+
+def test_metric_labels_never_carry_raw_paths(url):
+    for i in range(30):
+        httpx.post(f"{url}/v1/attack-{i}-series", json={}, timeout=10)
+        httpx.get(f"{url}/v1/models/x{i}", timeout=10)
+    assert chat(url).status_code == 200
+    text = httpx.get(url + "/metrics", timeout=10).text
+    assert "attack-" not in text and "/v1/models/x" not in text
+    assert 'endpoint="/v1/chat/completions"' in text and 'endpoint="other"' in text
+
+
+@pytest.mark.parametrize(
+    "name", ["x.yml", "../grammars/agent", "agent.yaml", "/etc/passwd", "a\\b", "..", ""]
+)
+def test_a_request_names_a_state_machine_never_a_path(url, name):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    r = chat(url, tools=tools, tool_state_machine=name)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tool_state_machine"
+
+
+@pytest.mark.parametrize("char", ["\ufdd0", "\ufdd1", "\ufdd2"])
+def test_noncharacters_in_tool_definitions_are_not_a_500(url, char):
+    baseline = clean_latency(url)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "description": f"bad {char} text",
+                "parameters": {
+                    "type": "object",
+                    "properties": {f"p{char}": {"type": "string", "enum": [char]}},
+                },
+            },
+        }
+    ]
+    r = chat(url, tools=tools, tool_choice="required", max_tokens=8)
+    assert r.status_code in (200, 400), r.text
+    assert_still_answers(url, baseline)
