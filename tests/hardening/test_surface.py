@@ -59,3 +59,19 @@ def test_noncharacters_in_tool_definitions_are_not_a_500(url, char):
     r = chat(url, tools=tools, tool_choice="required", max_tokens=8)
     assert r.status_code in (200, 400), r.text
     assert_still_answers(url, baseline)
+
+
+@pytest.mark.e2e
+def test_unknown_field_names_are_remembered_and_logged_boundedly(url, caplog):
+    import logging
+
+    from server.chat import sampling
+
+    with caplog.at_level(logging.WARNING, logger="server.chat.sampling"):
+        for batch in range(3):
+            extra = {f"junk_{batch}_{i}_" + "x" * 500: 1 for i in range(200)}
+            assert chat(url, **extra).status_code == 200
+    assert len(sampling._logged) <= sampling.MAX_LOGGED_FIELDS
+    lines = [r.getMessage() for r in caplog.records if r.name == "server.chat.sampling"]
+    assert len(lines) <= sampling.MAX_LOGGED_FIELDS + 1
+    assert all(len(line) < 200 for line in lines)
