@@ -238,6 +238,12 @@ class Settings(BaseSettings):
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default: all cores.")
     prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
     session_table_size: int = Field(4096, ge=1, description="Sessions remembered for the cache report.")
+    session_table_mb: int = Field(
+        256, ge=1, description="Bytes (MiB) of the sessions' previous prompts kept for the cache report."
+    )
+    response_fingerprints_mb: int = Field(
+        32, ge=1, description="Per tenant: MiB of response fingerprints kept for cache_compare_with."
+    )
     envelope: str = Field(
         "hermes", description="Tool-call envelope in grammars/envelopes/ (per model family)."
     )
