@@ -76,8 +76,9 @@ def test_workers_are_a_gpu_statefulset_behind_a_headless_service_with_health_pro
     (c,) = pod["spec"]["containers"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert svc["spec"]["ports"][0]["port"] == c["ports"][0]["containerPort"] == 8000
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health", probe
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"  # a dead engine, not load
     # the image's entrypoint serves configs/vllm.yaml, whose port the Service targets
     dockerfile = (DEPLOY.parents[1] / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["agentserve", "serve", "--config", "configs/vllm.yaml"]' in dockerfile
