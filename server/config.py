@@ -117,6 +117,17 @@ class RoutingSettings(_Section):
         2, ge=0, description="Other workers tried when one fails before anything reached the client."
     )
     worker_start_timeout_s: float = Field(180.0, gt=0, description="How long to wait for spawned workers.")
+    max_lost_replays: int = Field(
+        1,
+        ge=0,
+        description="A request whose worker dropped the connection before answering (it may have "
+        "killed the worker) is replayed to another worker at most this many times.",
+    )
+    max_worker_losses: int = Field(
+        2,
+        ge=1,
+        description="A request body that this many workers died on is refused (503) instead of sent again.",
+    )
 
 
 class VllmSettings(_Section):
