@@ -85,3 +85,25 @@ def test_oversized_request_parts_are_400s_naming_the_limit(url, baseline, extra,
 def test_stop_strings_within_the_limits_still_work(url):
     r = chat(url, stop=[f"s{i}" for i in range(16)], max_tokens=4)
     assert r.status_code == 200
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("extra", "setting"),
+    [
+        ({"messages": [{"role": "user", "content": "a"}] * 5000}, "limits.max_messages"),
+        (
+            {
+                "messages": [{"role": "user", "content": "a"}],
+                "tools": [{"type": "function", "function": {"name": f"t{i}"}} for i in range(200)],
+            },
+            "limits.max_tools",
+        ),
+    ],
+)
+def test_tokenize_has_the_limits_of_chat(url, baseline, extra, setting):
+    import httpx
+
+    r = httpx.post(url + "/tokenize", json=extra, timeout=60)
+    assert r.status_code == 400 and setting in r.json()["error"]["message"], r.text
+    assert_still_answers(url, baseline)
