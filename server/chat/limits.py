@@ -11,6 +11,7 @@ from typing import Any
 
 from server.config import LimitsSettings
 from server.errors import InvalidRequest
+from server.families.markers import MARKERS
 from server.protocol import SamplingFields
 
 MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a request's tool_state_machine: a name only
@@ -60,6 +61,7 @@ def check_request_limits(req: SamplingFields, limits: LimitsSettings) -> None:
                 param="response_format.json_schema.schema",
             )
         check_schema_bounds(schema, limits, "response_format.json_schema.schema")
+    _check_noncharacters(req)
     messages = getattr(req, "messages", None)
     if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise InvalidRequest(
@@ -98,3 +100,26 @@ def check_schema_bounds(schema: Any, limits: LimitsSettings, param: str) -> None
                         param=param,
                     )
                 stack.append(value)
+
+
+def _check_noncharacters(req: SamplingFields) -> None:
+    """U+FDD0..U+FDD2 mark segments inside the renderer: refused in tools and calls as in content
+    (families that render JSON without escaping would otherwise break the prompt: a 500)."""
+    for i, tool in enumerate(getattr(req, "tools", None) or []):
+        if _has_marker(tool):
+            raise InvalidRequest(
+                f"tools[{i}] contains a Unicode noncharacter (U+FDD0..U+FDD2): remove it", param=f"tools[{i}]"
+            )
+    for i, msg in enumerate(getattr(req, "messages", None) or []):
+        for call in getattr(msg, "tool_calls", None) or []:
+            if _has_marker(call):
+                raise InvalidRequest(
+                    f"messages[{i}].tool_calls contains a Unicode noncharacter (U+FDD0..U+FDD2): remove it",
+                    param=f"messages[{i}].tool_calls",
+                )
+
+
+def _has_marker(value: Any) -> bool:
+    dump = getattr(value, "model_dump_json", None)
+    text = dump() if callable(dump) else json.dumps(value, ensure_ascii=False, default=str)
+    return any(c in text for c in MARKERS)

@@ -45,9 +45,9 @@ def test_a_router_with_keys_but_no_router_token_refuses_to_start(monkeypatch, ca
 @pytest.mark.parametrize(
     "env",
     [
-        {"AGENTSERVE_AUTH__API_KEYS": '{"team-a": 5, "team-b": "sk-b-SECRET-456"}'},
+        {"AGENTSERVE_AUTH__API_KEYS": '"sk-b-SECRET-456"'},
         {"AGENTSERVE_AUTH__API_KEYS": '["sk-SECRET-789"]'},
-        {"AGENTSERVE_AUTH": '{"api_keys": {"a": "sk-b-SECRET-456"}, "nope": 1}'},
+        {"AGENTSERVE_AUTH": '{"router_token": ["tok-SECRET-1"]}'},
     ],
 )
 def test_config_errors_never_print_keys_or_tokens(monkeypatch, env):

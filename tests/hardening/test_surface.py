@@ -57,7 +57,7 @@ def test_noncharacters_in_tool_definitions_are_not_a_500(url, char):
         }
     ]
     r = chat(url, tools=tools, tool_choice="required", max_tokens=8)
-    assert r.status_code in (200, 400), r.text
+    assert r.status_code == 400 and "U+FDD0" in r.json()["error"]["message"], r.text
     assert_still_answers(url, baseline)
 
 
@@ -75,3 +75,27 @@ def test_unknown_field_names_are_remembered_and_logged_boundedly(url, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "server.chat.sampling"]
     assert len(lines) <= sampling.MAX_LOGGED_FIELDS + 1
     assert all(len(line) < 200 for line in lines)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("char", ["\ufdd0", "\ufdd1", "\ufdd2"])
+@pytest.mark.parametrize("where", ["name", "arguments", "tool_result", "schema_key"])
+def test_noncharacters_anywhere_in_a_tool_conversation_are_not_a_500(url, char, where):
+    name = f"f{char}" if where == "name" else "f"
+    props = {f"k{char}" if where == "schema_key" else "k": {"type": "string"}}
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": name, "parameters": {"type": "object", "properties": props}},
+        }
+    ]
+    args = '{"k": "' + (char if where == "arguments" else "v") + '"}'
+    call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": args}}
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": char if where == "tool_result" else "ok"},
+    ]
+    r = chat(url, tools=tools, messages=messages, max_tokens=4)
+    assert r.status_code == 400, r.text  # every family refuses it the same way, before rendering
+    assert "U+FDD0" in r.json()["error"]["message"]
