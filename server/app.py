@@ -95,7 +95,9 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(tokenize_router)
     max_body = settings.limits.max_request_bytes
-    app.add_middleware(BodyLimit, max_bytes=max_body)  # inside front_door: auth runs first
+    app.add_middleware(
+        BodyLimit, max_bytes=max_body, timeout_s=settings.limits.body_timeout_s
+    )  # inside front_door: auth runs first
 
     @app.middleware("http")
     async def front_door(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -143,4 +145,11 @@ def serve_worker(settings: Settings) -> None:
     import uvicorn
 
     app = build_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=30)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=30,
+        limit_concurrency=settings.limits.max_connections,
+    )

@@ -4,17 +4,31 @@ A ``Content-Length`` over the limit is refused by the front door before anything
 a chunked body (no length) is read here, counting, and refused with the same 413 the moment
 it passes ``limits.max_request_bytes``, before any route parses or tokenizes it. A body within
 the limit is handed to the app unchanged (replayed from the buffer; the route reads it whole
-anyway), later ``receive`` calls (a client disconnect) go to the server.
+anyway), later ``receive`` calls (a client disconnect) go to the server. A body that takes
+longer than ``limits.body_timeout_s`` to arrive (a slow sender holding a connection) is a 408.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import PayloadTooLarge
+from server.errors import AgentServeError, PayloadTooLarge
+
+
+class BodyTimeout(AgentServeError):
+    status = 408
+    type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
+def too_slow(timeout_s: float) -> BodyTimeout:
+    return BodyTimeout(
+        f"the request body did not arrive within {timeout_s:g} s (limits.body_timeout_s): send it at once"
+    )
 
 
 def too_large(limit: int, length: str | None = None) -> PayloadTooLarge:
@@ -28,28 +42,26 @@ def too_large(limit: int, length: str | None = None) -> PayloadTooLarge:
 class BodyLimit:
     """ASGI middleware: a 413 once a request body passes ``max_bytes``, however it is framed."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 60.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left before its body was complete: nothing to answer
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await _send_error(send, too_large(self.max_bytes))
-                return
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                parts = await read_body(receive, self.max_bytes)
+        except AgentServeError as exc:
+            await _send_error(send, exc)
+            return
+        except TimeoutError:
+            await _send_error(send, too_slow(self.timeout_s))
+            return
+        if parts is None:
+            return  # the client left before its body was complete: nothing to answer
         body: Message | None = {"type": "http.request", "body": b"".join(parts), "more_body": False}
 
         async def replay() -> Message:
@@ -62,7 +74,25 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-async def _send_error(send: Send, exc: PayloadTooLarge) -> None:
+async def read_body(receive: Receive, max_bytes: int) -> list[bytes] | None:
+    """The body's chunks, counted as they arrive (PayloadTooLarge past ``max_bytes``); None when
+    the client disconnected first."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large(max_bytes)
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts
+
+
+async def _send_error(send: Send, exc: AgentServeError) -> None:
     payload: Any = json.dumps(exc.body()).encode()
     await send(
         {

@@ -218,6 +218,12 @@ class LimitsSettings(_Section):
         ge=1,
         description="Most messages (chat) or input items in one request, checked before rendering.",
     )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="Longest time to receive a whole request body (408 past it: slow senders)."
+    )
+    max_connections: int = Field(
+        2048, ge=1, description="Open connections + requests per process (worker or router); 503 past it."
+    )
     max_concurrent_requests: int = Field(16, ge=1, description="Requests generating at once per worker.")
     max_queued_requests: int = Field(64, ge=0, description="Requests waiting beyond that; more get 429.")
     request_timeout_s: float = Field(

@@ -215,6 +215,7 @@ def serve_router(
         access_log=False,
         log_level="info",
         proxy_headers=False,
+        limit_concurrency=settings.limits.max_connections,
         server_header=False,
         date_header=False,
     )

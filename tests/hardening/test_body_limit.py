@@ -98,3 +98,48 @@ def test_a_chunked_body_over_the_limit_is_a_413_on_the_router():
     finally:
         router.stop()
         stop_fake_workers(workers)
+
+
+def slow_sender(url: str, path: str) -> tuple[int, dict, float]:
+    """Send the headers and one small chunk, then nothing (a slowloris body): the answer."""
+    u = urlparse(url)
+    sock = socket.create_connection((u.hostname, u.port), timeout=20)
+    t0 = time.monotonic()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    sock.sendall(head.encode() + b"1\r\n{\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+        more = sock.recv(65536)
+        if not more:
+            break
+        data += more
+    sock.close()
+    return int(data.split(b" ", 2)[1]), json.loads(data.split(b"\r\n\r\n", 1)[1]), time.monotonic() - t0
+
+
+@pytest.mark.e2e
+def test_a_body_that_never_finishes_is_a_408_on_the_worker(hf_engine):
+    from server.app import build_app
+    from tests.conftest import running_server, worker_settings
+
+    limits = LimitsSettings(body_timeout_s=1.0)
+    with running_server(
+        build_app(worker_settings().model_copy(update={"limits": limits}), engine=hf_engine)
+    ) as url:
+        status, body, took = slow_sender(url, "/v1/chat/completions")
+        assert status == 408 and "limits.body_timeout_s" in body["error"]["message"]
+        assert 0.9 < took < 10
+
+
+def test_a_body_that_never_finishes_is_a_408_on_the_router():
+    from tests.routing.conftest import RouterThread, spawn_fake_workers, stop_fake_workers
+
+    workers = spawn_fake_workers(1)
+    router = RouterThread(Settings(limits=LimitsSettings(body_timeout_s=1.0)), [workers[0].url]).start()
+    try:
+        status, body, took = slow_sender(router.url, "/v1/chat/completions")
+        assert status == 408 and "limits.body_timeout_s" in body["error"]["message"]
+        assert 0.9 < took < 10 and workers[0].log() == []
+    finally:
+        router.stop()
+        stop_fake_workers(workers)
