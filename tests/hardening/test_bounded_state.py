@@ -56,3 +56,16 @@ def test_fingerprints_are_bounded_per_tenant_by_bytes():
     store.put("b", "r0", _fp(1000))
     assert store.bytes("a") <= 10 * fingerprint_bytes(_fp(1000)) and store.get("a", "r99") is not None
     assert store.get("b", "r0") is not None  # one tenant's flood does not evict another's
+
+
+def test_pause_statistics_are_bounded_in_tool_names():
+    from server.engines.kv_retention import MAX_TOOLS_TRACKED, PauseEstimator
+
+    est = PauseEstimator(cap_s=600)
+    est.observe(["shell_exec"], 2.0)
+    for i in range(5 * MAX_TOOLS_TRACKED):  # a client that invents a tool name per call
+        est.observe([f"tool_{i}"], 1.0)
+        if i % 100 == 0:
+            est.observe(["shell_exec"], 2.0)  # a tool in use stays
+    assert len(est.snapshot()) <= MAX_TOOLS_TRACKED and len(est._recent) <= MAX_TOOLS_TRACKED
+    assert "shell_exec" in est.snapshot()
