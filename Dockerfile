@@ -28,6 +28,10 @@ RUN set -eu; \
     $PIP install $SYS -c /tmp/image-constraints.txt -r /tmp/agentserve-deps.txt; \
     $PIP install $SYS --no-deps .; \
     python3 -c "import vllm, server.engines.vllm, server.masking.vllm_processor; print('vllm', vllm.__version__)"
+# Run as an unprivileged user (uid 10001, as deploy/kubernetes expects); /cache is its own.
+RUN useradd --uid 10001 --user-group --create-home --home-dir /home/agentserve agentserve \
+ && mkdir -p /cache && chown 10001:10001 /cache
+USER 10001:10001
 VOLUME ["/models", "/cache"]
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
@@ -43,7 +47,9 @@ COPY server ./server
 COPY grammars ./grammars
 COPY configs ./configs
 RUN pip install --no-cache-dir fastapi uvicorn httpx httptools uvloop anyio pydantic pydantic-settings pyyaml prometheus-client \
- && pip install --no-cache-dir --no-deps .
+ && pip install --no-cache-dir --no-deps . \
+ && useradd --uid 10001 --user-group --no-create-home agentserve
+USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
   CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"

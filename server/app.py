@@ -15,21 +15,24 @@ from server.admission import Admission
 from server.api.messages import router as messages_router
 from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
-from server.auth import authenticate, needs_key
+from server.auth import authenticate, check_worker_auth, needs_key
+from server.body_limit import BodyLimit, too_large
 from server.chat.service import ChatService
 from server.config import ConfigError, Settings
 from server.dialects.messages.errors import shape_error
 from server.engines.base import Engine
-from server.errors import AgentServeError, PayloadTooLarge, internal_error_body
+from server.errors import AgentServeError, internal_error_body
 from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
 def check_settings(settings: Settings) -> None:
-    """What the config schema cannot know: names that must exist in a registry (ConfigError)."""
+    """What the config schema cannot know: names that must exist in a registry, an auth setup
+    that would serve someone unauthenticated (ConfigError)."""
     from server.masking.arguments import backend_names
 
+    check_worker_auth(settings.auth)
     if settings.grammar_backend not in backend_names():
         raise ConfigError(
             f"grammar_backend {settings.grammar_backend!r} is not available: use one of {backend_names()} "
@@ -61,6 +64,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"invalid request: {param or 'body'}: {msg}{more}", param
 
 
+def _route_label(request: Request, known: frozenset[str]) -> str:
+    """The matched route's template, or a path that is one (a 401 before routing); never any other
+    raw path: a client could mint unbounded series."""
+    template = getattr(request.scope.get("route"), "path", None)
+    if isinstance(template, str):
+        return template
+    return request.url.path if request.url.path in known else "other"
+
+
 def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     check_settings(settings)
     metrics = Metrics()
@@ -86,6 +98,9 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(tokenize_router)
     app.include_router(messages_router)
     max_body = settings.limits.max_request_bytes
+    app.add_middleware(
+        BodyLimit, max_bytes=max_body, timeout_s=settings.limits.body_timeout_s
+    )  # inside front_door: auth runs first
 
     @app.middleware("http")
     async def front_door(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -96,16 +111,12 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             request.state.tenant = authenticate(request.headers, settings.auth) if protected else ""
             length = request.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > max_body:
-                raise PayloadTooLarge(
-                    f"request body is {length} bytes; the limit is {max_body} (limits.max_request_bytes): "
-                    f"send a shorter conversation"
-                )
+                raise too_large(max_body, length)
             response = await call_next(request)
         except AgentServeError as exc:
             response = JSONResponse(shape_error(path, exc.status, exc.body()), status_code=exc.status)
-        metrics.requests.labels(
-            path if path.startswith(("/v1/", "/health", "/metrics")) else "other", str(response.status_code)
-        ).inc()
+        label = _route_label(request, frozenset(getattr(r, "path", "") for r in app.routes))
+        metrics.requests.labels(label, str(response.status_code)).inc()
         return response
 
     @app.exception_handler(AgentServeError)
@@ -138,4 +149,11 @@ def serve_worker(settings: Settings) -> None:
     import uvicorn
 
     app = build_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=30)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=30,
+        limit_concurrency=settings.limits.max_connections,
+    )

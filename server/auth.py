@@ -23,7 +23,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 
-from server.config import AuthSettings
+from server.config import AuthSettings, ConfigError
 from server.errors import Unauthorized
 
 ANONYMOUS = ""
@@ -40,7 +40,7 @@ def needs_key(path: str, protect_metrics: bool) -> bool:
 def authenticate(headers: Mapping[str, str], auth: AuthSettings) -> str:
     """The caller's tenant name; raises Unauthorized when keys are configured and none matches,
     or when a router's tenant header comes without the router token."""
-    if TOKEN_HEADER in headers or TENANT_HEADER in headers:
+    if auth.require_router or TOKEN_HEADER in headers or TENANT_HEADER in headers:
         return _from_router(headers, auth)
     return authenticate_key(headers, auth)
 
@@ -75,6 +75,33 @@ def _from_router(headers: Mapping[str, str], auth: AuthSettings) -> str:
             "router (or drop the header); operators: set the same auth.router_token on router and workers"
         )
     return headers.get(TENANT_HEADER, ANONYMOUS)
+
+
+def check_worker_auth(auth: AuthSettings) -> None:
+    """Refuse a worker auth setup that would serve someone unauthenticated (fail closed)."""
+    if auth.require_router and not auth.router_token:
+        raise ConfigError(
+            "auth.require_router is set but auth.router_token is empty: no request could be trusted. "
+            "Set auth.router_token (AGENTSERVE_AUTH__ROUTER_TOKEN) to the routers' token"
+        )
+    if auth.router_token and not auth.api_keys and not auth.require_router:
+        raise ConfigError(
+            "auth.router_token is set but auth.api_keys is empty: a request that reaches this worker "
+            "without the router would be served with no key. Set auth.require_router: true "
+            "(AGENTSERVE_AUTH__REQUIRE_ROUTER=true) when only routers can reach the worker, "
+            "or set auth.api_keys"
+        )
+
+
+def check_router_auth(auth: AuthSettings) -> None:
+    """Refuse a router that checks keys but cannot tell the workers who the tenant is."""
+    if auth.api_keys and not auth.router_token:
+        raise ConfigError(
+            "auth.api_keys is set on the router but auth.router_token is empty: the workers would "
+            "not learn the tenant the router authenticated. Set auth.router_token "
+            "(AGENTSERVE_AUTH__ROUTER_TOKEN; the same secret on routers and workers, and "
+            "auth.require_router: true on the workers)"
+        )
 
 
 def router_headers(tenant: str, auth: AuthSettings) -> list[tuple[bytes, bytes]]:

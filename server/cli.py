@@ -141,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 if v is not None
             }
             settings = _settings(args, routing=routing or None)
+            from server.auth import check_router_auth
             from server.routing.router import serve_router
 
+            check_router_auth(settings.auth)
             if not args.worker and not args.workers_dns:
                 raise ConfigError(
                     "no workers: pass --worker URL (repeat per worker) or --workers-dns NAME:PORT"

@@ -117,6 +117,17 @@ class RoutingSettings(_Section):
         2, ge=0, description="Other workers tried when one fails before anything reached the client."
     )
     worker_start_timeout_s: float = Field(180.0, gt=0, description="How long to wait for spawned workers.")
+    max_lost_replays: int = Field(
+        1,
+        ge=0,
+        description="A request whose worker dropped the connection before answering (it may have "
+        "killed the worker) is replayed to another worker at most this many times.",
+    )
+    max_worker_losses: int = Field(
+        2,
+        ge=1,
+        description="A request body that this many workers died on is refused (503) instead of sent again.",
+    )
 
 
 class VllmSettings(_Section):
@@ -165,6 +176,12 @@ class AuthSettings(_Section):
         "authenticated (X-Agentserve-Tenant), and a worker trusts that header only with this token. "
         "Empty = workers check the forwarded API key themselves. Never logged.",
     )
+    require_router: bool = Field(
+        False,
+        description="Worker only: this worker is reached only through routers; every keyed path "
+        "(/v1/*, /tokenize, /detokenize) needs auth.router_token (401 otherwise), so a request that "
+        "bypasses the router is refused even with no auth.api_keys here. Needs auth.router_token.",
+    )
     share_prefix_cache: bool = Field(
         False,
         description="Let tenants share cached prefixes (off: each tenant's cache is its own namespace).",
@@ -183,6 +200,37 @@ class LimitsSettings(_Section):
         "finish_reason 'length' if it gets there; the response carries max_tokens_clamped and the log a "
         "line), reject = a 400 naming the most that fits. A prompt alone over the window is a 400 either "
         "way (never truncated). clamp suits agent clients that send a fixed 32000 (opencode, Claude Code).",
+    )
+    max_schema_bound: int = Field(
+        65536,
+        ge=1,
+        description="Largest minLength / maxLength / minItems / maxItems / minProperties / maxProperties "
+        "(and minContains / maxContains) in a tool or response_format schema.",
+    )
+    max_response_format_schema_bytes: int = Field(
+        32768, ge=64, description="Largest JSON of a response_format json_schema."
+    )
+    max_stop_sequences: int = Field(
+        16,
+        ge=1,
+        description="Most stop strings in one request (OpenAI allows 4; Anthropic's stop_sequences has no "
+        "small limit, so the default leaves room for agent clients).",
+    )
+    max_stop_chars: int = Field(
+        256, ge=1, description="Longest stop string in characters (bounds the per-token stop search)."
+    )
+    max_stop_token_ids: int = Field(128, ge=1, description="Most entries in stop_token_ids.")
+    max_logit_bias: int = Field(300, ge=1, description="Most logit_bias entries (OpenAI's limit, 300).")
+    max_messages: int = Field(
+        4096,
+        ge=1,
+        description="Most messages (chat) or input items in one request, checked before rendering.",
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="Longest time to receive a whole request body (408 past it: slow senders)."
+    )
+    max_connections: int = Field(
+        2048, ge=1, description="Open connections + requests per process (worker or router); 503 past it."
     )
     max_concurrent_requests: int = Field(16, ge=1, description="Requests generating at once per worker.")
     max_queued_requests: int = Field(64, ge=0, description="Requests waiting beyond that; more get 429.")
@@ -220,6 +268,12 @@ class Settings(BaseSettings):
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default: all cores.")
     prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
     session_table_size: int = Field(4096, ge=1, description="Sessions remembered for the cache report.")
+    session_table_mb: int = Field(
+        256, ge=1, description="Bytes (MiB) of the sessions' previous prompts kept for the cache report."
+    )
+    response_fingerprints_mb: int = Field(
+        32, ge=1, description="Per tenant: MiB of response fingerprints kept for cache_compare_with."
+    )
     envelope: str = Field(
         "hermes", description="Tool-call envelope in grammars/envelopes/ (per model family)."
     )
@@ -278,6 +332,19 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
+_SECRET_WORDS = ("auth", "key", "token", "secret", "password")
+
+
+def _shown_input(loc: tuple[int | str, ...], value: Any) -> str:
+    """The rejected value for a config error, never a secret: anything under ``auth`` (or a field
+    whose name says key/token/secret) is shown as its type only."""
+    if any(word in str(part).lower() for part in loc for word in _SECRET_WORDS):
+        return f"<redacted {type(value).__name__}>"
+    if isinstance(value, dict) and any(w in str(k).lower() for k in value for w in _SECRET_WORDS):
+        return f"<redacted {type(value).__name__}>"
+    return repr(value)
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build Settings from a YAML file, the environment and explicit overrides (None = unset)."""
     path = Path(config_file) if config_file else None
@@ -290,7 +357,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         lines = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"  {where}: {err['msg']} (got {_shown_input(err['loc'], err.get('input'))})")
         src = f" in {path}" if path else ""
         raise ConfigError(
             f"invalid settings{src} (or AGENTSERVE_* environment / flags):\n" + "\n".join(lines)

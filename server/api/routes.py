@@ -138,9 +138,30 @@ async def models(request: Request) -> dict[str, Any]:
     }
 
 
+def _engine_problem(request: Request) -> str | None:
+    check = getattr(request.app.state.service.engine, "health", None)
+    return check() if callable(check) else None
+
+
 @router.get("/health")
-async def health(request: Request) -> dict[str, Any]:
-    return {"status": "ok", "engine": request.app.state.service.engine.name}
+async def health(request: Request) -> JSONResponse:
+    """Readiness (routers, load balancers): 200 while the engine can serve, 503 with the reason
+    when it cannot. Load never makes it fail (an overloaded worker answers 429s, not 503s here)."""
+    engine = request.app.state.service.engine
+    problem = _engine_problem(request)
+    if problem is not None:
+        return JSONResponse({"status": "engine_dead", "engine": engine.name, "reason": problem}, 503)
+    admission = request.app.state.admission
+    return JSONResponse({"status": "ok", "engine": engine.name, "inside": admission.inside})
+
+
+@router.get("/health/live")
+async def live(request: Request) -> JSONResponse:
+    """Liveness (restart me?): 503 only when the engine is dead, which a restart fixes; never for load."""
+    problem = _engine_problem(request)
+    if problem is not None:
+        return JSONResponse({"status": "engine_dead", "reason": problem}, 503)
+    return JSONResponse({"status": "alive"})
 
 
 @router.get("/metrics")

@@ -10,11 +10,13 @@ the token strings. /detokenize takes ``tokens`` and returns ``prompt``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.config import LimitsSettings
 from server.errors import InvalidRequest, ModelNotFound
 from server.protocol import ChatMessage, Tool
 
@@ -39,6 +41,43 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int] = Field(min_length=0)
 
 
+def _check_limits(body: TokenizeRequest, limits: LimitsSettings) -> None:
+    """The size limits of chat (docs/security.md), before anything is rendered."""
+    if body.messages is not None and len(body.messages) > limits.max_messages:
+        raise InvalidRequest(
+            f"{len(body.messages)} messages sent; the limit is {limits.max_messages} (limits.max_messages)",
+            param="messages",
+        )
+    tools = body.tools or []
+    if len(tools) > limits.max_tools:
+        raise InvalidRequest(
+            f"{len(tools)} tools sent; the limit is {limits.max_tools} (limits.max_tools)", param="tools"
+        )
+    for i, tool in enumerate(tools):
+        size = len(tool.model_dump_json(exclude_none=True).encode())
+        if size > limits.max_tool_schema_bytes:
+            raise InvalidRequest(
+                f"tools[{i}] is {size} bytes of JSON; the limit is {limits.max_tool_schema_bytes} "
+                f"(limits.max_tool_schema_bytes)",
+                param=f"tools[{i}]",
+            )
+
+
+def _render(service: Any, body: TokenizeRequest) -> tuple[str, list[int], list[dict[str, Any]]]:
+    tok = service.engine.tokenizer
+    segments: list[dict[str, Any]] = []
+    if body.messages is not None:
+        tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+        rendered = service.renderer.render(body.messages, tools, body.add_generation_prompt)
+        text = rendered.text
+        segments = [{"start": s.start, "end": s.end, "label": s.label} for s in rendered.segments]
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+    else:
+        text = body.prompt or ""
+        ids = list(tok(text, add_special_tokens=body.add_special_tokens)["input_ids"])
+    return text, ids, segments
+
+
 def _check_model(request: Request, model: str | None) -> None:
     served = request.app.state.settings.served_model_names()
     if model is not None and model not in served:
@@ -57,18 +96,16 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
             "or 'prompt' (text)",
             param="messages",
         )
-    segments: list[dict[str, Any]] = []
-    if body.messages is not None:
-        if not body.messages:
-            raise InvalidRequest("messages is empty: send at least one message", param="messages")
-        tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
-        rendered = service.renderer.render(body.messages, tools, body.add_generation_prompt)
-        text = rendered.text
-        segments = [{"start": s.start, "end": s.end, "label": s.label} for s in rendered.segments]
-        ids = list(tok(text, add_special_tokens=False)["input_ids"])
-    else:
-        text = body.prompt or ""
-        ids = list(tok(text, add_special_tokens=body.add_special_tokens)["input_ids"])
+    if body.messages is not None and not body.messages:
+        raise InvalidRequest("messages is empty: send at least one message", param="messages")
+    _check_limits(body, request.app.state.settings.limits)
+    # the same admission as chat (a slot, 429 past the queue), and the rendering off the event loop
+    ticket = request.app.state.admission.reserve()
+    try:
+        await ticket.acquire()
+        text, ids, segments = await asyncio.to_thread(_render, service, body)
+    finally:
+        ticket.release()
     out: dict[str, Any] = {
         "count": len(ids),
         "max_model_len": service.engine.max_model_len,

@@ -19,6 +19,7 @@ for a session never seen, ``unavailable`` when its baseline is no longer kept.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,11 +188,17 @@ def _where(prev: Prompt, cur: Prompt, lcp: int) -> tuple[int, bool, str]:
         where = f"{seg.label} changed at character {at - seg.char_start}"
     else:
         where = f"prompt changed at character {at}"
-    if exact:
-        where = f"{where}: {_snippet(prev.text or '', at)!r} -> {_snippet(text, at)!r}"
-    else:
-        where = f"{where} (now: {_snippet(text, at)!r})"
-    return at, exact, where
+    where = f"{where} (now: {_snippet(text, at)!r}"
+    if exact:  # the baseline may be another user's prompt (a shared session): never quoted
+        where = f"{where}; {_baseline_digest(prev.text or '', at)}"
+    return at, exact, where + ")"
+
+
+def _baseline_digest(text: str, at: int) -> str:
+    """The baseline's side of a difference without its text: an offset and a hash to compare."""
+    piece = text[at : at + SNIPPET]
+    digest = hashlib.sha256(piece.encode()).hexdigest()[:16]
+    return f"baseline from character {at}: {len(piece)} characters with sha256 {digest}"
 
 
 def _snippet(text: str, at: int) -> str:

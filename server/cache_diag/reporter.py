@@ -10,13 +10,14 @@ session's new baseline and is kept (as a fingerprint) under its response id.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from server.cache_diag.diagnose import CacheState, Diagnosis, Prompt, diagnose, no_baseline
-from server.cache_diag.store import Clock, FingerprintStore, SessionTable
+from server.cache_diag.store import Clock, FingerprintStore, SessionTable, fingerprint_bytes, seq_bytes
 
 MIN_PREFILL_SAMPLE = 32  # tokens: shorter prefills say more about overhead than about the rate
 
@@ -69,6 +70,12 @@ class _Baseline:
     finished_at: float
 
 
+def _baseline_bytes(b: _Baseline) -> int:
+    p = b.prompt
+    text = sys.getsizeof(p.text) if p.text is not None else 0
+    return fingerprint_bytes(p.fp) + text + seq_bytes(p.ids) + seq_bytes(p.offsets)
+
+
 class CacheReporter:
     def __init__(
         self,
@@ -77,6 +84,8 @@ class CacheReporter:
         enabled: bool = True,
         sessions: int = 4096,
         responses_per_tenant: int = 1024,
+        sessions_bytes: int | None = None,
+        responses_bytes_per_tenant: int | None = None,
         ttl_s: float = 3600.0,
         tier: str = "kv cache",
         retention_s: float | None = None,
@@ -84,8 +93,10 @@ class CacheReporter:
     ) -> None:
         self.block_size, self.enabled, self.tier, self.retention_s = block_size, enabled, tier, retention_s
         self.clock = clock
-        self.sessions: SessionTable[_Baseline] = SessionTable(sessions, clock=clock)
-        self.responses = FingerprintStore(responses_per_tenant, ttl_s, clock)
+        self.sessions: SessionTable[_Baseline] = SessionTable(
+            sessions, clock=clock, max_bytes=sessions_bytes, size=_baseline_bytes
+        )
+        self.responses = FingerprintStore(responses_per_tenant, ttl_s, clock, responses_bytes_per_tenant)
         self.rate = PrefillRate()
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:

@@ -1,6 +1,8 @@
 """Baselines kept for the diagnosis: each session's previous prompt, and fingerprints by response id.
 
-Both are bounded in number (LRU) and in time (entries idle past ``ttl_s`` are dropped).
+Both are bounded in number (LRU), in bytes (an estimate of each entry's size: the previous
+prompt's text, ids and offsets, the fingerprint's per-token marks) and in time (entries idle
+past ``ttl_s`` are dropped).
 A session that was dropped is remembered as seen (a keyed digest of its key, bounded
 too), so its next request is ``unavailable`` rather than ``first_request``. Fingerprints
 by response id are kept per tenant: a lookup names the tenant, and another tenant's id is
@@ -11,8 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -28,11 +31,37 @@ class Entry(Generic[T]):
     at: float  # monotonic time it was stored
 
 
+def seq_bytes(seq: Sequence[int] | None) -> int:
+    """Bytes held by a sequence of ints (an array's items, or a list's pointers and ints)."""
+    if seq is None:
+        return 0
+    return len(seq) * (seq.itemsize if isinstance(seq, array) else 36)
+
+
+def fingerprint_bytes(fp: Fingerprint) -> int:
+    return 256 + seq_bytes(fp.blocks) + seq_bytes(fp.marks) + 96 * (len(fp.messages) + len(fp.tools))
+
+
 class _Lru(Generic[T]):
-    def __init__(self, capacity: int, ttl_s: float | None, clock: Clock) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        ttl_s: float | None,
+        clock: Clock,
+        max_bytes: int | None = None,
+        size: Callable[[T], int] | None = None,
+    ) -> None:
         self.capacity, self.ttl_s, self.clock = capacity, ttl_s, clock
+        self.max_bytes, self.size = max_bytes, size
         self.items: OrderedDict[object, Entry[T]] = OrderedDict()
+        self.sizes: dict[object, int] = {}
+        self.bytes = 0
         self.dropped: list[object] = []  # keys dropped by the last put/get (for the caller)
+
+    def _drop(self, key: object) -> None:
+        del self.items[key]
+        self.bytes -= self.sizes.pop(key, 0)
+        self.dropped.append(key)
 
     def _expire(self, now: float) -> None:
         if self.ttl_s is None:
@@ -41,8 +70,7 @@ class _Lru(Generic[T]):
             key, entry = next(iter(self.items.items()))
             if now - entry.at < self.ttl_s:
                 break
-            del self.items[key]
-            self.dropped.append(key)
+            self._drop(key)
 
     def get(self, key: object) -> Entry[T] | None:
         self._expire(self.clock())
@@ -51,11 +79,18 @@ class _Lru(Generic[T]):
     def put(self, key: object, value: T) -> None:
         now = self.clock()
         self._expire(now)
-        self.items.pop(key, None)
+        if key in self.items:
+            del self.items[key]
+            self.bytes -= self.sizes.pop(key, 0)
         self.items[key] = Entry(value, now)
-        while len(self.items) > self.capacity:
-            old, _ = self.items.popitem(last=False)
-            self.dropped.append(old)
+        if self.size is not None:
+            self.sizes[key] = self.size(value)
+            self.bytes += self.sizes[key]
+        over_bytes = self.max_bytes is not None
+        while len(self.items) > self.capacity or (
+            over_bytes and self.bytes > (self.max_bytes or 0) and len(self.items) > 0
+        ):
+            self._drop(next(iter(self.items)))
 
     def __len__(self) -> int:
         return len(self.items)
@@ -64,8 +99,15 @@ class _Lru(Generic[T]):
 class SessionTable(Generic[T]):
     """The previous prompt of each recent session (LRU + TTL), and which sessions were seen."""
 
-    def __init__(self, capacity: int, ttl_s: float | None = 24 * 3600, clock: Clock = time.monotonic) -> None:
-        self._lru: _Lru[T] = _Lru(capacity, ttl_s, clock)
+    def __init__(
+        self,
+        capacity: int,
+        ttl_s: float | None = 24 * 3600,
+        clock: Clock = time.monotonic,
+        max_bytes: int | None = None,
+        size: Callable[[T], int] | None = None,
+    ) -> None:
+        self._lru: _Lru[T] = _Lru(capacity, ttl_s, clock, max_bytes, size)
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._seen_capacity = max(16 * capacity, 1024)
         self._lock = threading.Lock()
@@ -97,18 +139,34 @@ class SessionTable(Generic[T]):
     def __len__(self) -> int:
         return len(self._lru)
 
+    @property
+    def bytes(self) -> int:
+        return self._lru.bytes
+
 
 class FingerprintStore:
-    """Fingerprints by (tenant, response id): at most ``per_tenant`` per tenant, for ``ttl_s``."""
+    """Fingerprints by (tenant, response id): at most ``per_tenant`` (and ``bytes_per_tenant``)
+    per tenant, for ``ttl_s``."""
 
-    def __init__(self, per_tenant: int = 1024, ttl_s: float = 3600.0, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        per_tenant: int = 1024,
+        ttl_s: float = 3600.0,
+        clock: Clock = time.monotonic,
+        bytes_per_tenant: int | None = None,
+    ) -> None:
         self.per_tenant, self.ttl_s, self.clock = per_tenant, ttl_s, clock
+        self.bytes_per_tenant = bytes_per_tenant
         self._tenants: dict[str, _Lru[Fingerprint]] = {}
         self._lock = threading.Lock()
 
     def put(self, tenant: str, response_id: str, fp: Fingerprint) -> None:
         with self._lock:
-            lru = self._tenants.setdefault(tenant, _Lru(self.per_tenant, self.ttl_s, self.clock))
+            lru = self._tenants.get(tenant)
+            if lru is None:
+                size = fingerprint_bytes if self.bytes_per_tenant is not None else None
+                lru = _Lru(self.per_tenant, self.ttl_s, self.clock, self.bytes_per_tenant, size)
+                self._tenants[tenant] = lru
             lru.put(response_id, fp)
             lru.dropped.clear()
 
@@ -123,3 +181,7 @@ class FingerprintStore:
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._tenants.values())
+
+    def bytes(self, tenant: str) -> int:
+        lru = self._tenants.get(tenant)
+        return lru.bytes if lru is not None else 0

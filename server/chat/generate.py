@@ -89,6 +89,7 @@ async def generate_text(
     reply = ReplyText(engine.tokenizer)  # decodes a window per token, not the whole reply
     emitted = 0
     hold = max((len(s) for s in p.stops), default=1) - 1
+    stops = StopFinder(p.stops)
     fmt = LogprobText(engine) if p.sampling.logprobs is not None else None
     if fmt is not None:
         out.logprobs = []
@@ -113,7 +114,7 @@ async def generate_text(
                 out.token_ends.extend([len(text)] * len(chunk.token_ids))
             if not complete and chunk.finish_reason is None:
                 continue  # an incomplete UTF-8 sequence: wait for the next token
-            cut = first_stop(text, p.stops)
+            cut = stops.find(text)
             if cut is not None:
                 out.stop_string = next(s for s in p.stops if s and text.find(s) == cut)
                 text, out.finish_reason = text[:cut], "stop"
@@ -148,6 +149,23 @@ def _cut_logprobs(out: GenerationResult, cut: int) -> None:
     del out.token_ends[keep:]
 
 
-def first_stop(text: str, stops: list[str]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(hits) if hits else None
+class StopFinder:
+    """Where the first stop string starts, searching only the text not searched before plus a
+    window of the longest stop's length - 1 (a stop ending in the new text may start there): a
+    token costs O(stops x (window + new text)), not O(reply); limits.max_stop_sequences and
+    limits.max_stop_chars bound both factors."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.back = max((len(s) for s in self.stops), default=1) - 1
+        self.searched = 0  # length of the text already searched
+
+    def find(self, text: str) -> int | None:
+        if not self.stops:
+            return None
+        if len(text) < self.searched:  # a re-decode shortened the text: search it again
+            self.searched = 0
+        start = max(0, self.searched - self.back)
+        self.searched = len(text)
+        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        return min(hits) if hits else None

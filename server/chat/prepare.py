@@ -19,6 +19,8 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_diag import Prompt, fingerprint
+from server.chat.limits import MACHINE_NAME as _MACHINE_NAME
+from server.chat.limits import check_request_limits
 from server.chat.sampling import check_fields, sampling_params
 from server.chat.template import render_chat
 from server.config import Settings
@@ -99,6 +101,7 @@ class Preparer:
         if req.n != 1:
             raise InvalidRequest(f"n={req.n} is not supported: only n=1; send separate requests", param="n")
         check_fields(req)  # refused parameters are 400s naming them; unknown ones are logged once
+        check_request_limits(req, self.settings.limits)  # stop, logit_bias, messages: before rendering
 
     def _tokenize(self, rendered: RenderedPrompt) -> tuple[list[int], array[int]]:
         enc = self.engine.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
@@ -197,7 +200,7 @@ class Preparer:
             return self.default_machine
         if name == "off":
             return None
-        if "/" in name or name.endswith(".yaml"):
+        if not _MACHINE_NAME.fullmatch(name):  # a name from grammars/, never a path (x.yml, ../x, C:\\x)
             raise InvalidRequest(
                 "tool_state_machine takes the name of a machine in grammars/ (or 'off'), not a path",
                 param="tool_state_machine",

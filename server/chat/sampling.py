@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 BIAS_LIMIT = 100.0  # OpenAI's range for logit_bias values
 _logged: set[str] = set()
 _logged_lock = threading.Lock()
+MAX_LOGGED_FIELDS = 256  # distinct unknown field names remembered (then: one summary line, no more)
+MAX_FIELD_NAME_LOGGED = 64  # characters of a field name written to the log
 
 
 def check_fields(req: SamplingFields) -> None:
@@ -37,11 +39,15 @@ def check_fields(req: SamplingFields) -> None:
     unknown = req.unknown_fields()
     if unknown:
         with _logged_lock:
-            new = [k for k in unknown if k not in _logged]
+            full = len(_logged) >= MAX_LOGGED_FIELDS
+            new = [] if full else [k for k in unknown if k not in _logged][: MAX_LOGGED_FIELDS - len(_logged)]
             _logged.update(new)
+            if len(_logged) >= MAX_LOGGED_FIELDS and not full:
+                log.warning("%d unknown request field names logged: no more are logged", MAX_LOGGED_FIELDS)
         for name in new:
             log.warning(
-                "request field %r is not used by this server and has no effect (accepted; logged once)", name
+                "request field %r is not used by this server and has no effect (accepted; logged once)",
+                name[:MAX_FIELD_NAME_LOGGED],
             )
 
 

@@ -49,6 +49,8 @@ class ChatService:
             block_size=engine.block_size,
             enabled=settings.prefix_cache.enabled,
             sessions=settings.session_table_size,
+            sessions_bytes=settings.session_table_mb * 2**20,
+            responses_bytes_per_tenant=settings.response_fingerprints_mb * 2**20,
             tier=_cache_tier(engine),
             retention_s=getattr(engine, "cache_retention_s", None),
         )

@@ -113,6 +113,12 @@ class HFEngine(SequenceSteps):
             await asyncio.to_thread(self._thread.join, 10)
             self._thread = None
 
+    def health(self) -> str | None:
+        """None while the engine can serve; else why not (/health answers 503 with it)."""
+        if self._thread is not None and not self._thread.is_alive():
+            return "the hf engine's decode thread has stopped"
+        return None
+
     def stats(self) -> EngineStats:
         s = self._stats
         return EngineStats(

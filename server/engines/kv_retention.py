@@ -44,6 +44,7 @@ DEFAULT_PERSON_PAUSE_S = 60.0
 EMA_ALPHA = 0.3
 EXPIRE_FACTOR = 4.0
 PAUSE_SAMPLES = 64  # recent pauses kept per tool name
+MAX_TOOLS_TRACKED = 1024  # tool names with pause statistics (clients name tools: least recent dropped)
 
 
 class PauseEstimator:
@@ -51,7 +52,7 @@ class PauseEstimator:
 
     def __init__(self, cap_s: float) -> None:
         self.cap_s = cap_s
-        self._ema: dict[str, float] = {}
+        self._ema: OrderedDict[str, float] = OrderedDict()
         self._recent: dict[str, deque[float]] = {}
         self.observations = 0
 
@@ -59,6 +60,11 @@ class PauseEstimator:
         pause = min(max(pause_s, 0.0), self.cap_s)
         for name in waiting_on:
             prev = self._ema.get(name)
+            if prev is not None:
+                self._ema.move_to_end(name)
+            elif len(self._ema) >= MAX_TOOLS_TRACKED:
+                old, _ = self._ema.popitem(last=False)
+                self._recent.pop(old, None)
             self._ema[name] = pause if prev is None else (1 - EMA_ALPHA) * prev + EMA_ALPHA * pause
             self._recent.setdefault(name, deque(maxlen=PAUSE_SAMPLES)).append(pause)
             self.observations += 1

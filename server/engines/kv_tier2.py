@@ -11,7 +11,10 @@ token ids, shape, dtype, a blake2b checksum of the data) and the raw KV bytes. A
 comes back only when the file's key equals the key asked for, the key is the chained
 hash of (parent, tokens), and the checksum matches: a corrupted, truncated or missing
 file is a miss, never an error. A write that fails (full disk, unwritable folder)
-turns tier 2 off with one warning; serving goes on with one tier.
+turns tier 2 off with one warning; serving goes on with one tier. Each worker process writes
+into its own folder under ``tier2.path`` (``worker-PID-RANDOM``, mode 0700, files 0600, temp
+names unique per write), removes the folders of workers no longer running when it starts, and
+its own at shutdown (process exit or the store's collection).
 
 ``CostModel`` decides whether restoring beats recomputing: it keeps moving averages of
 seconds per restored byte and seconds per prefilled token, both measured, and restores
@@ -25,7 +28,11 @@ import hashlib
 import json
 import logging
 import os
+import secrets
+import shutil
 import struct
+import tempfile
+import weakref
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -183,15 +190,19 @@ class DiskStore(Tier2Store):
 
     def __init__(self, capacity_bytes: int, path: str | Path) -> None:
         super().__init__(capacity_bytes)
-        self.path = Path(path)
+        self.root = Path(path)
+        self.path = self.root
         if self.enabled:
             try:
-                self.path.mkdir(parents=True, exist_ok=True)
+                self.root.mkdir(parents=True, exist_ok=True)
+                _remove_stale_folders(self.root)
+                self.path = Path(tempfile.mkdtemp(prefix=f"worker-{os.getpid()}-", dir=self.root))  # 0700
+                weakref.finalize(self, shutil.rmtree, str(self.path), True)  # at exit or collection
                 probe = self.path / ".agentserve-probe"
                 probe.write_bytes(b"ok")
                 probe.unlink()
             except OSError as exc:
-                self._degrade(f"folder {self.path} is not writable ({exc})")
+                self._degrade(f"folder {self.root} is not writable ({exc})")
 
     def _degrade(self, why: str) -> None:
         log.warning("prefix cache tier 2 off: %s; serving with one tier", why)
@@ -214,9 +225,9 @@ class DiskStore(Tier2Store):
             },
             sort_keys=True,
         ).encode()
-        tmp = self._file(key).with_suffix(".tmp")
+        tmp = self.path / f"{key.hex()}.{secrets.token_hex(8)}.tmp"  # no two writes share a name
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
                 f.write(struct.pack("<I", len(header)))
                 f.write(header)
                 f.write(data)
@@ -255,6 +266,24 @@ class DiskStore(Tier2Store):
             self._file(key).unlink(missing_ok=True)
         except OSError:
             pass
+
+
+def _remove_stale_folders(root: Path) -> None:
+    """Remove the tier-2 folders of worker processes that are no longer running."""
+    for folder in root.glob("worker-*-*"):
+        pid = folder.name.split("-")[1]
+        if folder.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: not ours to judge
+    return True
 
 
 def make_store(memory_mb: int, path: str | None, device_type: str) -> Tier2Store | None:

@@ -124,6 +124,13 @@ class VllmEngine:
                 args.enable_prefix_caching,
             )
 
+    def health(self) -> str | None:
+        """None while the engine can serve; else why not (/health answers 503 with it)."""
+        llm = self._llm
+        if llm is not None and getattr(llm, "errored", False):
+            return "the vLLM engine core has died"
+        return None
+
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
         if llm is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -174,6 +175,10 @@ def serve_cluster(settings: Settings, command: WorkerCommand | None = None) -> N
     from server.routing.router import serve_router
 
     n = settings.workers
+    if settings.auth.api_keys and not settings.auth.router_token:
+        # the router tells its own workers the tenant it authenticated (a fresh secret per start)
+        auth = settings.auth.model_copy(update={"router_token": secrets.token_hex(32)})
+        settings = settings.model_copy(update={"auth": auth})
     with tempfile.TemporaryDirectory(prefix="agentserve-cluster-") as tmp:
         config_path = worker_settings_file(settings, tmp)
         workers: list[WorkerProcess] = []

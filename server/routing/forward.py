@@ -60,7 +60,21 @@ def relayed_headers(headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[byte
 
 
 class _Retry(Exception):
-    """This worker failed before anything reached the client: try the next."""
+    """This worker failed before anything reached the client: try the next (``lost``: the request
+    had been sent and the connection dropped, so the request may be what killed the worker)."""
+
+    def __init__(self, message: str, lost: bool = False) -> None:
+        super().__init__(message)
+        self.lost = lost
+
+
+def _refused(losses: int) -> tuple[int, dict[str, Any]]:
+    err = UpstreamUnavailable(
+        f"{losses} workers dropped the connection while serving this exact request: it is not sent to "
+        f"another (routing.max_worker_losses={losses}); operators: check the workers' logs",
+        code="request_lost_workers",
+    )
+    return err.status, err.body()
 
 
 class ProxyCall:
@@ -123,7 +137,12 @@ class ProxyCall:
             return
         if outcome is not None:
             m.placed(outcome)
+        rs = self.router.settings.routing
+        if self.router.suspects.losses(self.body) >= rs.max_worker_losses:
+            await send_json(send, *_refused(rs.max_worker_losses))
+            return
         failures: list[str] = []
+        lost = 0
         for n, worker in enumerate(order):
             if n and not worker.healthy:
                 continue  # taken out while we were trying another
@@ -133,6 +152,16 @@ class ProxyCall:
             except _Retry as exc:
                 failures.append(f"{worker.id}: {exc}")
                 m.failovers.labels(worker.id).inc()
+                if exc.lost:  # the request reached the worker, which then died: maybe on it
+                    lost += 1
+                    if self.router.suspects.lost(self.body) >= rs.max_worker_losses:
+                        await send_json(send, *_refused(rs.max_worker_losses))
+                        return
+                    if lost > rs.max_lost_replays:
+                        failures.append(
+                            f"not replayed again (routing.max_lost_replays={rs.max_lost_replays})"
+                        )
+                        break
         unavailable = UpstreamUnavailable(
             "no worker could take the request (" + "; ".join(failures) + "); retry shortly"
         )
@@ -207,7 +236,7 @@ class ProxyCall:
     def _lost(self, worker: Worker, exc: Exception) -> _Retry:
         """The connection dropped before anything reached the client: count it, try the next worker."""
         self.router.metrics.upstream_errors.labels(worker.id, "disconnect").inc()
-        return _Retry(f"connection lost before an answer ({exc})")
+        return _Retry(f"connection lost before an answer ({exc})", lost=True)
 
     async def _timeout(self, worker: Worker, send: Send, exc: Exception) -> None:
         self.router.metrics.upstream_errors.labels(worker.id, "timeout").inc()

@@ -25,6 +25,7 @@ Request lifecycle
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import TYPE_CHECKING
@@ -33,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from server.auth import authenticate_key, cache_salt, namespaced_session
 from server.auth import router_headers as tenant_headers
+from server.body_limit import too_slow
 from server.errors import AgentServeError, PayloadTooLarge
 from server.routing.forward import HOP_HEADERS, REQUEST_PATH, ProxyCall, send_json
 from server.session_key import CLAUDE_CODE_HEADER, HEADER, SessionKey, prefix_hash, session_key
@@ -53,7 +55,12 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
     auth = router.settings.auth
     try:
         tenant = authenticate_key(headers, auth)
-        body = await _read_body(receive, router.settings.limits.max_request_bytes)
+        limits = router.settings.limits
+        try:
+            async with asyncio.timeout(limits.body_timeout_s):
+                body = await _read_body(receive, limits.max_request_bytes)
+        except TimeoutError:
+            raise too_slow(limits.body_timeout_s) from None
     except AgentServeError as exc:
         await send_json(send, exc.status, exc.body())
         return

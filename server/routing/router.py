@@ -29,6 +29,7 @@ from server.routing.forward import WORKER_HEADER, send_json
 from server.routing.metrics import RouterMetrics
 from server.routing.policy import Outcome, make_policy
 from server.routing.proxy import proxy_request
+from server.routing.suspects import SuspectTable
 from server.routing.upstream import UpstreamError, make_upstream
 from server.routing.workers import Worker, WorkerPool, WorkerSpec, parse_worker_specs
 
@@ -49,6 +50,7 @@ class Router:
         self.metrics = RouterMetrics(self.pool)
         self.upstream = make_upstream(rs.upstream, rs.connect_timeout_s, rs.read_timeout_s)
         self.discovery = discovery
+        self.suspects = SuspectTable()  # request bodies workers died on (server/routing/suspects.py)
 
     async def start(self) -> None:
         if self.discovery is not None:
@@ -213,6 +215,7 @@ def serve_router(
         access_log=False,
         log_level="info",
         proxy_headers=False,
+        limit_concurrency=settings.limits.max_connections,
         server_header=False,
         date_header=False,
     )

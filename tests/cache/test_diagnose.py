@@ -52,7 +52,8 @@ def test_timestamp_in_system_prompt_is_named_with_offset_and_fix(tokenizer):
     assert a.ids[d.diverged_at_token] != b.ids[d.diverged_at_token]
     assert d.detail["character"] == 10  # "Time: 10:4" then '1' vs '2'
     assert "character 10 of the system message" in d.fix and "move it to the end" in d.fix
-    assert "10:4‸1:07" in d.reason and "10:4‸2:55" in d.reason
+    assert "10:4‸2:55" in d.reason and "1:07" not in d.reason  # the baseline is never quoted
+    assert "baseline from character" in d.reason and "sha256" in d.reason
     reusable = min(a.fp.core_tokens, b.fp.n_tokens - 1)  # what the cache could have served
     assert d.missed_tokens == reusable // 32 * 32 - (d.diverged_at_token // 32) * 32
 

@@ -96,11 +96,12 @@ def test_corrupted_or_missing_tier2_file_is_a_miss(model, tmp_path):
     push_out(eng, a)
     hs = eng.cache.block_hashes(a)
     assert all(eng.cache.tier_of(h) == 2 for h in hs[:3])
-    f1 = tmp_path / f"{hs[1].hex()}.kv"
+    folder = eng.cache.tier2.path  # this worker's own folder under tier2.path
+    f1 = folder / f"{hs[1].hex()}.kv"
     raw = bytearray(f1.read_bytes())
     raw[-3] ^= 0xFF  # one flipped bit pattern in the KV data
     f1.write_bytes(bytes(raw))
-    (tmp_path / f"{hs[2].hex()}.kv").unlink()  # and a missing file
+    (folder / f"{hs[2].hex()}.kv").unlink()  # and a missing file
     logits, cached = eng.prefill_logits(a + [7], session_key="a")
     assert cached == 16  # block 0 restored; block 1 fails its checksum: stop there
     assert eng.cache.counters.tier2_faults == 1
@@ -140,7 +141,7 @@ def test_full_disk_degrades_to_one_tier_without_an_error(model, tmp_path, monkey
             eng.prefill_logits(ids_of(50 + k, 60), session_key=f"o{k}")
     assert eng.cache.tier2 is None and "tier 2 off" in caplog.text
     assert eng.cache.used_bytes <= eng.cache.capacity_bytes
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not list(tmp_path.rglob("*.tmp"))
     logits, cached = eng.prefill_logits(a + [1])  # still serves, from tier 1 or by recomputing
     assert logits.shape[0] == VOCAB
 

@@ -76,8 +76,9 @@ def test_workers_are_a_gpu_statefulset_behind_a_headless_service_with_health_pro
     (c,) = pod["spec"]["containers"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert svc["spec"]["ports"][0]["port"] == c["ports"][0]["containerPort"] == 8000
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health", probe
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"  # a dead engine, not load
     # the image's entrypoint serves configs/vllm.yaml, whose port the Service targets
     dockerfile = (DEPLOY.parents[1] / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["agentserve", "serve", "--config", "configs/vllm.yaml"]' in dockerfile
@@ -117,3 +118,68 @@ def test_only_routers_and_prometheus_reach_the_workers_and_the_scrape_config_par
         keep = jobs[job]["relabel_configs"][0]
         assert keep["action"] == "keep" and keep["regex"] == f"agentserve;{component}"
         assert jobs[job]["metrics_path"] == "/metrics"
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_secrets_are_required_and_workers_require_the_router():
+    worker = by_kind("StatefulSet", "agentserve-worker")["spec"]["template"]["spec"]["containers"][0]
+    router = by_kind("Deployment", "agentserve-router")["spec"]["template"]["spec"]["containers"][0]
+    for c in (worker, router):
+        for e in c["env"]:
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            assert ref is None or not ref.get("optional", False), e["name"]  # no secret: no start
+    assert "valueFrom" in _env(worker)["AGENTSERVE_AUTH__ROUTER_TOKEN"]
+    assert _env(worker)["AGENTSERVE_AUTH__REQUIRE_ROUTER"]["value"] == "true"
+    assert {"AGENTSERVE_AUTH__API_KEYS", "AGENTSERVE_AUTH__ROUTER_TOKEN"} <= set(_env(router))
+    # what those settings mean passes the start checks of each side
+    from server.auth import check_router_auth, check_worker_auth
+    from server.config import AuthSettings
+
+    check_worker_auth(AuthSettings(router_token="t", require_router=True))
+    check_router_auth(AuthSettings(router_token="t", api_keys={"a": "k"}))
+
+
+def test_the_network_policy_admits_only_routers_and_one_namespaces_scraper():
+    pol = by_kind("NetworkPolicy", "agentserve-workers")
+    rules = pol["spec"]["ingress"]
+    peers = [peer for rule in rules for peer in rule["from"]]
+    for peer in peers:
+        ns = peer.get("namespaceSelector")
+        assert ns != {}, "an empty namespaceSelector admits every namespace"
+        assert ns is None or ns["matchLabels"].get("kubernetes.io/metadata.name"), peer
+        assert peer.get("podSelector", {}).get("matchLabels"), peer  # never a whole namespace
+    assert sum(1 for p in peers if "namespaceSelector" in p) == 1
+    for rule in rules:
+        assert [p["port"] for p in rule["ports"]] == [8000]
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), [("StatefulSet", "agentserve-worker"), ("Deployment", "agentserve-router")]
+)
+def test_pods_run_unprivileged_on_a_read_only_root(kind, name):
+    pod = by_kind(kind, name)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["automountServiceAccountToken"] is False
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+    for vol in pod.get("volumes", []):
+        if "emptyDir" in vol:
+            assert vol["emptyDir"].get("sizeLimit"), vol["name"]  # a bounded scratch space
+    mounts = {m["mountPath"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
+    assert "/tmp" in mounts  # a read-only root still has a writable /tmp
+
+
+def test_every_image_stage_runs_as_a_non_root_user():
+    dockerfile = (DEPLOY.parents[1] / "Dockerfile").read_text()
+    stages = dockerfile.split("\nFROM ")[1:]
+    built = [s for s in stages if " AS " in s.splitlines()[0]]
+    assert len(built) == 2
+    for stage in built:
+        users = [line.split()[1] for line in stage.splitlines() if line.startswith("USER ")]
+        assert users and users[-1].split(":")[0] not in ("0", "root"), stage.splitlines()[0]

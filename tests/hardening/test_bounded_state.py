@@ -1,0 +1,71 @@
+"""State a client can grow is bounded by bytes, not only by entries: the session table kept 4,096
+full previous prompts per worker (~2 MiB each at 30k tokens) and the fingerprint store 1,024 per
+tenant, whatever their size."""
+
+from __future__ import annotations
+
+from array import array
+
+from server.cache_diag.diagnose import Prompt
+from server.cache_diag.fingerprint import Fingerprint
+from server.cache_diag.reporter import CacheReporter
+from server.cache_diag.store import FingerprintStore, SessionTable, fingerprint_bytes
+
+
+def _fp(n_tokens: int) -> Fingerprint:
+    return Fingerprint(
+        model="m",
+        settings=(),
+        system=None,
+        tools=(),
+        messages=(("user", b"x" * 16),),
+        n_tokens=n_tokens,
+        core_tokens=n_tokens,
+        blocks=array("Q", [0] * (n_tokens // 32)),
+        marks=array("H", [0] * n_tokens),
+        segments=(),
+    )
+
+
+def test_the_session_table_is_bounded_by_bytes():
+    table: SessionTable[bytes] = SessionTable(4096, max_bytes=10_000, size=len)
+    for i in range(100):
+        table.put(f"s{i}", b"x" * 1000)
+    assert len(table) == 10 and table.bytes <= 10_000
+    assert table.get("s99") is not None and table.get("s0") is None
+    entry, seen = table.lookup("s0")
+    assert entry is None and seen  # dropped, but remembered as seen ("unavailable", not "first")
+
+
+def test_the_reporter_keeps_at_most_its_byte_budget_of_previous_prompts():
+    rep = CacheReporter(block_size=32, sessions=4096, sessions_bytes=2**20, responses_bytes_per_tenant=2**19)
+    text = "word " * 30_000
+    for i in range(50):  # 50 sessions with a 30k-token prompt each: ~1.5 MB apiece
+        fp = _fp(30_000)
+        prompt = Prompt(fp, array("l", range(30_000)), text, array("l", range(30_000)))
+        rep.report(session=f"s{i}", tenant="t", response_id=f"r{i}", prompt=prompt, cached_tokens=0)
+    assert rep.sessions.bytes <= 2**20
+    assert rep.responses.bytes("t") <= 2**19
+    assert len(rep.responses) < 50
+
+
+def test_fingerprints_are_bounded_per_tenant_by_bytes():
+    store = FingerprintStore(per_tenant=1024, bytes_per_tenant=10 * fingerprint_bytes(_fp(1000)))
+    for i in range(100):
+        store.put("a", f"r{i}", _fp(1000))
+    store.put("b", "r0", _fp(1000))
+    assert store.bytes("a") <= 10 * fingerprint_bytes(_fp(1000)) and store.get("a", "r99") is not None
+    assert store.get("b", "r0") is not None  # one tenant's flood does not evict another's
+
+
+def test_pause_statistics_are_bounded_in_tool_names():
+    from server.engines.kv_retention import MAX_TOOLS_TRACKED, PauseEstimator
+
+    est = PauseEstimator(cap_s=600)
+    est.observe(["shell_exec"], 2.0)
+    for i in range(5 * MAX_TOOLS_TRACKED):  # a client that invents a tool name per call
+        est.observe([f"tool_{i}"], 1.0)
+        if i % 100 == 0:
+            est.observe(["shell_exec"], 2.0)  # a tool in use stays
+    assert len(est.snapshot()) <= MAX_TOOLS_TRACKED and len(est._recent) <= MAX_TOOLS_TRACKED
+    assert "shell_exec" in est.snapshot()

@@ -1,0 +1,122 @@
+"""Soak with hostile and normal sessions mixed (bounded in count and time, loopback only): the normal
+sessions see 0 errors and a p99 latency within 2x of a clean run (plus a second of slack for the
+shared CI box); every attack gets its 4xx; the worker never restarts (same process throughout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import httpx
+import pytest
+
+from server.app import build_app
+from server.config import LimitsSettings
+from tests.conftest import running_server, worker_settings
+from tests.hardening.helpers import MODEL
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+SESSIONS = int(os.environ.get("AGENTSERVE_HOSTILE_SESSIONS", "3"))
+TURNS = int(os.environ.get("AGENTSERVE_HOSTILE_TURNS", "5"))
+PACE_S = 0.25  # between one attacker's requests
+
+
+def _bomb(n: int) -> dict:
+    row = {"type": "array", "items": {"type": "string", "minLength": n}, "minItems": n}
+    return {"type": "object", "properties": {"t": row}, "required": ["t"]}
+
+
+ATTACKS = [
+    ("stop_count", {"stop": [f"s{i}" for i in range(10_000)]}, 400),
+    ("stop_length", {"stop": "x" * 50_000}, 400),
+    ("logit_bias", {"logit_bias": {str(i): 1 for i in range(1000)}}, 400),
+    ("messages", {"messages": [{"role": "user", "content": "a"}] * 6000}, 400),
+    (
+        "schema_bomb",
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": _bomb(10**9)}}]},
+        400,
+    ),
+    ("noncharacter", {"tools": [{"type": "function", "function": {"name": "f\ufdd0"}}]}, 400),
+    ("state_machine_path", {"tool_state_machine": "../../etc/x.yml"}, 400),
+]
+
+
+def _normal_sessions(url: str, tag: str) -> tuple[list[float], list[str]]:
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def run(i: int) -> None:
+        msgs = [{"role": "system", "content": f"Agent {i}. Be brief."}]
+        with httpx.Client(timeout=120) as client:
+            for t in range(TURNS):
+                msgs.append({"role": "user", "content": f"step {t}"})
+                body = {"model": MODEL, "messages": msgs, "max_tokens": 3, "temperature": 0}
+                t0 = time.monotonic()
+                r = client.post(url + "/v1/chat/completions", json={**body, "prompt_cache_key": f"{tag}-{i}"})
+                with lock:
+                    latencies.append(time.monotonic() - t0)
+                    if r.status_code != 200:
+                        errors.append(r.text)
+                reply = r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else ""
+                msgs.append({"role": "assistant", "content": reply or ""})
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(SESSIONS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return latencies, errors
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def test_normal_sessions_are_unaffected_by_hostile_ones(hf_engine):
+    settings = worker_settings().model_copy(update={"limits": LimitsSettings(max_request_bytes=2**20)})
+    with running_server(build_app(settings, engine=hf_engine)) as url:
+        _normal_sessions(url, "warm")
+        clean, clean_errors = _normal_sessions(url, "clean")
+        assert not clean_errors
+        stop = threading.Event()
+        outcomes: list[tuple[str, int, int]] = []
+
+        encoded = []  # encoded once: the attackers share this process (and its GIL) with the server
+        for name, extra, want in ATTACKS:
+            body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], **extra}
+            encoded.append((name, json.dumps(body).encode(), want))
+        big = b'{"model": "m", "messages": "' + b"a" * (2**20 + 10) + b'"}'
+
+        def attack() -> None:  # paced: a hostile client, not a flood (volume is a rate limiter's job)
+            with httpx.Client(timeout=60) as client:
+                while not stop.is_set():
+                    for name, content, want in encoded:
+                        r = client.post(url + "/v1/chat/completions", content=content)
+                        outcomes.append((name, r.status_code, want))
+                        stop.wait(PACE_S)
+                    pieces = iter([big[i : i + 65536] for i in range(0, len(big), 65536)])
+                    r = client.post(url + "/v1/chat/completions", content=pieces)
+                    outcomes.append(("chunked_body", r.status_code, 413))
+
+        attackers = [threading.Thread(target=attack) for _ in range(2)]
+        for th in attackers:
+            th.start()
+        try:
+            hostile, hostile_errors = _normal_sessions(url, "hostile")
+        finally:
+            stop.set()
+            for th in attackers:
+                th.join()
+        assert not hostile_errors, hostile_errors[:3]
+        wrong = [o for o in outcomes if o[1] != o[2]]
+        assert outcomes and not wrong, wrong[:5]
+        limit = max(2 * _p99(clean), _p99(clean) + 1.0)
+        print(
+            f"hostile soak: clean p99 {_p99(clean):.2f}s, with attacks {_p99(hostile):.2f}s, "
+            f"{len(outcomes)} attacks"
+        )
+        assert _p99(hostile) <= limit, (_p99(clean), _p99(hostile))
