@@ -204,8 +204,9 @@ class LimitsSettings(_Section):
     max_schema_bound: int = Field(
         65536,
         ge=1,
-        description="Largest minLength / maxLength / minItems / maxItems / minProperties / maxProperties "
-        "(and minContains / maxContains) in a tool or response_format schema.",
+        description="Largest lower bound (minLength / minItems / minProperties / minContains) in a tool or "
+        "response_format schema: what a call must write out. Upper bounds are not limited (they cost "
+        "nothing to compile; Claude Code sends maxLength 524288).",
     )
     max_response_format_schema_bytes: int = Field(
         32768, ge=64, description="Largest JSON of a response_format json_schema."

@@ -71,21 +71,15 @@ def check_request_limits(req: SamplingFields, limits: LimitsSettings) -> None:
         )
 
 
-BOUND_KEYS = (
-    "minLength",
-    "maxLength",
-    "minItems",
-    "maxItems",
-    "minProperties",
-    "maxProperties",
-    "minContains",
-    "maxContains",
-)
+# Lower bounds are what the shortest-call estimate and a grammar must write out; upper bounds
+# cost nothing (xgrammar compiles maxLength 10**9 in 0.4 s) and real clients send big ones
+# (Claude Code 2.1.328: maxLength 524288), so they are not limited.
+BOUND_KEYS = ("minLength", "minItems", "minProperties", "minContains")
 
 
 def check_schema_bounds(schema: Any, limits: LimitsSettings, param: str) -> None:
-    """A 400 when a length / count bound anywhere in ``schema`` is over limits.max_schema_bound
-    (the masks compile those bounds into grammars; the shortest-call estimate counts them)."""
+    """A 400 when a lower length / count bound anywhere in ``schema`` is over limits.max_schema_bound
+    (the masks must write that much; the shortest-call estimate counts it)."""
     stack = [schema]
     while stack:
         node = stack.pop()

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from server.errors import InvalidRequest
 from server.families.envelope import load_envelope
 from server.masking.min_call import minimal_call_text, minimal_call_tokens, minimal_json_length, minimal_value
 
@@ -19,6 +20,17 @@ def _bomb(n: int) -> dict:
     row = {"type": "array", "items": word, "minItems": n}
     table = {"type": "array", "items": row, "minItems": n}
     return {"type": "object", "properties": {"t": table}, "required": ["t"]}
+
+
+def test_upper_bounds_are_not_limited_as_real_clients_send_them():
+    from server.chat.limits import check_schema_bounds
+    from server.config import LimitsSettings
+
+    # Claude Code 2.1.328's tools carry maxLength 524288: a 400 there stops the agent at its first request
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 524288}}}
+    check_schema_bounds(schema, LimitsSettings(), "tools[0].function.parameters")
+    with pytest.raises(InvalidRequest, match="limits.max_schema_bound"):
+        check_schema_bounds(_bomb(10**9), LimitsSettings(), "tools[0].function.parameters")
 
 
 def test_a_schema_bomb_is_counted_not_built():
