@@ -31,7 +31,7 @@ class FunctionDef(_Loose):
 class Tool(_Loose):
     type: Literal["function"] = "function"
     function: FunctionDef
-    custom_format: dict[str, Any] | None = None  # a custom tool's format (server/chat/custom_tools.py)
+    custom_format: dict[str, Any] | None = None  # a custom tool's format (server/custom_tools.py)
 
 
 class FunctionCall(_Loose):
@@ -265,7 +265,7 @@ class ChatCompletionRequest(SamplingFields):
     @model_validator(mode="before")
     @classmethod
     def _custom_tools(cls, data: Any) -> Any:
-        from server.chat.custom_tools import normalize_request
+        from server.custom_tools import normalize_request
 
         return normalize_request(data)  # custom tools, calls and choices in function form
 

@@ -24,11 +24,12 @@ from server.chat.limits import check_request_limits
 from server.chat.sampling import check_fields, sampling_params
 from server.chat.template import render_chat
 from server.config import Settings
+from server.custom_tools import CUSTOM_KEY
 from server.engines.base import Engine, SamplingParams
 from server.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
 from server.families.rendered import RenderedPrompt, Segment
-from server.masking.custom_grammar import prompt_tools
+from server.masking.custom_grammar import check_format, prompt_tools
 from server.masking.response_format import text_schema
 from server.masking.spec import ToolSpec
 from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
@@ -193,6 +194,9 @@ class Preparer:
                     f"{limits.max_tool_schema_bytes} (limits.max_tool_schema_bytes): shorten its schema",
                     param=f"tools[{i}]",
                 )
+            fmt = tool.get(CUSTOM_KEY)
+            if isinstance(fmt, dict) and fmt.get("type") == "grammar":  # a custom tool's grammar compiles
+                check_format(fmt, f"tools[{i}].custom.format")
 
     def _machine(self, name: str | None) -> StateMachine | None:
         """The request's state machine: the configured default, another by name, or "off"."""

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.chat.custom_tools import custom_input, custom_names
 from server.chat.generate import GenerationResult
 from server.chat.prepare import Prepared
 from server.chat.toolcalls import CallDelta, ContentDelta, Events, ParsedCall, StreamingToolCallParser
+from server.custom_tools import custom_input, custom_names
 from server.families.envelope import Envelope
 from server.families.render import call_id
 from server.response_types import (
@@ -55,7 +55,7 @@ def _call(p: Prepared, index: int, call: ParsedCall) -> ToolCallOut:
     # an id the model wrote itself (Mistral v3's envelope) is the call's id: the history renders it back
     cid = call.id or call_id(p.call_id_style or {}, p.request_id, index)
     text = custom_input(call.arguments) if call.name in custom_names(_tools(p)) else None
-    if text is not None:  # a custom tool: its input as the model wrote it (server/chat/custom_tools.py)
+    if text is not None:  # a custom tool: its input as the model wrote it (server/custom_tools.py)
         return ToolCallOut(id=cid, type="custom", custom=CustomCallOut(name=call.name, input=text))
     return ToolCallOut(id=cid, function=FunctionCallOut(name=call.name, arguments=call.arguments))
 

@@ -1,7 +1,7 @@
 """Custom tools: the model's free-text ``input`` constrained by the tool's grammar (Lark or regex).
 
 A custom tool (``{"type": "custom", "custom": {"name", "format"}}``, normalised by
-``server/chat/custom_tools.py`` into a function tool with one string parameter ``input`` and
+``server/custom_tools.py`` into a function tool with one string parameter ``input`` and
 the format under ``CUSTOM_KEY``) is called inside the family's own envelope:
 
 * JSON envelopes (``arguments: json``): ``{"input": "<input as a JSON string>"}``. The string is
@@ -32,12 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from server.custom_tools import CUSTOM_KEY, INPUT
 from server.errors import InvalidRequest
 from server.masking.arguments import _LRU
 from server.masking.vocab import TokenVocab
 
-CUSTOM_KEY = "custom_format"  # the tool dict's key holding the custom tool's format
-INPUT = "input"  # the one parameter a custom tool is shown with
 # canonical JSON string escapes (json.dumps, ensure_ascii=False): escape text -> the byte it stands for
 ESCAPES: dict[bytes, bytes] = {
     json.dumps(chr(c), ensure_ascii=False)[1:-1].encode(): bytes([c]) for c in [*range(0x20), 0x22, 0x5C]

@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.chat.custom_tools import custom_input, normalize_request
 from server.chat.toolcalls import StreamingToolCallParser
+from server.custom_tools import custom_input, normalize_request
 from server.errors import InvalidRequest
 from server.families.envelope import load_envelope
 from server.masking.constraint import ConstraintFactory

@@ -1,5 +1,9 @@
 """Custom tools at the Chat Completions front door: normalised into function tools, answered as custom calls.
 
+A leaf module (request shapes only: ``protocol.py`` runs ``normalize_request`` before validation);
+whether a grammar compiles is checked in ``chat/prepare.py`` (``check_custom_grammars``, a 400
+naming ``tools[i].custom.format``).
+
 A request's custom tool ``{"type": "custom", "custom": {"name": N, "description": D, "format": F}}``
 (F: ``{"type": "text"}`` or absent; ``{"type": "grammar", "grammar": {"syntax": "lark" | "regex",
 "definition": DEF}}``, or the Responses API's flat ``{"type": "grammar", "syntax", "definition"}``)
@@ -23,10 +27,11 @@ import json
 from typing import Any
 
 from server.errors import InvalidRequest
-from server.masking.custom_grammar import CUSTOM_KEY, INPUT, check_format
 from server.session_key import canonical_json
 
 SYNTAXES = ("lark", "regex")
+CUSTOM_KEY = "custom_format"  # the tool dict's key holding the custom tool's format
+INPUT = "input"  # the one parameter a custom tool is shown with
 
 
 def normalize_request(data: Any) -> Any:
@@ -69,9 +74,7 @@ def _format(tool: dict[str, Any], where: str) -> dict[str, Any]:
             f"got syntax {syntax!r}",
             param=where,
         )
-    out = {"type": "grammar", "syntax": syntax, "definition": definition}
-    check_format(out, where)
-    return out
+    return {"type": "grammar", "syntax": syntax, "definition": definition}  # compiled in prepare (400s)
 
 
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
