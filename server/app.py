@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.admission import Admission
+from server.api.responses import router as responses_router
 from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
 from server.auth import authenticate, needs_key
@@ -82,6 +83,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     )
     app.include_router(router)
     app.include_router(tokenize_router)
+    app.include_router(responses_router)
     max_body = settings.limits.max_request_bytes
 
     @app.middleware("http")
