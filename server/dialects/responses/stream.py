@@ -166,10 +166,10 @@ class ResponsesStream:
     def failed_event(self, body: dict[str, Any]) -> dict[str, Any]:
         """``response.failed`` for an error after the stream began (``Framing.error_event``)."""
         err = body.get("error") or {}
-        error = {
-            "code": err.get("code") or err.get("type") or "server_error",
-            "message": err.get("message", ""),
-        }
+        # OpenAI's codes are a closed list: ours (generation_failed, timeout, ...) leads the message
+        code = "rate_limit_exceeded" if err.get("type") == "rate_limit_error" else "server_error"
+        ours = err.get("code") or err.get("type") or "error"
+        error = {"code": code, "message": f"{ours}: {err.get('message', '')}"}
         obj = response_object(self.ctx, "failed", self.output, self.final_chunk, error=error)
         return self._event("response.failed", response=obj)
 
