@@ -10,6 +10,9 @@ cache report read it). Mapping (what is accepted, and where it goes):
   ``function_call`` / ``custom_tool_call`` (→ the preceding assistant message's ``tool_calls``),
   ``function_call_output`` / ``custom_tool_call_output`` (→ ``tool`` messages), ``reasoning``
   (an opaque carrier: kept in the store, not rendered into the prompt). Anything else is a 400.
+- ``tool_choice: "auto"`` is the Responses default (Codex always sends it): it is treated as
+  no choice, so the deployment's tool state machine applies (``agent``, the default, allows
+  what ``auto`` allows on a new user message); any other tool_choice is explicit and wins.
 - ``max_output_tokens`` → ``max_tokens``; ``text.format`` → ``response_format``;
   ``tools`` / ``tool_choice`` → see ``tools.py``; ``prompt_cache_options`` (the diagnostics'
   ``comparison_response_id``), ``temperature``, ``top_p``, ``parallel_tool_calls``, ``user``,
@@ -240,7 +243,8 @@ def to_chat(body: dict[str, Any], history: list[Any] | None = None) -> Converted
             if value is not None:
                 chat["tools"] = tools
         elif key == "tool_choice":
-            chat["tool_choice"] = convert_tool_choice(value, names)
+            if value != "auto":  # "auto" is the Responses default: the deployment's state machine decides
+                chat["tool_choice"] = convert_tool_choice(value, names)
         elif key == "max_output_tokens":
             chat["max_tokens"] = value
         elif key == "text":
