@@ -240,6 +240,15 @@ class LimitsSettings(_Section):
     )
 
 
+class ResponsesSettings(_Section):
+    store_max_responses: int = Field(
+        256, ge=0, description="Stored responses (store: true) kept per tenant; least recently used go first."
+    )
+    store_max_bytes: int = Field(
+        64 * 2**20, ge=0, description="Bytes of stored conversations kept per tenant (JSON size)."
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="AGENTSERVE_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -300,6 +309,7 @@ class Settings(BaseSettings):
     vllm: VllmSettings = VllmSettings()
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
+    responses: ResponsesSettings = ResponsesSettings()
 
     @field_validator("served_model_aliases")
     @classmethod

@@ -1,0 +1,139 @@
+"""OpenAI Responses API routes: ``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``.
+
+A thin adapter: the body becomes a chat request (``server/dialects/responses``), which is
+served by ``serve_prepared`` (the chat pipeline: prepare → masks → engine → cache report);
+the chat result comes back as a ``response`` object or as Responses stream events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
+
+from server.api.routes import serve_prepared
+from server.api.sse import Framing
+from server.chat.prepare import Prepared
+from server.chat.service import ChatService
+from server.dialects.responses.request import to_chat
+from server.dialects.responses.response import ResponseContext, from_chat
+from server.dialects.responses.store import ResponseStore
+from server.dialects.responses.stream import ResponsesStream
+from server.errors import InvalidRequest, NotFound
+from server.protocol import ChatCompletionRequest
+from server.session_key import response_id
+
+router = APIRouter()
+# chat field names in validation messages → the Responses names the client sent
+PARAM_NAMES = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
+
+
+def _store(request: Request) -> ResponseStore:
+    store: ResponseStore | None = getattr(request.app.state, "responses_store", None)
+    if store is None:
+        cfg = request.app.state.settings.responses
+        store = request.app.state.responses_store = ResponseStore(
+            cfg.store_max_responses, cfg.store_max_bytes
+        )
+    return store
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise InvalidRequest(
+            "the request body is not valid JSON: send a JSON object with 'model' and 'input'"
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object with 'model' and 'input'")
+    return body
+
+
+def _chat_request(chat: dict[str, Any]) -> ChatCompletionRequest:
+    try:
+        return ChatCompletionRequest.model_validate(chat)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(p) for p in first.get("loc", ())]
+        if loc:
+            loc[0] = PARAM_NAMES.get(loc[0], loc[0])
+        param = ".".join(loc) or None
+        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
+        raise InvalidRequest(
+            f"invalid request: {param or 'body'}: {first.get('msg')}{more}", param=param
+        ) from None
+
+
+def _history(store: ResponseStore, tenant: str, body: dict[str, Any]) -> list[Any] | None:
+    prev = body.get("previous_response_id")
+    if prev is None:
+        return None
+    found = store.get(tenant, prev) if isinstance(prev, str) else None
+    if found is None:
+        raise InvalidRequest(
+            f"previous_response_id {prev!r} is not stored here (unknown, evicted, from a worker restart, "
+            "or created with store: false): send the whole conversation in input instead",
+            param="previous_response_id",
+        )
+    return found.items
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Response:
+    service: ChatService = request.app.state.service
+    tenant: str = request.state.tenant
+    store = _store(request)
+    body = await _body(request)
+    conv = to_chat(body, _history(store, tenant, body))
+    req = _chat_request(conv.chat)
+    compare = req.comparison_response_id()
+    found = compare is not None and service.cache_report.responses.get(tenant, compare) is not None
+    ctx = ResponseContext(
+        id="", created_at=0, body=body, names=conv.names, compare_id=compare, compare_found=found
+    )
+    keep = body.get("store", True) is not False
+
+    def prepare() -> Prepared:
+        p = service.prepare_chat(req, request.headers, tenant, conv.chat)
+        p.request_id = ctx.id = response_id(p.session)  # the cache report keeps it under this id
+        ctx.created_at = p.created
+        return p
+
+    def to_json(p: Prepared, chat: dict[str, Any]) -> dict[str, Any]:
+        response = from_chat(ctx, chat)
+        if keep:
+            store.put(tenant, conv.input_items, response)
+        return response
+
+    events = ResponsesStream(ctx)
+
+    async def to_stream(p: Prepared, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        async for ev in events.events(chunks):
+            yield ev
+        if keep and events.final is not None:
+            store.put(tenant, conv.input_items, events.final)
+
+    framing = Framing(named_events=True, done=False, error_event=events.failed_event)
+    return await serve_prepared(request, prepare, to_json, to_stream, framing)
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> dict[str, Any]:
+    found = _store(request).get(request.state.tenant, response_id)
+    if found is None:
+        raise NotFound(
+            f"response {response_id!r} is not stored here (unknown, evicted, or created with store: false)"
+        )
+    return found.response
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+    if not _store(request).delete(request.state.tenant, response_id):
+        raise NotFound(
+            f"response {response_id!r} is not stored here (unknown, evicted, or created with store: false)"
+        )
+    return {"id": response_id, "object": "response", "deleted": True}

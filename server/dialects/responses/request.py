@@ -1,0 +1,264 @@
+"""A Responses request body → a chat-shaped dict (``ChatCompletionRequest`` input).
+
+Keys are visited in the client's order, so the chat dict keeps it (the session key and the
+cache report read it). Mapping (what is accepted, and where it goes):
+
+- ``input`` (a string, or items) → ``messages``; ``instructions`` → a leading ``system``
+  message; the stored conversation of ``previous_response_id`` goes before ``input``.
+- items: ``message`` (roles user / developer / system / assistant; content a string or
+  ``input_text`` / ``output_text`` / ``text`` / ``refusal`` parts, joined in order),
+  ``function_call`` / ``custom_tool_call`` (→ the preceding assistant message's ``tool_calls``),
+  ``function_call_output`` / ``custom_tool_call_output`` (→ ``tool`` messages), ``reasoning``
+  (an opaque carrier: kept in the store, not rendered into the prompt). Anything else is a 400.
+- ``tool_choice: "auto"`` is the Responses default (Codex always sends it): it is treated as
+  no choice, so the deployment's tool state machine applies (``agent``, the default, allows
+  what ``auto`` allows on a new user message); any other tool_choice is explicit and wins.
+- ``max_output_tokens`` → ``max_tokens``; ``text.format`` → ``response_format``;
+  ``tools`` / ``tool_choice`` → see ``tools.py``; ``prompt_cache_options`` (the diagnostics'
+  ``comparison_response_id``), ``temperature``, ``top_p``, ``parallel_tool_calls``, ``user``,
+  ``prompt_cache_key``, ``stream``, ``tool_state_machine``, ``cache_compare_with``, ``top_logprobs``
+  pass through.
+- Accepted, no effect on the tokens: ``store`` and ``previous_response_id`` (used here),
+  ``metadata`` (echoed), ``reasoning`` and ``include`` (reasoning is not produced yet),
+  ``prompt_cache_retention``, ``client_metadata``, ``service_tier``, ``safety_identifier``,
+  ``background: false``, ``truncation`` ("auto" never truncates here: a prompt over the
+  window stays a 400).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.dialects.responses.tools import ToolNames, convert_tool_choice, convert_tools, flat_name
+from server.errors import InvalidRequest
+
+ROLES = ("user", "developer", "system", "assistant")
+TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+ITEM_TYPES = (
+    "message",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "reasoning",
+)
+PASS_THROUGH = (
+    "model",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "user",
+    "prompt_cache_key",
+    "prompt_cache_options",
+    "stream",
+    "tool_state_machine",
+    "cache_compare_with",
+    "seed",
+    "stop",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
+# accepted, used by the adapter itself or with no effect on the tokens (see the module docstring)
+NO_EFFECT = (
+    "store",
+    "previous_response_id",
+    "metadata",
+    "reasoning",
+    "include",
+    "prompt_cache_retention",
+    "client_metadata",
+    "service_tier",
+    "safety_identifier",
+    "truncation",
+    "text",
+)
+REFUSED = {  # would change the output; a 400 unless sent with its neutral value
+    "background": (False, None),
+    "conversation": (None,),
+    "prompt": (None,),
+    "max_tool_calls": (None,),
+    "top_logprobs": (None, 0),
+    "stream_options": (None,),
+}
+
+
+@dataclass
+class Converted:
+    """The chat-shaped dict and what the response side needs to map the reply back."""
+
+    chat: dict[str, Any]
+    names: ToolNames
+    input_items: list[Any] = field(default_factory=list)  # the conversation as sent (stored chain + input)
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}.content must be a string or a list of text parts", param=where)
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+        value = part.get(key) if key is not None and isinstance(part, dict) else None
+        if not isinstance(value, str):
+            raise InvalidRequest(
+                f"{where}.content[{j}] has type {kind!r}: this server takes text only "
+                f"({', '.join(TEXT_PARTS)} parts with their text)",
+                param=f"{where}.content[{j}]",
+            )
+        out.append(value)
+    return "".join(out)
+
+
+def _need(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise InvalidRequest(
+            f"{where} ({item.get('type')}) needs a string {key!r}: replay the item as the server sent it",
+            param=f"{where}.{key}",
+        )
+    return value
+
+
+def _call_holder(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool_calls list of the assistant message a replayed call belongs to (new one if none)."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "assistant":
+        last = {"role": "assistant", "content": None}
+        messages.append(last)
+    calls: list[dict[str, Any]] = last.setdefault("tool_calls", [])
+    return calls
+
+
+def items_to_messages(items: list[Any], names: ToolNames) -> list[dict[str, Any]]:
+    """Responses input items → chat messages (400 naming the item on anything malformed)."""
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} is not an item object", param=where)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise InvalidRequest(
+                    f"{where}.role {role!r} is not one of {list(ROLES)}", param=f"{where}.role"
+                )
+            messages.append({"role": role, "content": _text(item.get("content"), where)})
+        elif kind == "function_call":
+            name = _need(item, "name", where)
+            ns = item.get("namespace")
+            chat_name = flat_name(ns, name) if isinstance(ns, str) and ns else name
+            fn = {"name": chat_name, "arguments": _need(item, "arguments", where)}
+            _call_holder(messages).append(
+                {"id": _need(item, "call_id", where), "type": "function", "function": fn}
+            )
+        elif kind == "custom_tool_call":
+            name = _need(item, "name", where)
+            ns = item.get("namespace")
+            chat_name = flat_name(ns, name) if isinstance(ns, str) and ns else name
+            custom = {"name": chat_name, "input": _need(item, "input", where)}
+            _call_holder(messages).append(
+                {"id": _need(item, "call_id", where), "type": "custom", "custom": custom}
+            )
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            call_id = _need(item, "call_id", where)
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, f"{where}.output")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        elif kind == "reasoning":
+            continue  # opaque (encrypted_content): kept in the store, not rendered
+        else:
+            raise InvalidRequest(
+                f"{where} has type {kind!r}, which this server does not take: send one of {list(ITEM_TYPES)} "
+                "(item_reference: send the item itself, or use previous_response_id)",
+                param=f"{where}.type",
+            )
+    return messages
+
+
+def _input_items(body: dict[str, Any]) -> list[Any]:
+    value = body.get("input")
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list):
+        return value
+    raise InvalidRequest("input is required: a string, or a list of input items", param="input")
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise InvalidRequest(
+            "text.format must be {'type': 'text'}, {'type': 'json_object'} or "
+            "{'type': 'json_schema', 'name': ..., 'schema': {...}}",
+            param="text.format",
+        )
+    if fmt["type"] != "json_schema":
+        return {"type": fmt["type"]}
+    schema = {k: v for k, v in fmt.items() if k != "type"}
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def _check_refused(body: dict[str, Any]) -> None:
+    for key, neutral in REFUSED.items():
+        if key in body and body[key] not in neutral:
+            raise InvalidRequest(
+                f"{key} is not supported by this server: leave it out (sent: {body[key]!r})", param=key
+            )
+    truncation = body.get("truncation")
+    if truncation not in (None, "disabled", "auto"):
+        raise InvalidRequest("truncation must be 'disabled' or 'auto'", param="truncation")
+
+
+def to_chat(body: dict[str, Any], history: list[Any] | None = None) -> Converted:
+    """A Responses body (+ the stored conversation of previous_response_id) → the chat dict."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object with 'model' and 'input'")
+    _check_refused(body)
+    chat: dict[str, Any] = {}
+    names = ToolNames()
+    if "tools" in body and body["tools"] is not None:
+        tools, names = convert_tools(body["tools"])
+    items = list(history or []) + _input_items(body)
+    for key, value in body.items():
+        if key in ("input", "instructions"):
+            if "messages" in chat:
+                continue
+            messages = items_to_messages(items, names)
+            instructions = body.get("instructions")
+            if isinstance(instructions, str) and instructions:
+                messages.insert(0, {"role": "system", "content": instructions})
+            elif instructions is not None and not isinstance(instructions, str):
+                raise InvalidRequest("instructions must be a string", param="instructions")
+            chat["messages"] = messages
+        elif key == "tools":
+            if value is not None:
+                chat["tools"] = tools
+        elif key == "tool_choice":
+            if value != "auto":  # "auto" is the Responses default: the deployment's state machine decides
+                chat["tool_choice"] = convert_tool_choice(value, names)
+        elif key == "max_output_tokens":
+            chat["max_tokens"] = value
+        elif key == "text":
+            fmt = _response_format(value)
+            if fmt is not None:
+                chat["response_format"] = fmt
+        elif key in PASS_THROUGH:
+            chat[key] = value
+        elif key in NO_EFFECT or key in REFUSED:
+            continue
+        else:
+            chat[key] = value  # unknown: the chat checks accept-and-log or refuse it by name
+    if "messages" not in chat:
+        _input_items(body)  # raises: no input
+    if chat.get("stream"):
+        chat["stream_options"] = {"include_usage": True}
+    return Converted(chat, names, items)
