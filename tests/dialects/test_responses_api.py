@@ -27,7 +27,12 @@ CRM = {
         {
             "type": "function",
             "name": "lookup",
-            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+            # a short bound: the 135M model's free-running string would outlast max_output_tokens
+            "parameters": {
+                "type": "object",
+                "properties": {"q": {"type": "string", "maxLength": 8}},
+                "required": ["q"],
+            },
         }
     ],
 }
