@@ -50,8 +50,8 @@ CASES = {
     "auto-text": ("auto", "Let me think."),
     "auto-call": ("auto", '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>'),
     "required": ("required", OPEN),
-    # hermes writes argument keys sorted (key_order: sorted), as the history renders them
-    "named": (fn("file_open"), '", "arguments": {"line_number": 3, "path": "a.py"}}\n</tool_call>'),
+    # hermes writes argument keys in the schema's order (key_order: schema), as the client sends them back
+    "named": (fn("file_open"), '", "arguments": {"path": "a.py", "line_number": 3}}\n</tool_call>'),
     "allowed-required-prefix": (allowed("required", PREFIX), "_open_site" + OPEN[len("browser_open_site") :]),
     "allowed-auto-list": (allowed("auto", fn("shell_exec"), fn("submit")), "I am done."),
 }
