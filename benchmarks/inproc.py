@@ -118,7 +118,7 @@ def engine_for(
 ) -> Any:
     """An HFEngine around an already built ``model`` (no checkpoint; the engine thread is not started)."""
     from server.config import load_settings
-    from server.engines.hf import HFEngine
+    from server.engines.hf.engine import HFEngine
 
     settings = load_settings(
         prefix_cache={"enabled": cache, "block_size": block_size, "memory_mb": memory_mb},

@@ -191,7 +191,7 @@ def make_engine(
     tier2_path: str | None = None,
 ):
     from server.config import load_settings
-    from server.engines.hf import HFEngine
+    from server.engines.hf.engine import HFEngine
 
     tier2: dict[str, Any] = {}
     if t2_bytes:
@@ -216,7 +216,7 @@ def make_engine(
 def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     """One request through the engine's own prefill / retain path; (ttft_s, cached, tier2_tokens)."""
     from server.engines.base import GenerationRequest, SamplingParams
-    from server.engines.hf_steps import SequenceState
+    from server.engines.hf.steps import SequenceState
 
     req = GenerationRequest(key, turn.prompt, SamplingParams(len(turn.reply) + 1), None, "", key)
     seq = SequenceState(req, None, None)  # type: ignore[arg-type]

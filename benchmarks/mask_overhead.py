@@ -36,11 +36,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import xgrammar as xgr  # noqa: E402
 
+from server.chat.tool_choice import plan_tools  # noqa: E402
+from server.constrain.arguments import tool_schema  # noqa: E402
+from server.constrain.constraint import ConstraintFactory, Phase  # noqa: E402
+from server.constrain.trie import NameTrie  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
-from server.masking.arguments import tool_schema  # noqa: E402
-from server.masking.constraint import ConstraintFactory, Phase  # noqa: E402
-from server.masking.tool_choice import plan_tools  # noqa: E402
-from server.masking.trie import NameTrie  # noqa: E402
 
 TOOLS_FILE = ROOT / "tests" / "fixtures" / "prefixed_agent_tools.json"
 CALL = {"name": "browser_open_site", "arguments": {"url": "https://example.org/docs/getting-started"}}
@@ -103,9 +103,9 @@ def ours(factory, tools, plan, tokens, reps, eos=(2, 0)):
 
 
 def family_tokenizer(envelope: str):
-    """(tokenizer, logits width, EOS ids) of the family's real vocabulary (tests/masking/vocabs.py)."""
-    from tests.masking.conftest import FAMILIES
-    from tests.masking.vocabs import LOGITS_WIDTH, load_vocab_tokenizer
+    """(tokenizer, logits width, EOS ids) of the family's real vocabulary (tests/constrain/vocabs.py)."""
+    from tests.constrain.conftest import FAMILIES
+    from tests.constrain.vocabs import LOGITS_WIDTH, load_vocab_tokenizer
 
     vocab, eos = FAMILIES[envelope]
     tok = load_vocab_tokenizer(vocab)
@@ -148,7 +148,7 @@ def xgrammar_alone(compiled, vocab_size, tokens, n_name, reps):
 
 def apply_cost(factory, tools, plan, device, batches, reps, eos=(2, 0)):
     """µs per step for a batch: (MaskApplier fill + copy + kernel, kernel alone)."""
-    from server.masking.hf_processor import MaskApplier
+    from server.engines.hf.logits_processor import MaskApplier
 
     v = factory.vocab.vocab_size
     out = {}
@@ -175,7 +175,7 @@ def apply_cost(factory, tools, plan, device, batches, reps, eos=(2, 0)):
 
 def backends_side_by_side(tok, width, envelope, tools, plan, tokens, eos, args) -> str:
     """Per arguments backend: compile ms per tool (uncached), fill/accept µs per argument token, apply."""
-    from server.masking.vocab import TokenVocab
+    from server.constrain.vocab import TokenVocab
 
     vocab = TokenVocab.from_tokenizer(tok, width)
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731

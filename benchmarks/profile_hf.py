@@ -40,9 +40,9 @@ def main() -> None:
     from benchmarks.variants import build_requests
     from server.config import load_settings
     from server.engines.base import GenerationRequest, SamplingParams
-    from server.engines.hf import HFEngine
-    from server.engines.hf_steps import SequenceState
-    from server.engines.sampling import TokenSampler
+    from server.engines.hf.engine import HFEngine
+    from server.engines.hf.sampling import TokenSampler
+    from server.engines.hf.steps import SequenceState
 
     def say(msg: str) -> None:
         print(f"[profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

@@ -35,8 +35,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm import LLM, SamplingParams
 
-    from server.masking.spec import PROCESSOR_FQCN, ToolSpec
-    from server.masking.tool_choice import ToolPlan
+    from server.chat.tool_choice import ToolPlan
+    from server.constrain.spec import ToolSpec
+    from server.engines.vllm.startup import PROCESSOR_FQCN
     from server.model_store import resolve_model
 
     llm = LLM(

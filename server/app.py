@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 def check_settings(settings: Settings) -> None:
     """What the config schema cannot know: names that must exist in a registry, an auth setup
     that would serve someone unauthenticated (ConfigError)."""
-    from server.masking.arguments import backend_names
+    from server.constrain.arguments import backend_names
 
     check_worker_auth(settings.auth)
     if settings.grammar_backend not in backend_names():
@@ -43,10 +43,10 @@ def check_settings(settings: Settings) -> None:
 
 def build_engine(settings: Settings) -> Engine:
     if settings.engine == "vllm":
-        from server.engines.vllm import VllmEngine  # imports vllm (lazily): only for this engine
+        from server.engines.vllm.engine import VllmEngine  # imports vllm (lazily): only for this engine
 
         return VllmEngine(settings.engine_settings())
-    from server.engines.hf import HFEngine
+    from server.engines.hf.engine import HFEngine
 
     return HFEngine(settings.engine_settings())
 

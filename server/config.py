@@ -31,7 +31,7 @@ class _Section(BaseModel):
 
 
 class Tier2Settings(_Section):
-    """hf engine: where blocks evicted from the prefix cache go (server/engines/kv_tier2.py)."""
+    """hf engine: where blocks evicted from the prefix cache go (server/kvcache/tier2.py)."""
 
     memory_mb: int = Field(0, ge=0, description="Tier-2 budget in MiB (0 = no second tier).")
     path: str | None = Field(
@@ -49,7 +49,7 @@ class PrefixCacheSettings(_Section):
     policy: Literal["lru", "session"] = Field(
         "session",
         description="Eviction: lru, or session = keep the blocks of sessions waiting on tools / a person "
-        "by expected time to return (server/engines/kv_retention.py).",
+        "by expected time to return (server/kvcache/retention.py).",
     )
     session_cap_s: float = Field(
         600.0, gt=0, description="session policy: no idle session holds blocks longer than this."
@@ -299,7 +299,7 @@ class Settings(BaseSettings):
     )
     grammar_backend: str = Field(
         "xgrammar",
-        description="Argument constraint backend: one registered in server/masking/arguments.py "
+        description="Argument constraint backend: one registered in server/constrain/arguments.py "
         "(checked at start by server.app.check_settings).",
     )
     workers: int = Field(

@@ -9,7 +9,7 @@ A request's custom tool ``{"type": "custom", "custom": {"name": N, "description"
 "definition": DEF}}``, or the Responses API's flat ``{"type": "grammar", "syntax", "definition"}``)
 becomes, before validation, a function tool with one required string parameter ``input`` whose
 description states the grammar, plus the format under ``CUSTOM_KEY`` (never rendered into the
-prompt; it travels in the tool spec to the masks, ``server/masking/custom_grammar.py``). So the
+prompt; it travels in the tool spec to the masks, ``server/constrain/custom_grammar.py``). So the
 prompt, the history, the state machine, ``tool_choice`` and the parser treat it as a function
 called with ``{"input": "..."}``; the masks write ``input`` under the grammar.
 
@@ -28,10 +28,9 @@ from typing import Any
 
 from server.errors import InvalidRequest
 from server.session_key import canonical_json
+from server.tool_keys import CUSTOM_KEY, INPUT
 
 SYNTAXES = ("lark", "regex")
-CUSTOM_KEY = "custom_format"  # the tool dict's key holding the custom tool's format
-INPUT = "input"  # the one parameter a custom tool is shown with
 
 
 def normalize_request(data: Any) -> Any:

@@ -50,7 +50,7 @@ def worker_settings():
 @pytest.fixture(scope="session")
 def hf_engine(embedded_model_dir: Path):
     """One HFEngine on the embedded model, shared by the e2e tests (loads in ~1 s once converted)."""
-    from server.engines.hf import HFEngine
+    from server.engines.hf.engine import HFEngine
 
     return HFEngine(worker_settings().engine_settings())
 

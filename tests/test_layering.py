@@ -1,8 +1,11 @@
 """The layer rule, checked on the source: a module imports only from its own layer or below.
 
-Layers, top to bottom: cli → app/api (and the router) → chat → engines → masking →
-leaf modules (families, errors, config, protocol, session_key, cache_report, …). Every
-import counts, also those inside functions and under ``TYPE_CHECKING``.
+Layers, top to bottom: cli → app/api/dialects (and the router) → chat → engines →
+constrain / kvcache (the mask library and the prefix cache, side by side) → leaf modules
+(families, errors, config, protocol, session_key, cache_diag, …). Every import counts, also
+those inside functions and under ``TYPE_CHECKING``. On top of the order, the two bottom
+libraries stay pure: constrain imports neither protocol nor errors (it raises its own
+``ConstraintError``), and kvcache and constrain do not import each other.
 """
 
 from __future__ import annotations
@@ -19,10 +22,29 @@ LAYERS = {
     "server.api": 4,
     "server.routing": 4,
     "server.chat": 3,
+    "server.dialects": 4,
+    "server.body_limit": 4,  # ASGI middleware of the app
     "server.engines": 2,
-    "server.masking": 1,
+    "server.constrain": 1,
+    "server.kvcache": 1,
 }
-LAYER_NAMES = {5: "cli", 4: "app/api", 3: "chat", 2: "engines", 1: "masking", 0: "leaf"}
+LAYER_NAMES = {5: "cli", 4: "app/api", 3: "chat", 2: "engines", 1: "constrain/kvcache", 0: "leaf"}
+# leaf modules a bottom library must not import although they sit below it (pydantic request models,
+# HTTP errors), and bottom libraries that must not import each other
+FORBIDDEN = {
+    "server.constrain": (
+        "server.protocol",
+        "server.errors",
+        "server.response_types",
+        "server.custom_tools",
+        "server.kvcache",
+    ),
+    "server.kvcache": ("server.protocol", "server.errors", "server.constrain"),
+}
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
 
 
 def layer_of(module: str) -> int:
@@ -72,6 +94,9 @@ def violations(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
                     f"{module}:{line} ({LAYER_NAMES[mine]}) imports {target} ({LAYER_NAMES[theirs]}), "
                     f"a higher layer"
                 )
+            for lib, banned in FORBIDDEN.items():
+                if _under(module, lib) and any(_under(target, b) for b in banned):
+                    out.append(f"{module}:{line} imports {target}, which {lib} must stay free of")
     return out
 
 
@@ -82,37 +107,45 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_the_checker_catches_an_upward_import(tmp_path):
-    """The rule itself can fail: masking importing chat, engines importing chat, a leaf importing masking."""
+    """The rule itself can fail: constrain importing chat, engines importing chat, a leaf importing
+    constrain, kvcache importing an engine, and the purity rules of the bottom libraries."""
     edges = {
-        "server.masking.constraint": [(3, "server.chat.template.render_chat")],
-        "server.engines.hf": [(4, "server.masking.bitmask.MaskApplier"), (9, "server.chat.service")],
-        "server.cache_report": [(1, "server.families.rendered.RenderedPrompt")],
-        "server.protocol": [(2, "server.masking.spec.ToolSpec")],
+        "server.constrain.constraint": [(3, "server.chat.template.render_chat")],
+        "server.engines.hf.engine": [(4, "server.constrain.bitmask.MaskApplier"), (9, "server.chat.service")],
+        "server.cache_diag.reporter": [(1, "server.families.rendered.RenderedPrompt")],
+        "server.protocol": [(2, "server.constrain.spec.ToolSpec")],
         "server.cli": [(5, "server.app.build_app")],
+        "server.kvcache.tiers": [(6, "server.engines.hf.kv_blocks.BlockCutter")],
+        "server.constrain.arguments": [(7, "server.errors.InvalidRequest"), (8, "server.families.envelope")],
+        "server.kvcache.index": [(2, "server.constrain.trie")],
     }
     found = violations(edges)
     assert [v.split(" ")[0] for v in found] == [
-        "server.engines.hf:9",
-        "server.masking.constraint:3",
+        "server.constrain.arguments:7",
+        "server.constrain.constraint:3",
+        "server.engines.hf.engine:9",
+        "server.kvcache.index:2",
+        "server.kvcache.tiers:6",
         "server.protocol:2",
     ]
     assert layer_of("server.routing.router") == 4 and layer_of("server.families.envelope") == 0
+    assert layer_of("server.kvcache.prefix_cache") == layer_of("server.constrain.trie") == 1
 
 
 def test_relative_and_function_level_imports_are_seen(tmp_path, monkeypatch):
-    pkg = tmp_path / "server" / "masking"
+    pkg = tmp_path / "server" / "constrain"
     pkg.mkdir(parents=True)
     src = pkg / "x.py"
     src.write_text(
         "from . import trie\n"
         "from ..chat.template import render_chat\n"
         "def f():\n"
-        "    import server.engines.hf\n"
+        "    import server.engines.hf.engine\n"
     )
     monkeypatch.setattr(f"{__name__}.SERVER", tmp_path / "server")
     found = imports_of(src)
     assert [name for _, name in found] == [
-        "server.masking.trie",
+        "server.constrain.trie",
         "server.chat.template.render_chat",
-        "server.engines.hf",
+        "server.engines.hf.engine",
     ]

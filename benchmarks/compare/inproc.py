@@ -25,7 +25,7 @@ def engine_and_label(args: argparse.Namespace, cache: bool):
         )
         return engine_for(model, tok, cache=cache), f"RANDOM-WEIGHT {args.shape} shape on {dev}"
     from server.config import load_settings
-    from server.engines.hf import HFEngine
+    from server.engines.hf.engine import HFEngine
 
     settings = load_settings(args.config, prefix_cache={"enabled": cache}, **server_overrides(args))
     eng = HFEngine(settings.engine_settings())

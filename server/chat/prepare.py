@@ -22,18 +22,18 @@ from server.cache_diag import Prompt, fingerprint
 from server.chat.limits import MACHINE_NAME as _MACHINE_NAME
 from server.chat.limits import check_request_limits
 from server.chat.sampling import check_fields, sampling_params
+from server.chat.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.chat.template import render_chat
+from server.chat.tool_choice import ToolPlan, plan_tools
 from server.config import Settings
+from server.constrain.custom_grammar import check_format, prompt_tools
+from server.constrain.response_format import text_schema
+from server.constrain.spec import ToolSpec
 from server.custom_tools import CUSTOM_KEY
-from server.engines.base import Engine, SamplingParams
+from server.engines.base import Engine, SamplingParams, constraint_errors_as_400
 from server.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
 from server.families.rendered import RenderedPrompt, Segment
-from server.masking.custom_grammar import check_format, prompt_tools
-from server.masking.response_format import text_schema
-from server.masking.spec import ToolSpec
-from server.masking.state_machine import StateMachine, StateMachineError, load_state_machine
-from server.masking.tool_choice import ToolPlan, plan_tools
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.response_types import MaxTokensClamped
 from server.session_key import SessionKey, canonical_json, session_key
@@ -247,6 +247,7 @@ class Preparer:
         return spec
 
     # -- requests -------------------------------------------------------------------------------
+    @constraint_errors_as_400()
     def chat(
         self,
         req: ChatCompletionRequest,
@@ -298,6 +299,7 @@ class Preparer:
             max_tokens_clamped=clamped,
         )
 
+    @constraint_errors_as_400()
     def completion(
         self,
         req: CompletionRequest,

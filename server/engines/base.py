@@ -12,12 +12,28 @@ leaving an ``async for`` early) cancels the request and frees its resources.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.masking.builder import ConstraintBuilder
-from server.masking.spec import ToolSpec
+from server.constrain.builder import ConstraintBuilder
+from server.constrain.errors import ConstraintError
+from server.constrain.spec import ToolSpec
+from server.errors import InvalidRequest
+
+
+@contextmanager
+def constraint_errors_as_400() -> Iterator[None]:
+    """The mask library's ``ConstraintError`` as the HTTP layer's ``InvalidRequest`` (400), message and param kept.
+
+    The one place the mapping is written: chat's prepare step and the engines' constraint
+    builds run under it (also usable as a decorator).
+    """
+    try:
+        yield
+    except ConstraintError as exc:
+        raise InvalidRequest(exc.message, param=exc.param) from exc
 
 
 @dataclass(frozen=True)

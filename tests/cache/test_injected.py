@@ -21,7 +21,7 @@ from benchmarks.swe_traces import load_traces
 from benchmarks.trace_gen import generate_sessions
 from benchmarks.variants import build_requests
 from server.cache_diag.fingerprint import common_prefix
-from server.engines.prefix_cache import PrefixCache
+from server.kvcache.prefix_cache import PrefixCache
 from tests.cache.helpers import ENV, SETTINGS, hashed, ideal_cached, prompt, run, tool
 
 FIXTURE_TOOLS = json.loads((Path(__file__).parents[1] / "fixtures" / "swe_agent_tools.json").read_text())

@@ -31,7 +31,7 @@ def _tokenizer(name: str):
         from server.families.tokenizers import mistral_spm_tokenizer
 
         return mistral_spm_tokenizer()
-    from tests.masking.vocabs import load_vocab_tokenizer
+    from tests.constrain.vocabs import load_vocab_tokenizer
 
     return load_vocab_tokenizer(name)
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from tests.masking.custom_grammars import TRICKY_REGEX, apply_patch_lark, apply_patch_ok, tricky_ok
+from tests.constrain.custom_grammars import TRICKY_REGEX, apply_patch_lark, apply_patch_ok, tricky_ok
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"

@@ -43,7 +43,7 @@ MODEL = "tiny"
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_url(request, tmp_path_factory):
     from server.app import build_app
-    from server.engines.hf import HFEngine
+    from server.engines.hf.engine import HFEngine
     from server.families.test_model import make_test_model
     from tests.conftest import running_server
 

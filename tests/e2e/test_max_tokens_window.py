@@ -35,7 +35,7 @@ def long_messages(tokenizer) -> list[dict]:
 def served(hf_engine, embedded_model_dir):
     """Servers on the shared 8k engine: clamp (the default), reject, one with aliases; and clamp on a
     second engine with a 1k window."""
-    from server.engines.hf import HFEngine
+    from server.engines.hf.engine import HFEngine
 
     small = HFEngine(load_settings(device="cpu", max_model_len=SMALL).engine_settings())
     urls = {}

@@ -59,7 +59,7 @@ def test_fingerprints_are_bounded_per_tenant_by_bytes():
 
 
 def test_pause_statistics_are_bounded_in_tool_names():
-    from server.engines.kv_retention import MAX_TOOLS_TRACKED, PauseEstimator
+    from server.kvcache.retention import MAX_TOOLS_TRACKED, PauseEstimator
 
     est = PauseEstimator(cap_s=600)
     est.observe(["shell_exec"], 2.0)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_a_dead_engine_fails_health_and_liveness(embedded_model_dir):
-    from server.engines.hf import HFEngine
+    from server.engines.hf.engine import HFEngine
 
     engine = HFEngine(worker_settings().engine_settings())
     with running_server(build_app(worker_settings(), engine=engine)) as url:

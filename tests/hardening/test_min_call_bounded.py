@@ -10,9 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from server.constrain.min_call import (
+    minimal_call_text,
+    minimal_call_tokens,
+    minimal_json_length,
+    minimal_value,
+)
 from server.errors import InvalidRequest
 from server.families.envelope import load_envelope
-from server.masking.min_call import minimal_call_text, minimal_call_tokens, minimal_json_length, minimal_value
 
 
 def _bomb(n: int) -> dict:

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from server.engines.kv_tier2 import DiskStore, chain_key  # noqa: E402
+from server.kvcache.tier2 import DiskStore, chain_key  # noqa: E402
 
 
 def _put(store: DiskStore, n: int) -> bytes:
@@ -49,7 +49,7 @@ def test_stale_folders_are_removed_at_start_and_a_workers_own_at_shutdown(tmp_pa
     gc.collect()
     assert not own.exists()
     code = (
-        "import sys; from server.engines.kv_tier2 import DiskStore; s = DiskStore(2**20, sys.argv[1]); "
+        "import sys; from server.kvcache.tier2 import DiskStore; s = DiskStore(2**20, sys.argv[1]); "
         "print(s.path)"
     )
     out = subprocess.run(

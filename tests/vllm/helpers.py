@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from server.masking.vllm_processor import AgentserveLogitsProcessor
+from server.engines.vllm.logits_processor import AgentserveLogitsProcessor
 
 EOS = 0
 

@@ -22,13 +22,13 @@ pytest.importorskip("vllm", reason="vllm is not installed: run scripts/install_v
 import jsonschema  # noqa: E402
 
 from server.chat.template import render_chat  # noqa: E402
+from server.chat.tool_choice import plan_tools  # noqa: E402
 from server.chat.toolcalls import parse_tool_calls  # noqa: E402
 from server.config import load_settings  # noqa: E402
+from server.constrain.spec import ToolSpec  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.errors import ContextLengthExceeded, InvalidRequest  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
-from server.masking.spec import ToolSpec  # noqa: E402
-from server.masking.tool_choice import plan_tools  # noqa: E402
 from server.protocol import ChatMessage  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -63,7 +63,7 @@ def loop():
 
 @pytest.fixture(scope="module")
 def engine(loop, embedded_model_dir):
-    from server.engines.vllm import VllmEngine
+    from server.engines.vllm.engine import VllmEngine
 
     model = str(embedded_model_dir)
     settings = load_settings(None, engine="vllm", model=model, vllm={"kv_cache_space_gib": 1})

@@ -116,7 +116,7 @@ def test_more_constrained_rows_than_max_num_seqs_grows_the_bitmask():
 
 def test_validate_params_rejects_bad_specs_with_value_error():
     """The real processor's check (not the test helper's override): ToolSpec.from_json."""
-    from server.masking.vllm_processor import AgentserveLogitsProcessor
+    from server.engines.vllm.logits_processor import AgentserveLogitsProcessor
 
     with pytest.raises(ValueError, match="tools must be a list"):
         AgentserveLogitsProcessor.validate_params(

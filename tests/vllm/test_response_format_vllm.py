@@ -18,12 +18,12 @@ import torch  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder  # noqa: E402
 
+from server.chat.tool_choice import plan_tools  # noqa: E402
+from server.constrain.builder import ConstraintBuilder  # noqa: E402
+from server.constrain.spec import ToolSpec  # noqa: E402
+from server.constrain.vocab import TokenVocab  # noqa: E402
+from server.engines.vllm.logits_processor import AgentserveLogitsProcessor  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
-from server.masking.builder import ConstraintBuilder  # noqa: E402
-from server.masking.spec import ToolSpec  # noqa: E402
-from server.masking.tool_choice import plan_tools  # noqa: E402
-from server.masking.vllm_processor import AgentserveLogitsProcessor  # noqa: E402
-from server.masking.vocab import TokenVocab  # noqa: E402
 from tests.vllm.helpers import allowed_sets, fake_vllm_config  # noqa: E402
 
 pytestmark = pytest.mark.vllm

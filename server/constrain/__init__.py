@@ -1,0 +1,1 @@
+"""The mask library: tries, envelopes, argument grammars, constraints. Imports nothing above it."""

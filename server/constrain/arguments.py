@@ -1,0 +1,251 @@
+"""The arguments phase: a grammar engine constrains ``rest of name_close + ARGS + call_end``.
+
+A small seam so the grammar engine can be swapped (config ``backend``):
+
+* ``ArgumentsBackend.compile(tool, schema, prefix, suffix, style=, call_id=)`` — compile
+  once per (tool schema, envelope strings), cached by the backend; a schema the engine
+  cannot compile raises ``ConstraintError`` (HTTP 400) naming the tool. ``style`` is the
+  envelope's ``arguments`` (``json`` or ``xml_parameters``: Qwen3-Coder's parameters,
+  grammar in ``xml_grammar.py``); ``call_id`` is a regex standing for ``{call_id}`` in
+  the suffix (an id the model writes, Mistral v3); ``tails``: one of these strings ends
+  the grammar (after the suffix);
+* ``ArgumentsBackend.matcher(compiled)`` — a fresh per-call ``ArgumentsMatcher``.
+
+The compiled grammar starts with the rest of name_close (``', "arguments": '`` minus
+the bytes a crossing token already wrote, fed with ``accept_bytes``) and ends with
+call_end (``'}\\n</tool_call>'``), so the matcher is terminated exactly when the call
+is closed. Arguments are JSON objects written like ``json.dumps`` (``", "``, ``": "``
+separators) unless ``any_whitespace=True``; a tool without ``parameters`` takes the
+empty object ``{}``.
+
+Backends: ``xgrammar`` (default). ``outlines`` is registered only when outlines-core is
+importable (see ``server/constrain/README.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from server.constrain.errors import ConstraintError
+from server.constrain.vocab import TokenVocab
+
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class ArgumentsMatcher(Protocol):
+    def fill(self, bitmask: Any, index: int) -> None: ...
+
+    def accept_token(self, token_id: int) -> bool: ...
+
+    def accept_bytes(self, data: bytes) -> bool: ...
+
+    def is_terminated(self) -> bool: ...
+
+
+class ArgumentsBackend(Protocol):
+    name: str
+
+    def compile(
+        self,
+        tool: str,
+        schema: dict[str, Any] | None,
+        prefix: str,
+        suffix: str,
+        *,
+        style: str = "json",
+        call_id: str | None = None,
+        tails: tuple[str, ...] = (),
+    ) -> Any: ...
+
+    def matcher(self, compiled: Any) -> ArgumentsMatcher: ...
+
+
+_BACKENDS: dict[str, Callable[..., ArgumentsBackend]] = {}
+
+
+def register_backend(
+    name: str,
+) -> Callable[[Callable[..., ArgumentsBackend]], Callable[..., ArgumentsBackend]]:
+    def deco(factory: Callable[..., ArgumentsBackend]) -> Callable[..., ArgumentsBackend]:
+        _BACKENDS[name] = factory
+        return factory
+
+    return deco
+
+
+def backend_names() -> list[str]:
+    """The registered backends (config and the vLLM spec check validate against this)."""
+    return sorted(_BACKENDS)
+
+
+def make_backend(name: str, vocab: TokenVocab, **options: Any) -> ArgumentsBackend:
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown arguments backend {name!r}: use one of {sorted(_BACKENDS)}")
+    return _BACKENDS[name](vocab, **options)
+
+
+def tool_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """The arguments schema of an OpenAI tool dict ({} parameters → no arguments)."""
+    params: dict[str, Any] | None = (tool.get("function") or {}).get("parameters")
+    return params if params else NO_PARAMETERS
+
+
+def sorted_properties(schema: Any) -> Any:
+    """The schema with every ``properties`` mapping in sorted key order (nested too).
+
+    The grammar writes properties in the schema's order; an envelope with the opt-in
+    ``key_order: sorted`` compiles this form instead (the shipped envelopes keep the schema's).
+    """
+    if isinstance(schema, list):
+        return [sorted_properties(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: sorted_properties(v) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {
+            k: sorted_properties(schema["properties"][k]) for k in sorted(schema["properties"])
+        }
+    return out
+
+
+class _LRU:
+    """A small thread-safe LRU of compiled grammars."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.lock = limit, threading.Lock()
+        self.data: OrderedDict[Any, Any] = OrderedDict()
+
+    def get_or_make(self, key: Any, make: Callable[[], Any]) -> Any:
+        with self.lock:
+            if key in self.data:
+                self.data.move_to_end(key)
+                return self.data[key]
+        value = make()  # compile outside the lock; a duplicate compile is harmless
+        with self.lock:
+            self.data[key] = value
+            while len(self.data) > self.limit:
+                self.data.popitem(last=False)
+        return value
+
+
+class XGrammarMatcher:
+    __slots__ = ("m",)
+
+    def __init__(self, matcher: Any) -> None:
+        self.m = matcher
+
+    def fill(self, bitmask: Any, index: int) -> None:
+        self.m.fill_next_token_bitmask(bitmask, index)  # opaque tokens are special to xgrammar
+
+    def accept_token(self, token_id: int) -> bool:
+        return bool(self.m.accept_token(token_id))
+
+    def accept_bytes(self, data: bytes) -> bool:
+        return bool(self.m.accept_string(data)) if data else True
+
+    def is_terminated(self) -> bool:
+        return bool(self.m.is_terminated())
+
+
+class CachedBackend:
+    """What every arguments backend shares: ``compile`` looks its grammar up in an LRU keyed by the
+    schema (property order matters), prefix, suffix, style, call id and tails; ``_compile`` builds it."""
+
+    cache: _LRU
+
+    def compile(
+        self,
+        tool: str,
+        schema: dict[str, Any] | None,
+        prefix: str,
+        suffix: str,
+        *,
+        style: str = "json",
+        call_id: str | None = None,
+        tails: tuple[str, ...] = (),
+    ) -> Any:
+        schema = schema or NO_PARAMETERS
+        key = (json.dumps(schema), prefix, suffix, style, call_id, tails)  # property order matters
+        return self.cache.get_or_make(
+            key, lambda: self._compile(tool, schema, prefix, suffix, style, call_id, tails)
+        )
+
+    def _compile(
+        self,
+        tool: str,
+        schema: dict[str, Any],
+        prefix: str,
+        suffix: str,
+        style: str,
+        call_id: str | None,
+        tails: tuple[str, ...],
+    ) -> Any:
+        raise NotImplementedError
+
+
+@register_backend("xgrammar")
+class XGrammarBackend(CachedBackend):
+    name = "xgrammar"
+
+    def __init__(self, vocab: TokenVocab, *, any_whitespace: bool = False, cache_size: int = 512) -> None:
+        import xgrammar as xgr
+
+        info = vocab.xgr_info
+        if info is None:
+            raise ValueError("the xgrammar backend needs a vocabulary built with TokenVocab.from_tokenizer")
+        self.xgr, self.vocab, self.any_whitespace = xgr, vocab, any_whitespace
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2)
+        self.cache = _LRU(cache_size)
+
+    def _compile(
+        self,
+        tool: str,
+        schema: dict[str, Any],
+        prefix: str,
+        suffix: str,
+        style: str,
+        call_id: str | None,
+        tails: tuple[str, ...],
+    ) -> Any:
+        xgr = self.xgr
+        try:
+            if style == "xml_parameters":
+                from server.constrain.xml_grammar import xml_parameters_grammar
+
+                args = xml_parameters_grammar(schema, any_whitespace=self.any_whitespace)
+            else:
+                args = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
+        except Exception as exc:
+            raise ConstraintError(
+                f"tool {tool!r}: its parameters are not a JSON schema the server can enforce ({exc}); "
+                f"fix the schema (an object schema with 'properties') or leave 'parameters' out",
+                param="tools",
+            ) from exc
+
+        def literal(text: str) -> Any:
+            return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
+
+        tail: list[Any] = []
+        if call_id is not None and "{call_id}" in suffix:  # an id the model writes (Mistral v3)
+            before, after = suffix.split("{call_id}", 1)
+            tail = [literal(before)] if before else []
+            tail.append(xgr.Grammar.from_regex(call_id))
+            tail += [literal(after)] if after else []
+        elif suffix:
+            tail = [literal(suffix)]
+        if tails:  # one of these ends the call (Mistral v3: "]" or ", " before the next call)
+            tail.append(
+                xgr.Grammar.union(*[literal(t) for t in tails]) if len(tails) > 1 else literal(tails[0])
+            )
+        pieces = ([literal(prefix)] if prefix else []) + [args] + tail
+        return self.compiler.compile_grammar(xgr.Grammar.concat(*pieces) if len(pieces) > 1 else args)
+
+    def matcher(self, compiled: Any) -> XGrammarMatcher:
+        return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))
+
+
+import server.constrain.outlines_backend  # noqa: E402,F401  (registers "outlines"; imports outlines-core lazily)

@@ -1,0 +1,65 @@
+"""``ConstraintBuilder``: a ``ToolSpec`` → the request's ``ToolConstraint``, where the engine decodes.
+
+One builder per engine process and tokenizer. It keeps one ``TokenVocab`` (built once,
+lazily) and one ``ConstraintFactory`` per (envelope, backend), whose trie and grammar
+caches make a second build of the same tools cheap. The chat service builds once at
+prepare time (warming the caches; a bad schema or tool choice is a 400 there), the engine
+builds again where it decodes: the hf engine in-process, vLLM's logits processor in the
+engine core (its own builder, from the spec in ``extra_args``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from server.constrain.constraint import ConstraintFactory, ToolConstraint
+from server.constrain.interface import TokenConstraint
+from server.constrain.response_format import json_text_constraint
+from server.constrain.spec import ToolSpec
+from server.constrain.vocab import TokenVocab
+from server.families.envelope import load_envelope
+
+
+class ConstraintBuilder:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)  # used when a spec carries none
+        self._vocab: TokenVocab | None = None
+        self._factories: dict[tuple[str, str], ConstraintFactory] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def vocab(self) -> TokenVocab:
+        with self._lock:
+            if self._vocab is None:
+                self._vocab = TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size)
+            return self._vocab
+
+    def factory(self, envelope: str, backend: str) -> ConstraintFactory:
+        """The factory of one (envelope, backend); ValueError for an unknown one (names the known)."""
+        key = (envelope, backend)
+        found = self._factories.get(key)
+        if found is None:
+            env = load_envelope(envelope)
+            found = ConstraintFactory(self.tokenizer, self.vocab_size, env, backend=backend, vocab=self.vocab)
+            with self._lock:
+                found = self._factories.setdefault(key, found)
+        return found
+
+    def build(self, spec: ToolSpec) -> TokenConstraint | None:
+        """The request's constraint (None when the spec has no tools and no text schema: nothing to enforce).
+
+        With ``text_schema`` (response_format) the reply's text must be JSON following it
+        (``JsonTextConstraint``); a call may still begin the reply when the plan allows one.
+        """
+        eos = tuple(spec.eos_token_ids or self.eos_token_ids)
+        factory = self.factory(spec.envelope, spec.backend)
+        built: ToolConstraint | None = factory.build(spec.tools, spec.plan, eos, budget=spec.budget)
+        if spec.text_schema is None:
+            return built
+        text: TokenConstraint = json_text_constraint(
+            factory.masks, factory.backend, spec.text_schema, tuple(sorted(set(eos))), built
+        )
+        return text

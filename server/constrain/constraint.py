@@ -1,0 +1,109 @@
+"""The tool-constraint factory: per (tokenizer, vocabulary, envelope), builds each request's constraint.
+
+Request lifecycle: the chat service calls ``plan_tools`` (mode, allowed names, prefill),
+appends the prefill after the assistant header, and asks ``ConstraintFactory.build``
+for a ``ToolConstraint`` (``tool_constraint.py``: the phases, per decode step) that
+starts right after the prefill. The factory holds what is shared between requests: the
+preprocessed vocabulary, the envelope's masks (``EnvelopeMasks``), the name tries and
+the arguments backend's compiled grammars (both cached).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from server.constrain.arguments import make_backend, sorted_properties, tool_schema
+from server.constrain.custom_grammar import compile_custom, custom_format
+from server.constrain.envelope_masks import EnvelopeMasks
+from server.constrain.min_call import minimal_call_tokens
+from server.constrain.plan import ToolPlan, tool_names
+from server.constrain.tool_constraint import Phase as Phase  # re-exported: callers name phases from here
+from server.constrain.tool_constraint import ToolConstraint as ToolConstraint  # re-exported too
+from server.constrain.trie import NameTrie
+from server.constrain.vocab import TokenVocab
+from server.families.envelope import Envelope
+
+
+class ConstraintFactory:
+    """Per (tokenizer, vocab_size, envelope): the preprocessed vocabulary, envelope masks, caches."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        envelope: Envelope,
+        backend: str = "xgrammar",
+        *,
+        any_whitespace: bool = False,
+        vocab: TokenVocab | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size)
+        self.envelope = envelope
+        self.backend_name = backend
+        self.masks = EnvelopeMasks(self.vocab, envelope, tokenizer)
+        self.close_rest = self.masks.close_rest
+        self.backend = make_backend(backend, self.vocab, any_whitespace=any_whitespace)
+
+    def trie(self, names: tuple[str, ...]) -> NameTrie:
+        """The trie of further (parallel) calls; ``masks.first_trie`` is the first call's."""
+        return self.masks.next_trie(names)
+
+    def build(
+        self,
+        tools: list[dict[str, Any]] | None,
+        plan: ToolPlan,
+        eos_token_ids: tuple[int, ...] | list[int],
+        budget: int | None = None,
+    ) -> ToolConstraint | None:
+        """The constraint for one request, or None when no tools were given (nothing to enforce).
+
+        ``budget``: the tokens the reply may have (max_tokens), None = unlimited.
+        """
+        names = tool_names(tools)
+        if not names:
+            return None
+        eos = tuple(sorted(set(eos_token_ids)))
+        tries: tuple[NameTrie, NameTrie] | None = None
+        subset, compiled = 0, dict[int, Any]()
+        if plan.mode != "none" and plan.allowed:
+            tries = (self.masks.first_trie(names), self.masks.next_trie(names))
+            subset = tries[1].subset_bits(plan.allowed)
+            by_name = {n: t for n, t in zip(names, tools or [], strict=True)}
+            env = self.envelope
+            # an envelope that closes its calls (Mistral v3's "]") ends each call's grammar with the
+            # close or, if another call may follow, the separator's first character (the trie
+            # takes over from there): natural tokens like '"}]' and '"},' stay possible
+            tails: tuple[str, ...] = (env.calls_close,) if env.calls_close else ()
+            if env.calls_close and plan.parallel and env.parallel:
+                tails += (env.call_separator[:1],)
+            for name in plan.allowed:
+                fmt = custom_format(by_name[name])
+                if fmt is not None:  # a custom tool: its input follows its grammar (custom_grammar.py)
+                    compiled[names.index(name)] = compile_custom(
+                        self.vocab, name, fmt, self.close_rest, env.call_end, env.arguments, tails
+                    )
+                    continue
+                schema = tool_schema(by_name[name])
+                if env.key_order == "sorted":
+                    schema = sorted_properties(schema)
+                compiled[names.index(name)] = self.backend.compile(
+                    name,
+                    schema,
+                    self.close_rest,
+                    env.call_end,
+                    style=env.arguments,
+                    call_id=env.call_id,
+                    tails=tails,
+                )
+        c = ToolConstraint(self, plan, tries, subset, compiled, eos)
+        if budget is not None and c.parallel and plan.allowed and self.tokenizer is not None:
+            c.budget = budget
+            c.min_call = minimal_call_tokens(self.tokenizer, self.envelope, tools or [], plan.allowed)
+        return c
+
+    # --- rows (kept here for callers of the factory) ------------------------------------------------
+    def eos_row(self, eos: tuple[int, ...]) -> np.ndarray:
+        return self.masks.eos_row(eos)

@@ -1,0 +1,60 @@
+"""What the masks enforce for one request: the tool mode, the allowed names, the prefill.
+
+Chat decides the plan (``server/chat/tool_choice.py``: ``tool_choice`` or the state
+machine); the mask library and both engines only read it. ``tool_names`` validates the
+names the trie is built over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from server.constrain.errors import ConstraintError
+from server.constrain.trie import name_char_ok
+
+Mode = Literal["none", "auto", "required"]  # a tool mode (tool_choice's string forms)
+MODES: tuple[Mode, ...] = ("none", "auto", "required")
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    mode: Mode
+    allowed: tuple[str, ...]  # allowed tool names, in the order of `tools`
+    parallel: bool  # parallel_tool_calls
+    prefill: str  # text appended right after the assistant header; may be ""
+    state: str | None = None  # state-machine state that chose this plan (None: explicit tool_choice)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["allowed"] = list(self.allowed)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolPlan:
+        return cls(d["mode"], tuple(d["allowed"]), bool(d["parallel"]), d["prefill"], d.get("state"))
+
+
+def tool_names(tools: list[dict[str, Any]] | None) -> tuple[str, ...]:
+    """The function names of OpenAI tool dicts, validated (400 on a missing or duplicate name)."""
+    names: list[str] = []
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ConstraintError(
+                f"tools[{i}] has no function name: write {{'type': 'function', 'function': {{'name': ...}}}}",
+                param=f"tools[{i}].function.name",
+            )
+        if not all(map(name_char_ok, name)):
+            raise ConstraintError(
+                f"tool name {name!r} contains a quote, backslash or whitespace: "
+                "use letters, digits, '_', '-', '.'",
+                param=f"tools[{i}].function.name",
+            )
+        if name in names:
+            raise ConstraintError(
+                f"tool name {name!r} appears twice in tools: names must be unique", param="tools"
+            )
+        names.append(name)
+    return tuple(names)

@@ -1,0 +1,1 @@
+"""The hf engine: transformers + torch, batched decode, token-granular prefix cache."""

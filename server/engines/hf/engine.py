@@ -1,0 +1,251 @@
+"""The hf engine: transformers + torch, a block-hash prefix cache, one scheduler thread.
+
+Requests are queued to a single engine thread that owns the model. Each loop turn it
+prefills one chunk of the request being admitted (reusing the longest cached prefix) and
+then advances every running request by one token in ONE batched forward (continuous
+batching: requests join after their prefill and leave when they finish, between steps;
+each keeps its own KV, so none shares state with another and a reused prefix is never
+copied). A long prompt delays the others' decode by one chunk per step, no more.
+Tokens go back to each request's asyncio queue; closing the request's iterator
+cancels it at the next step. This module loads the model and runs that loop; the
+steps themselves (prefill, decode, finish, retain) are ``hf_steps``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from server.config import EngineSettings
+from server.constrain.bitmask import MaskApplier, model_eos_ids
+from server.constrain.builder import ConstraintBuilder
+from server.engines.base import constraint_errors_as_400, EngineStats, GenerationChunk, GenerationRequest
+from server.engines.hf.kv_blocks import cache_from_settings
+from server.engines.hf.sampling import TokenSampler
+from server.engines.hf.steps import SequenceState, SequenceSteps
+from server.kvcache.sessions import LookupReport
+from server.model_store import resolve_model
+
+log = logging.getLogger(__name__)
+
+# Tokens per prefill forward: bounds activation memory and lets cancellation in between.
+# On CUDA small chunks cost a lot (a 32k prefill of an 8B shape: 2.6 s with 1024, 2.2 s with
+# 16384 on an H100), so the default there is larger; settings.prefill_chunk_tokens overrides.
+PREFILL_CHUNK = 1024
+PREFILL_CHUNK_CUDA = 16384
+
+
+def _device_and_dtype(settings: EngineSettings) -> tuple[torch.device, torch.dtype]:
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device: use --device cpu")
+    cuda = settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if cuda else "cpu")
+    if settings.dtype == "auto":
+        return device, torch.float32 if device.type == "cpu" else torch.bfloat16
+    return device, getattr(torch, settings.dtype)
+
+
+class HFEngine(SequenceSteps):
+    name = "hf"
+
+    def __init__(self, settings: EngineSettings, model: Any = None, tokenizer: Any = None) -> None:
+        """Load ``settings.model``; or wrap an already built ``model`` (random-weight benchmarks)."""
+        self.settings = settings
+        if model is None:
+            self.device, self.dtype = _device_and_dtype(settings)
+            if settings.threads and self.device.type == "cpu":
+                torch.set_num_threads(settings.threads)
+            path = resolve_model(settings.model)
+            t0 = time.perf_counter()
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+            model = model.to(self.device).eval()
+            log.info(
+                "loaded %s on %s (%s) in %.1f s", path, self.device, self.dtype, time.perf_counter() - t0
+            )
+        else:
+            param = next(model.parameters())
+            self.device, self.dtype = param.device, param.dtype
+        self.tokenizer = tokenizer
+        self.model = model
+        config = self.model.config
+        model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
+        self.max_model_len = min(settings.max_model_len or model_max, model_max)
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        gen_config = getattr(self.model, "generation_config", None)
+        self.eos_token_ids = model_eos_ids(self.tokenizer, getattr(gen_config, "eos_token_id", None))
+        self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.prefill_chunk = settings.prefill_chunk_tokens or (
+            PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK
+        )
+        self._masks = MaskApplier(self.vocab_size)
+        pc = settings.prefix_cache
+        self.cache = cache_from_settings(pc, self.device.type)
+        # cached_tokens is token-granular (tails, the reply's KV), not a multiple of pc.block_size
+        self.block_size = 1
+        self._inbox: queue.SimpleQueue[SequenceState] = queue.SimpleQueue()
+        self._running: list[SequenceState] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stats = EngineStats()
+        self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
+
+    # -- lifecycle --------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="hf-engine", daemon=True)
+            self._thread.start()
+
+    async def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+            self._thread = None
+
+    def health(self) -> str | None:
+        """None while the engine can serve; else why not (/health answers 503 with it)."""
+        if self._thread is not None and not self._thread.is_alive():
+            return "the hf engine's decode thread has stopped"
+        return None
+
+    def stats(self) -> EngineStats:
+        s = self._stats
+        return EngineStats(
+            prefix_queries_tokens=s.prefix_queries_tokens,
+            prefix_hits_tokens=s.prefix_hits_tokens,
+            running=len(self._running),
+            waiting=self._inbox.qsize(),
+            extra={**self.cache.stats(), "tokens_generated": float(self.tokens_generated)},
+        )
+
+    # -- public API ---------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if self._thread is None:
+            await self.start()
+        seq = SequenceState(request, asyncio.get_running_loop(), asyncio.Queue())
+        seq.stop_ids = frozenset((*self.eos_token_ids, *request.sampling.stop_token_ids))
+        if request.tool_spec is not None:  # cheap: the service built it once at prepare time (caches warm)
+            with constraint_errors_as_400():
+                seq.constraint = self.constraints.build(request.tool_spec)
+        generator = None
+        if request.sampling.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
+        seq.sampler = TokenSampler(
+            request.sampling, request.prompt_ids, self.vocab_size, self.device, generator
+        )
+        self._inbox.put(seq)
+        self._wake.set()
+        try:
+            while True:
+                chunk = await seq.out.get()
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            seq.cancelled = True
+            self._wake.set()
+
+    def prefill_logits(
+        self, prompt_ids: list[int], cache_salt: str = "", session_key: str = ""
+    ) -> tuple[torch.Tensor, int]:
+        """Next-token logits of a prompt and how many of its tokens came from cache.
+
+        For tests and in-process benchmarks: runs on the calling thread, so call it only
+        while no request is being served.
+        """
+        from server.engines.base import SamplingParams
+
+        seq = SequenceState(
+            GenerationRequest("probe", list(prompt_ids), SamplingParams(1), None, cache_salt, session_key),
+            None,  # type: ignore[arg-type]  # a probe emits nothing: no loop
+            None,  # type: ignore[arg-type]  # and no queue
+        )
+        with torch.no_grad():
+            self._prefill(seq)
+        assert seq.next_logits is not None
+        return seq.next_logits, seq.cached_tokens
+
+    # -- engine thread -------------------------------------------------------------
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        prefilling: SequenceState | None = None
+        while not self._stop.is_set():
+            if prefilling is None:
+                try:
+                    prefilling = self._inbox.get_nowait()
+                except queue.Empty:
+                    prefilling = None
+            if prefilling is not None:
+                # one chunk, then a decode step for the running ones: a long prompt stalls them one chunk
+                seq = prefilling
+                done = self._run_guarded(seq, self._prefill_chunk)
+                if done or seq.kv is None:
+                    prefilling = None
+                    if seq.kv is not None:
+                        self._running.append(seq)
+            if self._running:
+                self._decode_running()
+            self._running = [s for s in self._running if s.kv is not None]
+            if not self._running and prefilling is None and self._inbox.empty():
+                self._wake.wait(0.5)
+                self._wake.clear()
+
+    def _decode_running(self) -> None:
+        """One decode step of every running request: sample each, then one batched forward."""
+        going = []
+        for seq in self._running:
+            self._run_guarded(seq, self._pick)
+            if seq.kv is not None and seq.pending is not None:
+                going.append(seq)
+        if not going:
+            return
+        try:
+            self._forward(going)
+        except Exception as exc:  # the batch's forward failed: end those requests, keep the engine
+            log.exception("decode step of %d requests failed", len(going))
+            for seq in going:
+                seq.kv = None
+                seq.emit(
+                    GenerationChunk(
+                        [], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}"
+                    )
+                )
+
+    def _run_guarded(self, seq: SequenceState, step: Callable[[SequenceState], Any]) -> Any:
+        try:
+            if seq.cancelled:
+                self._retain(seq)
+                seq.kv = None
+                return None
+            return step(seq)
+        except Exception as exc:  # never let one request kill the engine thread
+            log.exception("request %s failed", seq.request.request_id)
+            seq.kv = None
+            seq.emit(
+                GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}")
+            )
+            return None
+
+    def reply_finished(self, session_key: str, tool_names: list[str] | tuple[str, ...] = ()) -> None:
+        """The service says what the session's reply ended with: tool calls (named) or text."""
+        self.cache.reply_finished(session_key, tuple(tool_names))
+
+    @property
+    def cache_tiers(self) -> tuple[str, ...]:
+        """The prefix cache's tiers, first to last (for cache-miss reasons)."""
+        return self.cache.tier_names(self.device.type)
+
+    def lookup_report(self, session_key: str) -> LookupReport | None:
+        """The prefix-cache lookup of the session's latest request (for cache-miss reasons)."""
+        return self.cache.last_lookup(session_key)

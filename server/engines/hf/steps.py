@@ -1,0 +1,220 @@
+"""The hf engine's work on one sequence: prefill, one decode step, finish, and keeping its KV.
+
+``SequenceState`` is a request as the engine thread holds it (KV, next logits, sampler,
+constraint, tokens so far). ``SequenceSteps`` (a base of ``HFEngine``) runs the model on
+one sequence (prefill) or all running ones (decode); the engine's loop (hf.py) decides when.
+
+* ``_prefill_chunk``: the longest cached prefix from the prefix cache, then the rest one
+  chunk of ``prefill_chunk`` tokens per call (the loop interleaves chunks with decode
+  steps), the prompt's blocks inserted at the end.
+* ``_pick`` + ``_forward``: bias and penalties, then the tool mask, sample one token, check
+  it against the constraint and the stop ids, emit it; then every running sequence's token
+  goes through the model in ONE forward (``batched_decode.decode_rows``: batched decode,
+  each row over its own KV).
+* ``_finish`` / ``_retain``: the last chunk; on a normal end the KV of prompt + generated
+  tokens (tail included) goes into the prefix cache for the session's next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from server.constrain.bitmask import MaskApplier
+from server.constrain.interface import TokenConstraint
+from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
+from server.engines.hf.batched_decode import decode_rows
+from server.engines.hf.kv_blocks import BlockCutter, cached_kv
+from server.engines.hf.kv_growing import growing_cache, restore
+from server.engines.hf.sampling import TokenSampler
+from server.kvcache.prefix_cache import PrefixCache
+
+
+@dataclass
+class SequenceState:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue[GenerationChunk]
+    cancelled: bool = False
+    kv: DynamicCache | None = None
+    next_logits: torch.Tensor | None = None  # logits for the next token, [V]
+    cached_tokens: int = 0
+    generated: list[int] = field(default_factory=list)
+    sampler: TokenSampler | None = None  # built at admission (bias, penalty state, seeded generator)
+    constraint: TokenConstraint | None = None  # built from request.tool_spec by the engine
+    stop_ids: frozenset[int] = frozenset()  # the model's EOS ids + the request's stop_token_ids
+    prefill_at: int = -1  # next prompt position to prefill (-1: prefill not begun)
+    prefill_t0: float = 0.0
+    pending: int | None = None  # the token sampled this step, to run through the model next
+
+    def emit(self, chunk: GenerationChunk) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
+
+
+class SequenceSteps:
+    """Model steps on one sequence; the engine (``HFEngine``) sets these attributes up."""
+
+    model: Any  # a transformers causal LM
+    device: torch.device
+    cache: PrefixCache
+    prefill_chunk: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    tokens_generated: int
+    _masks: MaskApplier
+    _stats: EngineStats
+
+    def _prefill(self, seq: SequenceState) -> None:
+        """The whole prefill at once (probes and benchmarks; the engine loop goes chunk by chunk)."""
+        while not self._prefill_chunk(seq) and not seq.cancelled:
+            pass
+
+    def _prefill_begin(self, seq: SequenceState) -> None:
+        ids = seq.request.prompt_ids
+        # always leave at least one token to compute: a cache covering the whole input gives no logits
+        match = self.cache.match(
+            ids, seq.request.cache_salt, max_tokens=len(ids) - 1, session=seq.request.session_key
+        )
+        n_cached = match.cached_tokens
+        self._stats.prefix_queries_tokens += len(ids)
+        self._stats.prefix_hits_tokens += n_cached
+        kv = growing_cache(self.model.config)  # appends in place: no whole-KV copy per step
+        stacked = cached_kv(match, self.device)
+        seq.prefill_t0 = time.perf_counter()
+        if stacked is not None:
+            restore(kv, stacked)
+        seq.kv = kv
+        seq.cached_tokens = n_cached
+        seq.prefill_at = n_cached
+
+    def _prefill_chunk(self, seq: SequenceState) -> bool:
+        """Prefill the next ``prefill_chunk`` tokens of the prompt; True once the prompt is done.
+
+        One chunk per engine-loop turn: a long prompt delays the running requests' decode by
+        at most one chunk per step.
+        """
+        if seq.prefill_at < 0:
+            self._prefill_begin(seq)
+        ids = seq.request.prompt_ids
+        start = seq.prefill_at
+        chunk = torch.tensor([ids[start : start + self.prefill_chunk]], device=self.device)
+        out = self.model(input_ids=chunk, past_key_values=seq.kv, use_cache=True, logits_to_keep=1)
+        seq.prefill_at = min(len(ids), start + self.prefill_chunk)
+        if seq.prefill_at < len(ids):
+            return False
+        if self.cache.tier2 is not None:  # the cost model weighs restoring against this, measured
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.cache.cost.observe_prefill(
+                len(ids) - seq.cached_tokens, time.perf_counter() - seq.prefill_t0
+            )
+        self.cache.insert(
+            ids,
+            seq.request.cache_salt,
+            BlockCutter(seq.kv, self.cache.block_size),
+            session=seq.request.session_key,
+        )
+        seq.next_logits = out.logits[0, -1]
+        return True
+
+    def _decode_step(self, seq: SequenceState) -> None:
+        """One decode step of one sequence alone (a batch of one)."""
+        self._pick(seq)
+        if seq.pending is not None:
+            self._forward([seq])
+
+    def _pick(self, seq: SequenceState) -> None:
+        """Sample the next token from ``next_logits`` and emit it, or finish the sequence.
+
+        Leaves the token in ``seq.pending`` when the sequence goes on (``_forward`` runs it).
+        """
+        seq.pending = None
+        req = seq.request
+        raw = seq.next_logits
+        sampler = seq.sampler
+        assert raw is not None and seq.kv is not None and sampler is not None
+        constraint = seq.constraint
+        logits = raw
+        if sampler.processes or constraint is not None:
+            logits = raw.float().unsqueeze(0).clone()  # [1, V]: bias, penalties, then the mask
+            sampler.process(logits)
+            if constraint is not None:
+                logits = self._masks.apply(logits, [constraint])
+                if not torch.isfinite(logits).any():
+                    self._finish(seq, "error", "the tool-call constraint allows no token at this point")
+                    return
+            logits = logits[0]
+        token = sampler.sample(logits)
+        self.tokens_generated += 1
+        if constraint is not None and not constraint.accept_token(token):
+            self._finish(seq, "error", constraint.error or f"token {token} rejected by the constraint")
+            return
+        if token in seq.stop_ids:
+            self._finish(seq, "stop")
+            return
+        sampler.observe(token)
+        seq.generated.append(token)
+        lp = sampler.logprob(raw, token)
+        logprobs = [lp] if lp is not None else None
+        total = len(req.prompt_ids) + len(seq.generated)
+        if constraint is not None and constraint.is_terminated():
+            self._finish(seq, "stop", tokens=[token], logprobs=logprobs)
+            return
+        if len(seq.generated) >= req.sampling.max_tokens or total >= self.max_model_len:
+            self._finish(seq, "length", tokens=[token], logprobs=logprobs)
+            return
+        seq.emit(GenerationChunk([token], seq.cached_tokens, logprobs=logprobs))
+        seq.pending = token
+
+    def _forward(self, seqs: list[SequenceState]) -> None:
+        """Run each sequence's pending token through the model: one forward for all of them."""
+        tokens = [s.pending for s in seqs]
+        assert all(t is not None for t in tokens)
+        if len(seqs) == 1:
+            seq = seqs[0]
+            out = self.model(
+                input_ids=torch.tensor([tokens], device=self.device), past_key_values=seq.kv, use_cache=True
+            )
+            seq.next_logits = out.logits[0, -1]
+        else:
+            logits = decode_rows(self.model, [s.kv for s in seqs], tokens, self.device)  # type: ignore[arg-type]
+            for i, seq in enumerate(seqs):
+                seq.next_logits = logits[i]
+        for seq in seqs:
+            seq.pending = None
+
+    def _retain(self, seq: SequenceState) -> None:
+        """Cache the KV of prompt + generated tokens, tail included: the next turn starts with them."""
+        if seq.kv is None:
+            return
+        req = seq.request
+        n = seq.kv.get_seq_length()
+        ids = (req.prompt_ids + seq.generated)[:n]
+        self.cache.insert(
+            ids,
+            req.cache_salt,
+            BlockCutter(seq.kv, self.cache.block_size, n),
+            tail=True,
+            session=req.session_key,
+        )
+        # a person by default (a client of the engine alone); the service's word, if it came first, stands
+        self.cache.reply_finished(req.session_key, if_running=True)
+
+    def _finish(
+        self,
+        seq: SequenceState,
+        reason: str,
+        error: str | None = None,
+        tokens: list[int] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> None:
+        seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error, logprobs))
+        if reason != "error":
+            self._retain(seq)
+        seq.kv = None
+        seq.next_logits = None

@@ -1,0 +1,1 @@
+"""The vLLM engine: every `import vllm` of the server lives in this package."""

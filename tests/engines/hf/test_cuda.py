@@ -1,0 +1,134 @@
+"""The hf engine and the tool masks on CUDA (skipped without a GPU; CI has none).
+
+Runs on a random-weight small Llama with the embedded tokenizer, so the check needs no
+model download: cached vs scratch logits, and a constrained tool call decoded on the GPU.
+The tokenizer comes from the embedded model, or from AGENTSERVE_TEST_TOKENIZER (a folder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"browser_{verb}",
+            "parameters": {
+                "type": "object",
+                "properties": {"mode": {"enum": ["fast", "slow"]}},
+                "required": ["mode"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    for verb in ("open", "click", "close", "scroll")
+] + [
+    {
+        "type": "function",
+        "function": {"name": "shell_exec", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def random_model_dir(tmp_path_factory) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    tok_dir = os.environ.get("AGENTSERVE_TEST_TOKENIZER")
+    if tok_dir is None:
+        from server.model_store import resolve_model
+
+        tok_dir = str(resolve_model("embedded"))
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        eos_token_id=2,
+        bos_token_id=1,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    out = tmp_path_factory.mktemp("random-llama")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cuda_engine(random_model_dir):
+    from server.config import load_settings
+    from server.engines.hf.engine import HFEngine
+
+    settings = load_settings(model=str(random_model_dir), device="cuda", dtype="float32")
+    return HFEngine(settings.engine_settings())
+
+
+def test_cached_logits_equal_scratch_on_cuda(cuda_engine):
+    assert cuda_engine.device.type == "cuda"
+    ids = list(range(100, 1100))
+    _, cached = cuda_engine.prefill_logits(ids, "cuda-test")
+    assert cached == 0
+    reused, cached = cuda_engine.prefill_logits(ids + list(range(2000, 2040)), "cuda-test")
+    assert cached == 992
+    cuda_engine.cache.enabled = False
+    try:
+        fresh, _ = cuda_engine.prefill_logits(ids + list(range(2000, 2040)), "cuda-test")
+    finally:
+        cuda_engine.cache.enabled = True
+    assert reused.device.type == "cuda"
+    assert torch.max(torch.abs(reused - fresh)).item() < 1e-3  # fp32; TF32 matmuls may differ slightly
+
+
+def test_masked_tool_call_on_cuda(cuda_engine):
+    from server.chat.tool_choice import plan_tools
+    from server.chat.toolcalls import parse_tool_calls
+    from server.constrain.spec import ToolSpec
+    from server.engines.base import GenerationRequest, SamplingParams
+    from server.families.envelope import load_envelope
+
+    env = load_envelope("hermes")
+    choice = {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": "required",
+            "tools": [{"type": "function", "function": {"name_prefix": "browser_"}}],
+        },
+    }
+    prompt = cuda_engine.tokenizer("<|im_start|>user\nopen it<|im_end|>\n<|im_start|>assistant\n")[
+        "input_ids"
+    ]
+
+    async def one(seed: int) -> str:
+        plan = plan_tools(TOOLS, choice, [{"role": "user", "content": "x"}], False, None, env)
+        spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", cuda_engine.eos_token_ids)
+        prefill = cuda_engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"]
+        req = GenerationRequest(f"cuda-{seed}", prompt + prefill, SamplingParams(64, 1.0, seed=seed), spec)
+        ids = []
+        async for chunk in cuda_engine.generate(req):
+            assert chunk.error is None, chunk.error
+            ids += chunk.token_ids
+        return plan.prefill + cuda_engine.tokenizer.decode(ids)
+
+    async def run() -> list[str]:
+        return [await one(seed) for seed in range(8)]
+
+    for text in asyncio.run(run()):
+        calls = parse_tool_calls(text, env).tool_calls
+        assert len(calls) == 1, text
+        assert calls[0].name.startswith("browser_")
+        assert json.loads(calls[0].arguments)["mode"] in ("fast", "slow")
