@@ -151,10 +151,16 @@ def test_session_key_precedence_decides_the_worker(workers, make_router):
     ][:3]
     for pk, hk in pairs:
         assert where({**body, "prompt_cache_key": pk}, **{"X-Session-ID": hk}) == {expected_home(r, pk, body)}
-    pairs = [(h, u) for h in hdrs for u in users if expected_home(r, h, body) != expected_home(r, u, body)][
-        :3
-    ]
-    assert pairs
+    # drawn from all candidates, not the three above: those may all sit on one worker (ports are random)
+    hdr_home = {k: expected_home(r, k, body) for k in (f"hdr-{i}" for i in range(60))}
+    user_home = {k: expected_home(r, k, body) for k in (f"u-{i}" for i in range(60))}
+    pairs = [
+        (h, u)
+        for h, hw in hdr_home.items()
+        for u, uw in user_home.items()
+        if fallback != hw != uw != fallback
+    ][:3]
+    assert len(pairs) == 3
     for hk, uk in pairs:
         assert where({**body, "user": uk}, **{"X-Session-ID": hk}) == {expected_home(r, hk, body)}
     # no key at all: the prefix hash, stable while the conversation grows behind the same head
