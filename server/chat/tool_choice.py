@@ -36,6 +36,7 @@ from typing import Any
 
 from server.chat.state_machine import StateMachine
 from server.constrain.plan import Mode, ToolPlan, tool_names
+from server.engines.base import constraint_errors_as_400
 from server.errors import InvalidRequest
 from server.families.envelope import Envelope
 from server.protocol import (
@@ -111,6 +112,7 @@ def clean_name_prefix(allowed: tuple[str, ...] | list[str], name_close: str) -> 
     return ""
 
 
+@constraint_errors_as_400()  # tool_names: a bad name is the client's 400
 def plan_tools(
     tools: list[dict[str, Any]] | None,
     tool_choice: ToolChoice | str | dict[str, Any] | None,

@@ -25,7 +25,7 @@ from server.errors import InvalidRequest
 
 @contextmanager
 def constraint_errors_as_400() -> Iterator[None]:
-    """The mask library's ``ConstraintError`` as the HTTP layer's ``InvalidRequest`` (400), message and param kept.
+    """A ``ConstraintError`` of the mask library as an ``InvalidRequest`` (400), message and param kept.
 
     The one place the mapping is written: chat's prepare step and the engines' constraint
     builds run under it (also usable as a decorator).

@@ -9,7 +9,9 @@ import xgrammar as xgr
 
 from server.chat.tool_choice import ToolPlan, plan_tools
 from server.constrain.constraint import Phase
+from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
+from server.engines.base import constraint_errors_as_400
 from server.errors import InvalidRequest
 
 from .decode import EOS
@@ -160,9 +162,12 @@ def test_no_tools_no_constraint(factory, hermes):
 
 def test_bad_schema_is_a_400_naming_the_tool(factory, hermes):
     tools = [{"type": "function", "function": {"name": "bad", "parameters": {"type": "strin"}}}]
-    with pytest.raises(InvalidRequest, match="'bad'") as err:
+    with pytest.raises(ConstraintError, match="'bad'") as err:
         factory.build(tools, plan(tools, "required", hermes), EOS)
-    assert err.value.status == 400
+    assert err.value.param == "tools"
+    with pytest.raises(InvalidRequest) as http, constraint_errors_as_400():  # what the client gets
+        raise err.value
+    assert http.value.status == 400 and http.value.param == "tools" and "'bad'" in http.value.message
 
 
 def test_internal_errors_do_not_escape(factory, swe_tools, hermes):

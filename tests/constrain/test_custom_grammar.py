@@ -15,9 +15,9 @@ from server.chat.tool_choice import plan_tools
 from server.chat.toolcalls import StreamingToolCallParser
 from server.constrain.constraint import ConstraintFactory
 from server.constrain.custom_grammar import ESCAPES, XML_END, CustomMatcher, check_format
+from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
 from server.custom_tools import custom_input, normalize_request
-from server.errors import InvalidRequest
 from server.families.envelope import load_envelope
 from tests.constrain.custom_grammars import (
     CALC_LARK,
@@ -199,7 +199,7 @@ def test_json_escapes_are_the_canonical_ones():
     ],
 )
 def test_bad_grammars_are_400s_with_the_compilers_message(fmt, needle):
-    with pytest.raises(InvalidRequest) as err:
+    with pytest.raises(ConstraintError) as err:
         check_format(fmt, "tools[0].custom.format")
     assert err.value.param == "tools[0].custom.format" and needle in str(err.value)
 

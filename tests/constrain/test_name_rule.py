@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from server.chat.tool_choice import tool_names
+from server.constrain.errors import ConstraintError
 from server.constrain.trie import NameTrie
 from server.constrain.vocab import TokenVocab
-from server.errors import InvalidRequest
 
 VOCAB = TokenVocab.from_strings([chr(c) for c in range(32, 127)] + ["\n", "\t", " ", "é"])
 
@@ -35,7 +35,7 @@ def test_api_and_trie_agree(name: str, ok: bool) -> None:
     api_ok = trie_ok = True
     try:
         tool_names([_tool(name)])
-    except InvalidRequest:
+    except ConstraintError:
         api_ok = False
     try:
         NameTrie(VOCAB, (name,), b'{"name": "', b'"', b'", ')

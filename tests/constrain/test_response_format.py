@@ -11,10 +11,10 @@ import xgrammar as xgr
 
 from server.chat.tool_choice import ToolPlan, plan_tools
 from server.constrain.builder import ConstraintBuilder
+from server.constrain.errors import ConstraintError
 from server.constrain.response_format import JsonTextConstraint, json_text_constraint, text_schema
 from server.constrain.spec import ToolSpec
 from server.constrain.vocab import TokenVocab
-from server.errors import InvalidRequest
 
 from .decode import EOS, parse_calls
 
@@ -94,7 +94,7 @@ def test_text_schema_forms():
         ),
         ({"name": "p", "schema": "{}"}, "response_format.json_schema.schema"),
     ]:
-        with pytest.raises(InvalidRequest) as err:
+        with pytest.raises(ConstraintError) as err:
             text_schema("json_schema", js)
         assert err.value.param == param
 
@@ -162,7 +162,7 @@ def test_required_calls_ignore_the_text_schema(factory, swe_tools, hermes):
 
 
 def test_unenforceable_schema_is_a_400(factory):
-    with pytest.raises(InvalidRequest) as err:
+    with pytest.raises(ConstraintError) as err:
         json_text_constraint(factory.masks, factory.backend, {"type": "object", "$ref": "#/nope"}, EOS)
     assert err.value.param == "response_format.json_schema.schema"
 

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from server.config import EngineSettings
 from server.constrain.bitmask import MaskApplier, model_eos_ids
 from server.constrain.builder import ConstraintBuilder
-from server.engines.base import constraint_errors_as_400, EngineStats, GenerationChunk, GenerationRequest
+from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, constraint_errors_as_400
 from server.engines.hf.kv_blocks import cache_from_settings
 from server.engines.hf.sampling import TokenSampler
 from server.engines.hf.steps import SequenceState, SequenceSteps

@@ -35,7 +35,13 @@ from server.config import EngineSettings
 from server.constrain.bitmask import model_eos_ids
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.interface import TokenConstraint
-from server.engines.base import constraint_errors_as_400, EngineStats, GenerationChunk, GenerationRequest, SamplingParams
+from server.engines.base import (
+    EngineStats,
+    GenerationChunk,
+    GenerationRequest,
+    SamplingParams,
+    constraint_errors_as_400,
+)
 from server.engines.vllm.startup import (
     PINNED_VLLM,
     SchedulerTotals,
