@@ -290,6 +290,12 @@ class Settings(BaseSettings):
     session_table_mb: int = Field(
         256, ge=1, description="Bytes (MiB) of the sessions' previous prompts kept for the cache report."
     )
+    session_table_tenant_mb: int | None = Field(
+        None,
+        ge=1,
+        description="Most of the session table one tenant (API key) may hold; past it that tenant's own "
+        "oldest sessions go first (None: no per-tenant quota; set it when tenants share workers).",
+    )
     response_fingerprints_mb: int = Field(
         32, ge=1, description="Per tenant: MiB of response fingerprints kept for cache_compare_with."
     )
