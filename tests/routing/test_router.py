@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from server.routing.request import RouteRequest
 from server.session_key import key_digest, prefix_hash
 from tests.routing.conftest import spawn_fake_workers, stop_fake_workers
 
@@ -118,7 +119,8 @@ def test_every_turn_of_a_session_lands_on_one_worker(workers, make_router):
 def expected_home(router, key: str, body: dict) -> str:
     """Where the policy puts session ``key`` (given explicitly, not via the router's key logic: the
     router places a session by its key's digest)."""
-    sel = router.router.policy.select_worker(key_digest(key), router.router.pool.loads(), prefix_hash(body))
+    first_turn = RouteRequest(key_digest(key), prefix_hash(body), 0)
+    sel = router.router.policy.select_worker(first_turn, router.router.pool.loads())
     return router.router.pool.workers[sel.worker].id
 
 
