@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+MODEL = "smollm2-135m-instruct"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
 TOOLS = [
     {
@@ -31,7 +32,7 @@ def test_tokenize_messages_is_what_chat_completions_renders(server_url, tokenize
     assert body["count"] == len(body["tokens"]) and body["family"] == "hermes"
     chat = httpx.post(
         server_url + "/v1/chat/completions",
-        json={"messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 1},
+        json={"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 1},
         timeout=120,
     )
     assert chat.status_code == 200, chat.text
