@@ -10,7 +10,7 @@ from __future__ import annotations
 from benchmarks.trace_gen import generate_sessions
 from benchmarks.variants import build_requests
 from server.cache_diag.fingerprint import common_prefix
-from tests.cache.helpers import prompt, run
+from tests.cache_diag.helpers import prompt, run
 
 
 def vllm_cached(prev_ids, cur_ids, block):

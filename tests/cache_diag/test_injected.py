@@ -22,7 +22,7 @@ from benchmarks.trace_gen import generate_sessions
 from benchmarks.variants import build_requests
 from server.cache_diag.fingerprint import common_prefix
 from server.kvcache.prefix_cache import PrefixCache
-from tests.cache.helpers import ENV, SETTINGS, hashed, ideal_cached, prompt, run, tool
+from tests.cache_diag.helpers import ENV, SETTINGS, hashed, ideal_cached, prompt, run, tool
 
 FIXTURE_TOOLS = json.loads((Path(__file__).parents[1] / "fixtures" / "swe_agent_tools.json").read_text())
 MARK = "⏱ 2026-11-23T07:41:07Z "  # a per-request value; starts with a character no prompt has
