@@ -212,7 +212,7 @@ def test_stream_is_relayed_chunk_by_chunk(workers, make_router):
 
 def test_client_disconnect_cancels_the_upstream_request(workers, make_router):
     for w in workers:
-        w.configure(chunks=100, chunk_delay_s=0.1)
+        w.configure(chunks=600, chunk_delay_s=0.1)  # a minute of stream: it cannot finish on its own here
     r = make_router([w.url for w in workers])
     with httpx.stream(
         "POST", r.url + "/v1/chat/completions", json=chat("cancel-me", stream=True), timeout=10
@@ -221,14 +221,14 @@ def test_client_disconnect_cancels_the_upstream_request(workers, make_router):
         for line in resp.iter_lines():
             if line.startswith("data: "):
                 break  # hang up after the first chunk
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # bounds the wait only
     while time.monotonic() < deadline:
         rec = worker.log()[-1]
         if rec["cancelled"]:
             break
         time.sleep(0.1)
-    assert rec["cancelled"] and rec["chunks_sent"] < 30, rec
-    deadline = time.monotonic() + 3
+    assert rec["cancelled"] and not rec["completed"] and rec["chunks_sent"] < 600, rec
+    deadline = time.monotonic() + 30
     while (
         r.router.pool.workers[0].in_flight + sum(w.in_flight for w in r.router.pool.workers)
         and time.monotonic() < deadline
@@ -363,7 +363,7 @@ def test_unhealthy_worker_sessions_move_and_come_back(workers, make_router):
     before = {k: post(r, chat(k)).headers["x-agentserve-worker"] for k in keys}
     sick = workers[0]
     sick.configure(healthy=False)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # bounds the wait only
     while httpx.get(r.url + "/workers", timeout=5).json()["workers"][0]["healthy"]:
         assert time.monotonic() < deadline
         time.sleep(0.1)
@@ -375,7 +375,7 @@ def test_unhealthy_worker_sessions_move_and_come_back(workers, make_router):
         before[k] == sick.url for k in keys
     )
     sick.configure(healthy=True)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not httpx.get(r.url + "/workers", timeout=5).json()["workers"][0]["healthy"]:
         assert time.monotonic() < deadline
         time.sleep(0.1)
