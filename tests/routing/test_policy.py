@@ -19,7 +19,7 @@ from server.routing.rendezvous import (
     rendezvous_order,
     score,
 )
-from server.routing.request import RouteRequest, assistant_turns, route_request
+from server.routing.request import RouteRequest, route_request
 from server.routing.round_robin import RoundRobinPolicy
 
 IDS = ["w0", "w1", "w2", "w3", "w4"]
@@ -323,23 +323,6 @@ def test_slow_start_sends_only_first_turns_to_a_warming_worker(policy):
     assert policy.select_worker(RouteRequest("k", AGENTS[0], 3), all_warming) is not None
 
 
-def test_first_turn_detection_is_conservative():
-    # RouteRequest.new_session is what slow start and the graded bound use: a first turn only
-    # when the body shows no assistant message at all
-    def new_session(body: object) -> bool:
-        return route_request(json.dumps(body).encode(), {}, False).new_session
-
-    assert new_session({"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "go"}]})
-    assert not new_session(
-        {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"}]}
-    )
-    assert not new_session({"prompt": "hello"})  # completions: no turns to tell, so established
-    # the word inside a message's text is JSON-escaped, so it does not count
-    assert new_session({"messages": [{"role": "user", "content": 'say "assistant"'}]})
-    # a Responses continuation is never a first turn, even with no assistant item in its input
-    assert not new_session({"input": "next", "previous_response_id": "resp_x"})
-
-
 def test_pool_marks_workers_that_come_back_after_start_as_warming():
     from server.routing.workers import WorkerPool, WorkerSpec
 
@@ -418,13 +401,3 @@ def test_replicas_agree_on_graded_decisions_from_the_body_alone():
         sb = b.select_worker(request, shuffled)
         assert workers[sa.worker].id == shuffled[sb.worker].id
         msgs = [*msgs, {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "r"}]
-
-
-def test_assistant_turns_counts_assistant_messages_only():
-    def body(*roles: str, text: str = "x") -> bytes:
-        return json.dumps({"messages": [{"role": r, "content": text} for r in roles]}).encode()
-
-    assert assistant_turns(body("system", "user")) == 0
-    assert assistant_turns(body("user", "assistant", "tool", "assistant", "tool")) == 2
-    assert assistant_turns(body("user", text='the "assistant" said')) == 0  # escaped in JSON: not counted
-    assert assistant_turns(b'{"prompt": "hello"}') is None  # completions: the turn is unknown
