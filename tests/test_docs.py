@@ -19,6 +19,7 @@ _PACKAGES = sorted(p.name for p in SERVER.iterdir() if p.is_dir() and (p / "__in
 _SERVER_PATH = re.compile(r"(?<![\w/.-])server/[\w/.-]*\w(?:/)?")
 _PACKAGE_PATH = re.compile(r"(?<![\w/.-])(?:" + "|".join(_PACKAGES + ["masking"]) + r")/[\w/]+\.py\b")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
+_PY_NAME = re.compile(r"(?<![\w/.-])([A-Za-z_]\w*\.py)\b")
 _TABLE_FILES = re.compile(r"`([\w./-]+\.py)`")
 
 
@@ -41,6 +42,10 @@ def checked_text(text: str) -> str:
     return "\n".join(out)
 
 
+def _py_names(root: Path) -> set[str]:
+    return {p.name for p in root.rglob("*.py") if not SKIP_DIRS.intersection(p.relative_to(root).parts)}
+
+
 def missing_paths(text: str, doc_dir: Path, root: Path = ROOT) -> list[str]:
     """Paths a doc names that do not exist: ``server/…`` (files and folders), server-relative
     module paths, and relative Markdown links."""
@@ -53,6 +58,10 @@ def missing_paths(text: str, doc_dir: Path, root: Path = ROOT) -> list[str]:
     for m in _PACKAGE_PATH.finditer(text):
         if not (root / "server" / m.group(0)).exists():
             missing.append(m.group(0))
+    names = _py_names(root)
+    for m in _PY_NAME.finditer(text):
+        if m.group(1) not in names:
+            missing.append(m.group(1))  # a bare module name that no file has any more
     for m in _LINK.finditer(text):
         target = m.group(1).split("#")[0]
         if not target or re.match(r"[a-z]+:", target):
@@ -77,12 +86,13 @@ def test_the_path_check_can_fail(tmp_path):
     text = (
         "`server/constrain/trie.py` is fine, `server/masking/trie.py` moved, so did "
         "engines/hf.py; [gone](docs/gone.md)\n## Old → new\n`server/masking/vocab.py`\n## Next\n"
-        "`server/kv_tiers.py`"
+        "`server/kv_tiers.py`, `vllm_startup.py`"
     )
     assert missing_paths(text, tmp_path, tmp_path) == [
         "server/masking/trie.py",
         "server/kv_tiers.py",
         "engines/hf.py",
+        "vllm_startup.py",
         "docs/gone.md",
     ]
 

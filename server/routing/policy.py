@@ -1,10 +1,9 @@
 """Routing policy interface and registry.
 
-A policy answers one question: given a request (``RouteRequest``: session key, prefix hash, turn)
-and the current
-workers (health, in-flight count), which worker serves it, and in which order
-to try the others if that one cannot be reached. Policies are pure and
-synchronous; the router owns health, in-flight counting and retries.
+A policy answers one question: given a request (``RouteRequest``: session key, prefix hash,
+turn) and the current workers (health, in-flight count), which worker serves it, and in which
+order to try the others if that one cannot be reached. Policies are pure and synchronous; the
+router owns health, in-flight counting and retries.
 
 Register a policy with ``@register_policy("name")`` on a factory taking
 ``RoutingSettings``; ``make_policy(settings)`` builds the configured one. The router, the

@@ -166,7 +166,7 @@ class RendezvousPolicy:
         ranked = self.order(request.key, request.prefix, [w.id for w in workers])
         turns = 60 if request.turns is None else request.turns  # unknown: treated as established
         eps = graded_epsilon(self.load_epsilon, self.load_epsilon_new, turns)
-        return bounded_pick(ranked, workers, eps, self.load_floor, request.turns == 0)
+        return bounded_pick(ranked, workers, eps, self.load_floor, request.new_session)
 
 
 class PrefixPolicy(RendezvousPolicy):
