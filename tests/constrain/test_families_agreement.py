@@ -30,6 +30,7 @@ CASES = {
     "qwen3_coder": ("qwen", "<|im_end|>", True),
     "llama3_json": ("llama3", "<|eot_id|>", False),
     "mistral:v3": ("tekken_args", "</s>", False),
+    "mistral:v11": ("tekken_args", "</s>", True),
     "mistral:v13": ("tekken_args", "</s>", True),
 }
 TOOLS = [

@@ -10,6 +10,7 @@ text phase (``eager``), so that calls do get written within the step budget.
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -136,6 +137,8 @@ def check(env, plan, constraint, text: str, finished: bool) -> None:
     for call in calls:
         assert call.name in plan.allowed, (call.name, plan.allowed)
         jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        if env.call_id:  # an id the model writes (Mistral v3, v11): the parser returns it whole
+            assert call.id is not None and re.fullmatch(env.call_id, call.id), (call.id, text)
     names = [c.name for c in calls]
     if finished:
         assert names == constraint.calls, (text, names, constraint.calls)
