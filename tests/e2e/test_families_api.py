@@ -36,7 +36,7 @@ TOOLS = [
     _tool("shell_exit", {"code": {"type": "integer", "enum": [0, 1]}}),
 ]
 SCHEMAS = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in TOOLS}
-FAMILIES = ["llama3_json", "mistral:v3", "mistral:v13", "qwen3_coder", "hermes:qwen3"]
+FAMILIES = ["llama3_json", "mistral:v3", "mistral:v11", "mistral:v13", "qwen3_coder", "hermes:qwen3"]
 MODEL = "tiny"
 
 
