@@ -71,6 +71,34 @@ def test_every_family_names_an_envelope_and_test_vocab() -> None:
             "llama3_json",
             "mistral_json_array",
             "mistral_name_args",
+            "mistral_call_id",
             "qwen3_coder",
         }
         assert fam.test_model.get("vocab") in {"embedded", "llama3", "tekken", "qwen", "mistral_spm"}
+
+
+@pytest.mark.parametrize(
+    ("vocab_file", "want"),
+    [
+        ("mistral_instruct_tokenizer_240323.model.v3", "mistral:v3_spm"),  # Mistral 7B v0.3, Mixtral 8x22B
+        ("tekken_240718.json", "mistral:v3"),  # Mistral Nemo: tekken, no byte-fallback tokens
+    ],
+)
+def test_real_mistral_vocabularies_are_told_apart_from_a_model_folder(vocab_file, want, tmp_path) -> None:
+    """The folder as the engine loads it (AutoTokenizer over the saved tokenizer), no template, no config."""
+    pytest.importorskip("mistral_common")
+    if vocab_file.endswith(".v3"):
+        pytest.importorskip("google.protobuf")
+    from transformers import AutoTokenizer
+
+    from server.families.tokenizers import mistral_spm_tokenizer, tekken_file, tekken_tokenizer
+
+    built = (
+        mistral_spm_tokenizer(vocab_file)
+        if ".model." in vocab_file
+        else tekken_tokenizer(str(tekken_file(vocab_file)))
+    )
+    built.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    found = select_family("auto", tmp_path, tok)
+    assert found.family.ref == want, found.how
