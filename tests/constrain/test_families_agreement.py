@@ -114,3 +114,34 @@ def test_history_call_equals_what_the_masks_write(official, ref, case):
 def _filled(constraint, bitmask):
     constraint.fill_next_token_bitmask(bitmask, 0)
     return bitmask[0].numpy()
+
+
+# A string argument as the history renders it (json.dumps / tojson, ensure_ascii=False: UTF-8, only the
+# escapes json.dumps writes) passes the masks; an escape the history would never render (\u00e4 for ä,
+# \/) does not: else the model's bytes and the history's differ and the next turn misses the cache there.
+STRINGS = {
+    "canonical": (json.dumps('ä \x1f\x7f\n\t"\\ /', ensure_ascii=False), True),
+    "u_escape_of_a_letter": ('"\\u00e4"', False),
+    "uppercase_hex_control": ('"\\u001F"', False),
+    "escaped_slash": ('"a\\/b"', False),
+}
+
+
+@pytest.mark.parametrize("string", list(STRINGS))
+@pytest.mark.parametrize("ref", [r for r in CASES if r != "qwen3_coder"])  # qwen3_coder: raw XML values
+def test_masks_write_strings_as_the_history_renders_them(official, ref, string):
+    vocab_name = CASES[ref][0]
+    env_name = load_family(ref).envelope
+    env = load_envelope(env_name)
+    value, ok = STRINGS[string]
+    off = official(vocab_name)
+    tools = TOOLS[:1]
+    plan = plan_tools(tools, "required", [], True, None, env)
+    constraint = off.factory(env_name).build(tools, plan, off.eos(env_name))
+    text = env.render_calls([("shell_exec", '{"cmd": ' + value + "}", IDS[0])])
+    accepted = all(
+        constraint.accept_token(tid)
+        for tid in off.tokenizer.encode(text[len(plan.prefill) :], add_special_tokens=False)
+    )
+    assert accepted == ok, (text, constraint.error)
+    assert (constraint.calls == ["shell_exec"]) == ok
