@@ -16,6 +16,7 @@ import pytest
 import xgrammar as xgr
 
 from server.chat.tool_choice import plan_tools
+from server.chat.toolcalls import parse_tool_calls
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import load_envelope
 from server.families.render import renderer_for
@@ -91,6 +92,11 @@ def test_history_call_equals_what_the_masks_write(official, ref, case):
     if ref == "hermes" and content:
         expected = env.render_calls(canonical, content + "\n")  # hermes: text, one newline, calls
     assert reply == expected
+    # what the client gets back (and sends back in the next request) is those same bytes: the
+    # arguments as written (UTF-8, the schema's key order) and the id the model wrote, if any
+    parsed = parse_tool_calls(reply, env, TOOLS).tool_calls
+    want = [(n, a, i if env.call_id else None) for n, a, i in canonical]
+    assert [(c.name, c.arguments, c.id) for c in parsed] == want
 
     off = official(vocab_name)
     factory = off.factory(env_name)
