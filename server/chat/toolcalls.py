@@ -196,6 +196,8 @@ class StreamingToolCallParser:
     def _json_array(self, events: Events) -> bool:
         """``[TOOL_CALLS][{...}, {...}]`` (Mistral v3): the calls once the array is complete."""
         buf, start = self._buf, len(self.open_tag)
+        while start < len(buf) and buf[start] == " ":  # SentencePiece: [TOOL_CALLS] ▁[ (mistral:v3_spm)
+            start += 1
         try:
             arr, end = _DECODER.raw_decode(buf, start)
         except json.JSONDecodeError:

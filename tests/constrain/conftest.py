@@ -72,6 +72,7 @@ FAMILIES = {
     "mistral_json_array": ("tekken_args", ("</s>",)),
     "mistral_name_args": ("tekken_args", ("</s>",)),
     "mistral_call_id": ("tekken_args", ("</s>",)),
+    "mistral_json_array_spm": ("mistral_spm", ("</s>",)),
 }
 
 

@@ -70,6 +70,7 @@ def test_every_family_names_an_envelope_and_test_vocab() -> None:
             "hermes",
             "llama3_json",
             "mistral_json_array",
+            "mistral_json_array_spm",
             "mistral_name_args",
             "mistral_call_id",
             "qwen3_coder",
