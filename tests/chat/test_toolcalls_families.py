@@ -138,3 +138,24 @@ def test_a_broken_call_followed_by_a_trigger_outside_a_string_is_content(env_nam
         parser, events = stream(env_name, broken + good, sizes)
         assert [c.name for c in parser.calls] == ["submit"]
         assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == broken
+
+
+@pytest.mark.parametrize(
+    ("env_name", "cut", "name", "so_far"),
+    [
+        ("mistral_name_args", '[TOOL_CALLS]shell_exec[ARGS]{"cmd": "ec', "shell_exec", '{"cmd": "ec'),
+        (
+            "mistral_call_id",
+            '[TOOL_CALLS]shell_exec[CALL_ID]a1B2c3D4e[ARGS]{"cmd": "ec',
+            "shell_exec",
+            '{"cmd": "ec',
+        ),
+        ("mistral_call_id", "[TOOL_CALLS]shell_exec[CALL_ID]a1B2", "shell_exec", ""),
+        ("mistral_call_id", "[TOOL_CALLS]shell_ex", "shell_ex", ""),
+    ],
+)
+def test_a_call_cut_by_max_tokens_reports_its_name_and_arguments_so_far(env_name, cut, name, so_far):
+    from server.chat.respond import incomplete_call
+
+    got = incomplete_call(cut, load_envelope(env_name))
+    assert (got.name, got.arguments_so_far) == (name, so_far)
