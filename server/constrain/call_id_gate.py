@@ -60,8 +60,9 @@ class CallIdGate:
         self.alphabet, self.length = id_alphabet(pattern)
         self.after_token = after_token
         self.token_len = np.zeros(vocab.vocab_size, dtype=np.int64)  # 0: not an id piece
+        alphabet = bytes(sorted(self.alphabet))
         for tid, tb in enumerate(vocab.token_bytes):
-            if tb and all(b in self.alphabet for b in tb):
+            if tb and not tb.translate(None, alphabet):  # every byte in the alphabet
                 self.token_len[tid] = len(tb)
         ids = np.arange(vocab.vocab_size)
         # rows[k]: k id characters still to write (rows[0]: only the special token)
