@@ -244,7 +244,7 @@ def main() -> None:
 
     arguments = json.dumps(CALL["arguments"])
     text = envelope.render_calls([(CALL["name"], arguments, "a1B2c3D4e")])
-    head = envelope.opening + CALL["name"] + envelope.name_close
+    head = envelope.opening + CALL["name"] + envelope.close_text("a1B2c3D4e")
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     tokens = enc(text[len(plan.prefill) :])  # the model writes on from the prefill
     n_name = len(enc(head[len(plan.prefill) :]))

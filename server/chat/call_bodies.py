@@ -4,7 +4,8 @@
   ARGS_KEY is read off the envelope's ``name_close`` (``"arguments"``, ``"parameters"``)
   and an id key off ``call_end`` (``"id": "{call_id}"``); a string holding JSON is
   accepted for the arguments. Any whitespace, any key order (unmasked output parses too).
-* Mistral v13: ``NAME[ARGS]{...}``: the name, then a JSON object.
+* Mistral v13: ``NAME[ARGS]{...}``: the name, then a JSON object (v11: ``NAME[CALL_ID]ID[ARGS]{...}``,
+  the id the model wrote).
 * XML (Qwen3-Coder): ``<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n...</function>``,
   values typed by the tool's schema (``server/families/xml_arguments.py``).
 
@@ -31,7 +32,7 @@ _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.D
 class ParsedCall:
     name: str
     arguments: str  # JSON text
-    id: str | None = None  # an id the model wrote (Mistral v3), else None
+    id: str | None = None  # an id the model wrote (Mistral v3, v11), else None
 
 
 class BodyParser:
@@ -65,12 +66,12 @@ class BodyParser:
         except json.JSONDecodeError:
             return None
 
-    def name_and_json(self, name: str, args_text: str) -> ParsedCall | None:
+    def name_and_json(self, name: str, args_text: str, call_id: str | None = None) -> ParsedCall | None:
         try:
             args = _as_object(json.loads(args_text))
         except json.JSONDecodeError:
             return None
-        return ParsedCall(name, dump_json(args)) if args is not None and name else None
+        return ParsedCall(name, dump_json(args), call_id) if args is not None and name else None
 
     def xml_function(self, body: str) -> ParsedCall | None:
         m = _FUNCTION_RE.fullmatch(body)

@@ -72,9 +72,13 @@ def finish_parser(
 
 def incomplete_call(text: str, envelope: Envelope) -> IncompleteToolCall:
     """Name and arguments so far of a cut call's text (``<tool_call>\n{"name": "x", "arguments": {"a``)."""
-    at = text.rfind(envelope.name_open)
-    body = text[at + len(envelope.name_open) :] if at >= 0 else ""
-    name, sep, args = body.partition(envelope.name_close)
+    opener = envelope.name_open or envelope.call_start  # Mistral v11/v13: the name follows [TOOL_CALLS]
+    at = text.rfind(opener) if opener else 0
+    body = text[at + len(opener) :] if at >= 0 else ""
+    close = envelope.name_close.split("{call_id}")[-1]  # v11: the arguments follow the id's [ARGS]
+    name, sep, args = body.partition(close)
+    if "{call_id}" in envelope.name_close:  # [CALL_ID]ID between the name and [ARGS]
+        name = name.split(envelope.name_close[0])[0]
     if not sep and envelope.name_close:  # cut inside the name or inside name_close ('"', '[ARGS'):
         name = name.split(envelope.name_close[0])[0]  # names hold no quote and no '['
     return IncompleteToolCall(name=name, arguments_so_far=args)

@@ -8,7 +8,8 @@ decoded reply *with* special tokens (``[TOOL_CALLS]``, ``[ARGS]`` appear as text
   block ends at the first close tag after which its body parses (an argument may hold the
   text ``</tool_call>``), so a block that never parses stays open until ``finish``;
 * trigger ``token`` (Mistral): after ``[TOOL_CALLS]`` either one JSON array of calls
-  (v3, ``calls_open`` ``[TOOL_CALLS][``) or ``NAME[ARGS]{…}`` (v13), one per trigger;
+  (v3, ``calls_open`` ``[TOOL_CALLS][``) or ``NAME[ARGS]{…}`` (v13; v11 ``NAME[CALL_ID]ID[ARGS]{…}``,
+  the id returned as the call's), one per trigger;
 * trigger ``start`` (Llama 3): the reply is a call when it begins with the opening
   (``{"name": "``), and is then one JSON object; any other reply is content.
 
@@ -22,6 +23,7 @@ reply cut by max_tokens) leaves its text in ``unfinished`` and, unless told othe
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +74,8 @@ class StreamingToolCallParser:
         else:
             self.open_tag = envelope.call_tag
         self.close_tag = envelope.call_close_tag
-        self.args_token = envelope.name_close_token  # "[ARGS]" (Mistral v13) or None
+        self.args_token = envelope.name_close_token  # "[ARGS]" (Mistral v13), "[CALL_ID]" (v11) or None
+        self.close_rest = _close_rest_pattern(envelope)  # v11: "ID[ARGS]" after [CALL_ID], the id captured
         self._buf = ""
         self._in_call = False
         self._start_decided = False  # trigger "start": the reply is known to be text or a call
@@ -170,29 +173,35 @@ class StreamingToolCallParser:
         return True
 
     def _name_args_call(self, events: Events) -> bool:
-        """``[TOOL_CALLS]NAME[ARGS]{...}`` (Mistral v13)."""
+        """``[TOOL_CALLS]NAME[ARGS]{...}`` (Mistral v13); ``NAME[CALL_ID]ID[ARGS]{...}`` (v11)."""
         buf, start = self._buf, len(self.open_tag)
         assert self.args_token is not None  # only envelopes whose names end with [ARGS] come here
         cut = buf.find(self.args_token, start)
         nxt = buf.find(self.open_tag, start)
         if cut < 0 or (0 <= nxt < cut):
             return self._give_up_at(nxt, events)
-        name, at = buf[start:cut], cut + len(self.args_token)
-        try:
-            obj, end = _DECODER.raw_decode(buf, at)
-        except json.JSONDecodeError:
+        name = buf[start:cut]
+        rest = self.close_rest.match(buf, cut + len(self.args_token))
+        if rest is None:  # v11: the id or [ARGS] not written yet (or never: finish() keeps it)
             return self._give_up_at(nxt, events)
+        call_id = rest.group(1) if rest.re.groups else None
+        try:
+            obj, end = _DECODER.raw_decode(buf, rest.end())
+        except json.JSONDecodeError:  # a trigger's text inside a JSON string is no trigger
+            return self._give_up_at(_find_outside_strings(buf, self.open_tag, rest.end()), events)
         self._buf, self._in_call = buf[end:], False
-        self._add(self.body.name_and_json(name, json.dumps(obj)), buf[:end], events)
+        self._add(self.body.name_and_json(name, json.dumps(obj), call_id), buf[:end], events)
         return True
 
     def _json_array(self, events: Events) -> bool:
         """``[TOOL_CALLS][{...}, {...}]`` (Mistral v3): the calls once the array is complete."""
         buf, start = self._buf, len(self.open_tag)
+        while start < len(buf) and buf[start] == " ":  # SentencePiece: [TOOL_CALLS] ▁[ (mistral:v3_spm)
+            start += 1
         try:
             arr, end = _DECODER.raw_decode(buf, start)
         except json.JSONDecodeError:
-            return self._give_up_at(buf.find(self.open_tag, start), events)
+            return self._give_up_at(_find_outside_strings(buf, self.open_tag, start), events)
         self._buf, self._in_call = buf[end:], False
         calls = [self.body.json_object(o) for o in arr] if isinstance(arr, list) and arr else [None]
         if any(c is None for c in calls):
@@ -221,6 +230,41 @@ class StreamingToolCallParser:
         if text:
             self.content_parts.append(text)
             events.append(ContentDelta(text))
+
+
+def _find_outside_strings(text: str, tag: str, at: int) -> int:
+    """The first ``tag`` in ``text[at:]`` (JSON from ``at``) that is not inside a JSON string, or -1.
+
+    An argument may hold the text ``[TOOL_CALLS]``: while the JSON is incomplete (streaming), only a
+    trigger outside its strings shows that the call will never complete."""
+    nxt = text.find(tag, at)
+    if nxt < 0:
+        return -1  # the common case, without a scan
+    in_string = escaped = False
+    for i in range(at, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif text.startswith(tag, i):
+            return i
+    return -1
+
+
+def _close_rest_pattern(envelope: Envelope) -> re.Pattern[str]:
+    """What follows a name's closing special token: nothing (v13), or ``ID[ARGS]`` (v11; group 1 = id)."""
+    tok = envelope.name_close_token or ""
+    rest = envelope.name_close[len(tok) :]
+    if envelope.call_id is None or "{call_id}" not in rest:
+        return re.compile(re.escape(rest))
+    before, after = rest.split("{call_id}")
+    return re.compile(re.escape(before) + f"({envelope.call_id})" + re.escape(after))
 
 
 def _partial_suffix(text: str, tag: str) -> int:

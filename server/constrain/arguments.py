@@ -15,8 +15,10 @@ The compiled grammar starts with the rest of name_close (``', "arguments": '`` m
 the bytes a crossing token already wrote, fed with ``accept_bytes``) and ends with
 call_end (``'}\\n</tool_call>'``), so the matcher is terminated exactly when the call
 is closed. Arguments are JSON objects written like ``json.dumps`` (``", "``, ``": "``
-separators) unless ``any_whitespace=True``; a tool without ``parameters`` takes the
-empty object ``{}``.
+separators) unless ``any_whitespace=True``, their strings in UTF-8 with only the escapes
+``json.dumps(ensure_ascii=False)`` writes (``canonical_strings``: what every family's history
+renders back, so the model's bytes and the next prompt's agree); a tool without ``parameters``
+takes the empty object ``{}``.
 
 Backends: ``xgrammar`` (default). ``outlines`` is registered only when outlines-core is
 importable (see ``server/constrain/README.md``).
@@ -25,6 +27,7 @@ importable (see ``server/constrain/README.md``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -109,6 +112,22 @@ def sorted_properties(schema: Any) -> Any:
             k: sorted_properties(schema["properties"][k]) for k in sorted(schema["properties"])
         }
     return out
+
+
+# JSON string escapes as json.dumps(ensure_ascii=False) / the templates' tojson write them: \" \\ \b \f \n
+# \r \t, \u00XX (lowercase) for the other control characters; everything else raw UTF-8. xgrammar's
+# JSON grammar also allows \/ and \uXXXX for any character, which the history never renders back.
+_ESCAPE_RULE = re.compile(r"^basic_escape ::= .*$", re.MULTILINE)
+_CANONICAL_ESCAPE = 'basic_escape ::= (([\\"\\\\bfnrt]) | ("u00" (("0" [0-7bef]) | ("1" [0-9a-f]))))'
+
+
+def canonical_strings(xgr: Any, grammar: Any) -> Any:
+    """``grammar`` whose JSON strings take only the escapes json.dumps writes (see _CANONICAL_ESCAPE):
+    the bytes the model writes are the bytes the history renders (UTF-8, as every family's template)."""
+    text = str(grammar)
+    if not _ESCAPE_RULE.search(text):
+        return grammar  # no free-form JSON string in this schema
+    return xgr.Grammar.from_ebnf(_ESCAPE_RULE.sub(lambda _m: _CANONICAL_ESCAPE, text))
 
 
 class XGrammarMatcher:
@@ -199,7 +218,9 @@ class XGrammarBackend(CachedBackend):
 
                 args = xml_parameters_grammar(schema, any_whitespace=self.any_whitespace)
             else:
-                args = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
+                args = canonical_strings(
+                    xgr, xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
+                )
         except Exception as exc:
             raise ConstraintError(
                 f"tool {tool!r}: its parameters are not a JSON schema the server can enforce ({exc}); "

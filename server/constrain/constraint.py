@@ -98,6 +98,9 @@ class ConstraintFactory:
                     call_id=env.call_id,
                     tails=tails,
                 )
+        gate = self.masks.id_gate  # an id between the name and the arguments (Mistral v11)
+        if gate is not None:
+            compiled = {i: gate.wrap(g, self.backend) for i, g in compiled.items()}
         c = ToolConstraint(self, plan, tries, subset, compiled, eos)
         if budget is not None and c.parallel and plan.allowed and self.tokenizer is not None:
             c.budget = budget

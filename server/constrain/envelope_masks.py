@@ -13,7 +13,9 @@ The phases of ``ToolConstraint`` read everything envelope-specific from here:
   the first call enters it at ``first_offset`` (Hermes: after the ``\\n``); otherwise
   (Mistral v3's ``[{"name": "``) it gets its own trie.
 * **Name end**: a byte (the first of ``name_close``; the rest, ``close_rest``, opens the
-  arguments grammar) or a special token (``term_token``, Mistral's ``[ARGS]``).
+  arguments grammar) or a special token (``term_token``, Mistral's ``[ARGS]``). Mistral
+  v11's ``[CALL_ID]{call_id}[ARGS]``: the name ends with ``[CALL_ID]``, then ``id_gate``
+  (``call_id_gate.py``) masks the id and ``[ARGS]`` before the arguments grammar.
 * **Trigger**: ``text`` — a KMP watch for the call tag (``TagWatch``); ``token`` — the
   trigger token id; ``start`` — the reply must begin with the opening to be a call:
   the first token either enters the trie, or is text that *diverges* from the opening
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from server.constrain.call_id_gate import CallIdGate
 from server.constrain.row_cache import ROWS, owner_token
 from server.constrain.tag_watch import TagWatch
 from server.constrain.trie import NameTrie, compile_trie
@@ -50,6 +53,12 @@ class EnvelopeMasks:
         else:
             self.term, self.term_token = env.name_close[:1].encode(), None
             self.close_rest = env.name_close[1:]
+        self.id_gate: CallIdGate | None = None  # Mistral v11: [CALL_ID] ID [ARGS] (call_id_gate.py)
+        if "{call_id}" in self.close_rest and env.call_id is not None:
+            after = self.close_rest.split("{call_id}")[1]
+            after_tok = env.leading_special(after) or ""  # Envelope checks it is there
+            self.id_gate = CallIdGate(vocab, env.call_id, self.special_ids[after_tok])
+            self.close_rest = after[len(after_tok) :]
         next_tok, next_text = env.strip_special(env.next_opening)
         self.next_token = self.special_ids[next_tok] if next_tok else None
         self.lead = next_text.encode()

@@ -96,7 +96,7 @@ def minimal_call_text(envelope: Envelope, name: str, parameters: dict[str, Any] 
 
         args = render_xml_arguments(args)
     call_id = "a" * 9 if envelope.call_id else ""
-    return envelope.next_opening + name + envelope.name_close + args + envelope.end_text(call_id)
+    return envelope.next_opening + name + envelope.close_text(call_id) + args + envelope.end_text(call_id)
 
 
 def minimal_call_tokens(

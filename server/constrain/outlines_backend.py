@@ -36,6 +36,8 @@ from server.constrain.vocab import TokenVocab
 _WS = "\u2063"  # placeholder whitespace handed to build_regex_from_schema, then replaced
 
 
+# a string's escapes: outlines-core also allows \/, which json.dumps never writes (nor the history)
+_ESCAPES, _CANONICAL = '\\\\["\\\\/bfnrt]', '\\\\["\\\\bfnrt]'
 _NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _ENUM_SPAN = 256  # an integer range this small is written as an enum (outlines-core ignores bounds)
 
@@ -77,8 +79,8 @@ def json_regex(schema: dict[str, Any], any_whitespace: bool = False) -> str:
 
     schema = bounded(schema)
     if any_whitespace:
-        return str(build_regex_from_schema(json.dumps(schema), WHITESPACE))
-    rx = str(build_regex_from_schema(json.dumps(schema), _WS))
+        return str(build_regex_from_schema(json.dumps(schema), WHITESPACE)).replace(_ESCAPES, _CANONICAL)
+    rx = str(build_regex_from_schema(json.dumps(schema), _WS)).replace(_ESCAPES, _CANONICAL)
     rx = rx.replace(f"{_WS}:{_WS}", ": ").replace(f"{_WS},{_WS}", ", ").replace(f",{_WS}", ", ")
     return rx.replace(_WS, "")
 

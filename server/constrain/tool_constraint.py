@@ -229,7 +229,8 @@ class ToolConstraint:
             return self._advance(st)
         if ph == Phase.ARGS:
             assert trie is not None and matcher is not None
-            if not text or not matcher.accept_token(tid):
+            special_ok = getattr(matcher, "takes_special", False)  # Mistral v11's [ARGS] after the id
+            if (not text and not special_ok) or not matcher.accept_token(tid):
                 name = trie.names[self.tool]
                 return self._reject(
                     f"token {self._what(tid)} is not allowed in the arguments of {name!r} "

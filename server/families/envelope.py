@@ -17,7 +17,9 @@ is rendered back into the next prompt are the same text. A reply holding calls i
   ``xml_parameters`` (Qwen3-Coder: ``<parameter=KEY>\\nVALUE\\n</parameter>\\n`` per
   argument, raw values typed by the schema).
 * ``call_id`` — a regex for an id the model writes itself, placed where ``call_end``
-  says ``{call_id}`` (Mistral v3: 9 alphanumerics); the parser returns it as the call id.
+  (Mistral v3: 9 alphanumerics) or ``name_close`` says ``{call_id}`` (Mistral v11:
+  ``[CALL_ID]{call_id}[ARGS]``, between two special tokens); the parser returns it as the
+  call id.
 * ``key_order`` — ``schema`` (properties in the schema's order: what models are trained on,
   and what the history renders back, since arguments keep their key order) or ``sorted``
   (an opt-in for a deployment whose clients sort argument keys themselves).
@@ -74,8 +76,16 @@ class Envelope:
             raise ValueError(f"{where}: arguments {self.arguments!r} is not one of {ARGUMENT_KINDS}")
         if self.key_order not in ("schema", "sorted"):
             raise ValueError(f"{where}: key_order must be 'schema' or 'sorted'")
-        if (self.call_id is None) != ("{call_id}" not in self.call_end):
-            raise ValueError(f"{where}: call_id and a '{{call_id}}' in call_end go together")
+        places = self.call_end.count("{call_id}") + self.name_close.count("{call_id}")
+        if (self.call_id is None) != (places == 0) or places > 1:
+            raise ValueError(f"{where}: call_id and one '{{call_id}}' in call_end or name_close go together")
+        if "{call_id}" in self.name_close:  # between two special tokens: [CALL_ID]{call_id}[ARGS]
+            before, after = self.name_close.split("{call_id}")
+            if self.leading_special(before) != before or self.leading_special(after) is None:
+                raise ValueError(
+                    f"{where}: a '{{call_id}}' in name_close sits between two special tokens "
+                    f"(name_close '[CALL_ID]{{call_id}}[ARGS]')"
+                )
         if self.trigger == "token" and self.trigger_token is None:
             raise ValueError(
                 f"{where}: trigger 'token' needs calls_open or call_start to begin with a special token"
@@ -132,6 +142,10 @@ class Envelope:
     def end_text(self, call_id: str = "") -> str:
         return self.call_end.replace("{call_id}", call_id)
 
+    def close_text(self, call_id: str = "") -> str:
+        """name_close with the id in it (Mistral v11's ``[CALL_ID]ID[ARGS]``)."""
+        return self.name_close.replace("{call_id}", call_id)
+
     # --- the canonical text of calls (what the masks let the model write) -------------------------
     def render_calls(self, calls: list[tuple[str, str, str]], content: str = "") -> str:
         """``calls`` = (name, arguments text, id) → the reply text, exactly as the masks produce it.
@@ -144,9 +158,8 @@ class Envelope:
         parts = []
         for name, args, call_id in calls:
             body = render_xml_arguments(args) if self.arguments == "xml_parameters" else args
-            parts.append(
-                self.call_start + self.name_open + name + self.name_close + body + self.end_text(call_id)
-            )
+            head = self.call_start + self.name_open + name + self.close_text(call_id)
+            parts.append(head + body + self.end_text(call_id))
         text = self.calls_open + self.call_separator.join(parts) + self.calls_close if parts else ""
         return content + text
 

@@ -17,7 +17,15 @@ TOOLS = [
                                          "force": {"type": "boolean"}, "opts": {"type": "object"}}}}},
     {"type": "function", "function": {"name": "submit"}},
 ]  # fmt: skip
-ENVELOPES = ["hermes", "llama3_json", "mistral_json_array", "mistral_name_args", "qwen3_coder"]
+ENVELOPES = [
+    "hermes",
+    "llama3_json",
+    "mistral_json_array",
+    "mistral_json_array_spm",
+    "mistral_name_args",
+    "mistral_call_id",
+    "qwen3_coder",
+]
 ARGS = {"cmd": "echo '</tool_call> [TOOL_CALLS] }]'", "force": True, "n": 3, "opts": {"a": [1, "x"]}}
 
 
@@ -50,7 +58,7 @@ def test_calls_parse_back_to_their_arguments(env_name):
     out = parse_tool_calls(text, load_envelope(env_name), TOOLS)
     assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == calls
     assert out.content in (None, "Let me check.")
-    if env_name == "mistral_json_array":
+    if load_envelope(env_name).call_id:  # ids the model wrote are the calls' ids
         assert [c.id for c in out.tool_calls] == ["id0000000", "id0000001"]
 
 
@@ -96,3 +104,58 @@ def test_qwen_values_are_typed_by_the_schema():
     )
     (call,) = parse_tool_calls(text, env, TOOLS).tool_calls
     assert json.loads(call.arguments) == {"cmd": "42", "n": 42, "force": False}
+
+
+@pytest.mark.parametrize("bad", ["id00000[ARGS]", "id0000000X[ARGS]", "id-000000[ARGS]", "id0000000"])
+def test_mistral_v11_call_without_a_whole_id_then_args_is_no_call(bad):
+    """[TOOL_CALLS]NAME[CALL_ID] must go on with a 9-character id and [ARGS]: else the text stays content."""
+    text = "[TOOL_CALLS]shell_exec[CALL_ID]" + bad + '{"cmd": "ls"}'
+    out = parse_tool_calls(text, load_envelope("mistral_call_id"), TOOLS)
+    assert out.tool_calls == () and out.content == text
+
+
+@pytest.mark.parametrize("env_name", ENVELOPES)
+def test_streaming_one_character_at_a_time_keeps_calls_whose_arguments_hold_the_trigger_text(env_name):
+    """ARGS holds the text '[TOOL_CALLS]' in a string: while the JSON is incomplete it is no trigger."""
+    text, calls = reply(env_name)
+    parser, events = stream(env_name, text, [1] * len(text))
+    assert [c.name for c in parser.calls] == [n for n, _ in calls]
+
+
+@pytest.mark.parametrize(
+    ("env_name", "broken", "good"),
+    [
+        ("mistral_name_args", '[TOOL_CALLS]shell_exec[ARGS]{"cmd": 1', "[TOOL_CALLS]submit[ARGS]{}"),
+        (
+            "mistral_call_id",
+            '[TOOL_CALLS]shell_exec[CALL_ID]a1B2c3D4e[ARGS]{"cmd": "x", ',
+            "[TOOL_CALLS]submit[CALL_ID]Zz9Yy8Xx7[ARGS]{}",
+        ),
+    ],
+)
+def test_a_broken_call_followed_by_a_trigger_outside_a_string_is_content(env_name, broken, good):
+    for sizes in ([len(broken + good)], [1] * len(broken + good)):
+        parser, events = stream(env_name, broken + good, sizes)
+        assert [c.name for c in parser.calls] == ["submit"]
+        assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == broken
+
+
+@pytest.mark.parametrize(
+    ("env_name", "cut", "name", "so_far"),
+    [
+        ("mistral_name_args", '[TOOL_CALLS]shell_exec[ARGS]{"cmd": "ec', "shell_exec", '{"cmd": "ec'),
+        (
+            "mistral_call_id",
+            '[TOOL_CALLS]shell_exec[CALL_ID]a1B2c3D4e[ARGS]{"cmd": "ec',
+            "shell_exec",
+            '{"cmd": "ec',
+        ),
+        ("mistral_call_id", "[TOOL_CALLS]shell_exec[CALL_ID]a1B2", "shell_exec", ""),
+        ("mistral_call_id", "[TOOL_CALLS]shell_ex", "shell_ex", ""),
+    ],
+)
+def test_a_call_cut_by_max_tokens_reports_its_name_and_arguments_so_far(env_name, cut, name, so_far):
+    from server.chat.respond import incomplete_call
+
+    got = incomplete_call(cut, load_envelope(env_name))
+    assert (got.name, got.arguments_so_far) == (name, so_far)

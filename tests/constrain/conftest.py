@@ -71,6 +71,8 @@ FAMILIES = {
     "llama3_json": ("llama3", ("<|eot_id|>", "<|eom_id|>")),
     "mistral_json_array": ("tekken_args", ("</s>",)),
     "mistral_name_args": ("tekken_args", ("</s>",)),
+    "mistral_call_id": ("tekken_args", ("</s>",)),
+    "mistral_json_array_spm": ("mistral_spm", ("</s>",)),
 }
 
 

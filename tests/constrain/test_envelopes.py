@@ -57,6 +57,8 @@ def test_derived_strings():
         ({"trigger": "token"}, "special token"),
         ({"name_close": ""}, "name_close"),
         ({"call_after_text": False}, "call_after_text"),
+        ({"name_close": '"{call_id}", "arguments": ', "call_id": "[a-z]{3}"}, "between two special tokens"),
+        ({"name_close": '", "arguments": ', "call_end": "{call_id}}", "call_id": None}, "call_id"),
     ],
 )
 def test_bad_envelopes_say_what_is_wrong(change, message):

@@ -16,6 +16,7 @@ import pytest
 import xgrammar as xgr
 
 from server.chat.tool_choice import plan_tools
+from server.chat.toolcalls import parse_tool_calls
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import load_envelope
 from server.families.render import renderer_for
@@ -30,6 +31,8 @@ CASES = {
     "qwen3_coder": ("qwen", "<|im_end|>", True),
     "llama3_json": ("llama3", "<|eot_id|>", False),
     "mistral:v3": ("tekken_args", "</s>", False),
+    "mistral:v3_spm": ("mistral_spm", "</s>", False),
+    "mistral:v11": ("tekken_args", "</s>", True),
     "mistral:v13": ("tekken_args", "</s>", True),
 }
 TOOLS = [
@@ -53,6 +56,16 @@ CALLS = {
     ],
 }
 IDS = ["a1B2c3D4e", "Zz9Yy8Xx7"]
+
+
+def after_prefill(tokenizer, text: str, prefill: str) -> list[int]:
+    """The tokens of ``text`` after those of the prefill (the prompt holds the prefill's tokens; a
+    SentencePiece tokenizer would put a "▁" before the rest if it were tokenized on its own)."""
+    full = tokenizer.encode(text, add_special_tokens=False)
+    head = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
+    if full[: len(head)] == head:
+        return full[len(head) :]
+    return tokenizer.encode(text[len(prefill) :], add_special_tokens=False)  # the prefill cuts a token
 
 
 def reply_of(ref: str, calls, content: str) -> tuple[str, str]:
@@ -90,6 +103,11 @@ def test_history_call_equals_what_the_masks_write(official, ref, case):
     if ref == "hermes" and content:
         expected = env.render_calls(canonical, content + "\n")  # hermes: text, one newline, calls
     assert reply == expected
+    # what the client gets back (and sends back in the next request) is those same bytes: the
+    # arguments as written (UTF-8, the schema's key order) and the id the model wrote, if any
+    parsed = parse_tool_calls(reply, env, TOOLS).tool_calls
+    want = [(n, a, i if env.call_id else None) for n, a, i in canonical]
+    assert [(c.name, c.arguments, c.id) for c in parsed] == want
 
     off = official(vocab_name)
     factory = off.factory(env_name)
@@ -100,7 +118,7 @@ def test_history_call_equals_what_the_masks_write(official, ref, case):
         constraint = factory.build(TOOLS, plan, eos)
         text = reply if mode == "auto" else reply[len(content) :].lstrip("\n")
         assert text.startswith(plan.prefill)
-        for tid in off.tokenizer.encode(text[len(plan.prefill) :], add_special_tokens=False):
+        for tid in after_prefill(off.tokenizer, text, plan.prefill):
             constraint.fill_next_token_bitmask(bitmask, 0)
             allowed = TokenVocab.unpack(bitmask[0].numpy(), off.vocab.vocab_size)
             assert tid in allowed and constraint.accept_token(tid), (mode, off.tokenizer.decode([tid]))
@@ -113,3 +131,31 @@ def test_history_call_equals_what_the_masks_write(official, ref, case):
 def _filled(constraint, bitmask):
     constraint.fill_next_token_bitmask(bitmask, 0)
     return bitmask[0].numpy()
+
+
+# A string argument as the history renders it (json.dumps / tojson, ensure_ascii=False: UTF-8, only the
+# escapes json.dumps writes) passes the masks; an escape the history would never render (\u00e4 for ä,
+# \/) does not: else the model's bytes and the history's differ and the next turn misses the cache there.
+STRINGS = {
+    "canonical": (json.dumps('ä \x1f\x7f\n\t"\\ /', ensure_ascii=False), True),
+    "u_escape_of_a_letter": ('"\\u00e4"', False),
+    "uppercase_hex_control": ('"\\u001F"', False),
+    "escaped_slash": ('"a\\/b"', False),
+}
+
+
+@pytest.mark.parametrize("string", list(STRINGS))
+@pytest.mark.parametrize("ref", [r for r in CASES if r != "qwen3_coder"])  # qwen3_coder: raw XML values
+def test_masks_write_strings_as_the_history_renders_them(official, ref, string):
+    vocab_name = CASES[ref][0]
+    env_name = load_family(ref).envelope
+    env = load_envelope(env_name)
+    value, ok = STRINGS[string]
+    off = official(vocab_name)
+    tools = TOOLS[:1]
+    plan = plan_tools(tools, "required", [], True, None, env)
+    constraint = off.factory(env_name).build(tools, plan, off.eos(env_name))
+    text = env.render_calls([("shell_exec", '{"cmd": ' + value + "}", IDS[0])])
+    accepted = all(constraint.accept_token(tid) for tid in after_prefill(off.tokenizer, text, plan.prefill))
+    assert accepted == ok, (text, constraint.error)
+    assert (constraint.calls == ["shell_exec"]) == ok

@@ -10,6 +10,7 @@ text phase (``eager``), so that calls do get written within the step budget.
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -86,6 +87,13 @@ def greedy(constraint, vocab_size: int, steps: int, logits_fn, eos) -> tuple[lis
     return out, constraint.is_terminated()
 
 
+def _ids(off, text: str) -> list[int]:
+    """``text`` as one token when the vocabulary has it (a SentencePiece tokenizer would encode it
+    with a "▁" in front), else its tokenization."""
+    exact = off.vocab.by_bytes.get(text.encode())
+    return [exact[0]] if exact else off.tokenizer.encode(text, add_special_tokens=False)
+
+
 class Biased:
     """Random logits plus a bias toward closing tokens (growing with the step) and the opening."""
 
@@ -93,10 +101,10 @@ class Biased:
         tok = off.tokenizer
         self.gen = torch.Generator().manual_seed(seed)
         self.v = off.vocab.vocab_size
-        seqs = [tok.encode(s, add_special_tokens=False) for s in CLOSERS + SEQUENCES]
+        seqs = [_ids(off, s) for s in CLOSERS + SEQUENCES]
         self.strong = torch.tensor(sorted({ids[0] for ids in seqs} | set(eos)))
         self.follow = {tuple(ids[:k]): ids[k] for ids in seqs for k in range(1, len(ids))}
-        self.weak = torch.tensor(sorted({tok.encode(d, add_special_tokens=False)[0] for d in "0123456789"}))
+        self.weak = torch.tensor(sorted({_ids(off, d)[0] for d in "0123456789"}))
         self.opening = tok.encode(envelope.opening, add_special_tokens=False)
         self.eager = eager
 
@@ -136,6 +144,8 @@ def check(env, plan, constraint, text: str, finished: bool) -> None:
     for call in calls:
         assert call.name in plan.allowed, (call.name, plan.allowed)
         jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        if env.call_id:  # an id the model writes (Mistral v3, v11): the parser returns it whole
+            assert call.id is not None and re.fullmatch(env.call_id, call.id), (call.id, text)
     names = [c.name for c in calls]
     if finished:
         assert names == constraint.calls, (text, names, constraint.calls)

@@ -58,6 +58,8 @@ def scan_for(off) -> Scan:
 @pytest.mark.slow
 @pytest.mark.parametrize("envelope", list(FAMILIES))
 def test_trie_matches_a_scan_of_the_whole_vocabulary(official, envelope):
+    if FAMILIES[envelope][0] == "mistral_spm":
+        pytest.skip("the scan decodes byte-level BPE pieces; SentencePiece's are not")
     off = official(FAMILIES[envelope][0])
     scan = scan_for(off)
     assert off.vocab.token_bytes[: len(scan.tokens)] == scan.tokens  # two independent decodings agree

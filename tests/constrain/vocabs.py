@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 # rows of the model's logits (models pad their vocabularies)
-LOGITS_WIDTH = {"llama3": 128256, "tekken": 131072, "tekken_args": 131072, "qwen": 151936}
+LOGITS_WIDTH = {
+    "llama3": 128256,
+    "tekken": 131072,
+    "tekken_args": 131072,
+    "qwen": 151936,
+    "mistral_spm": 32768,
+}
 
 
 def _tekken_args() -> Any:
@@ -40,7 +46,12 @@ def _tekken_args() -> Any:
 def _build(name: str) -> Any:
     from server.families import tokenizers as t
 
-    builders = {"llama3": t.llama3_tokenizer, "tekken": t.tekken_tokenizer, "qwen": t.qwen_tokenizer}
+    builders = {
+        "llama3": t.llama3_tokenizer,
+        "tekken": t.tekken_tokenizer,
+        "qwen": t.qwen_tokenizer,
+        "mistral_spm": t.mistral_spm_tokenizer,
+    }
     return _tekken_args() if name == "tekken_args" else builders[name]()
 
 

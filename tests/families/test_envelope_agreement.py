@@ -19,7 +19,17 @@ ARGS = [{"url": "https://a.org/x?q=1", "opts": {"wait": 3, "all": True}}, {"path
 
 
 @pytest.mark.parametrize(
-    "ref", ["hermes", "llama3_json", "mistral:v3", "mistral:v7", "mistral:v13", "qwen3_coder"]
+    "ref",
+    [
+        "hermes",
+        "llama3_json",
+        "mistral:v3",
+        "mistral:v7",
+        "mistral:v7_spm",
+        "mistral:v11",
+        "mistral:v13",
+        "qwen3_coder",
+    ],
 )
 @pytest.mark.parametrize("n_calls", [1, 2])
 def test_history_call_text_is_what_the_envelope_writes(ref: str, n_calls: int) -> None:

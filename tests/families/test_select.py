@@ -14,6 +14,7 @@ LLAMA = frozenset(
 )
 CHATML = frozenset({"<|im_start|>", "<|im_end|>", "<tool_call>"})
 MISTRAL = frozenset({"[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"})
+SPM_V7 = MISTRAL | {"<0x0A>", "[SYSTEM_PROMPT]"}  # Mistral Large 2411's SentencePiece vocabulary
 
 
 def _template(name: str) -> str:
@@ -38,6 +39,11 @@ def _template(name: str) -> str:
         (ModelFacts(special_tokens=MISTRAL | {"[ARGS]", "[CALL_ID]"}), "mistral:v13"),
         (ModelFacts(special_tokens=MISTRAL, tekken_version="v13"), "mistral:v13"),
         (ModelFacts(special_tokens=MISTRAL | {"<0x0A>", "▁the"}), "mistral:v3_spm"),  # SentencePiece
+        (ModelFacts(special_tokens=SPM_V7), "mistral:v7_spm"),
+        (  # a chat template that names [SYSTEM_PROMPT] (v7's rule): still SentencePiece
+            ModelFacts(special_tokens=SPM_V7, chat_template="[SYSTEM_PROMPT]{{ m }}"),
+            "mistral:v7_spm",
+        ),
     ],
 )
 def test_detection(facts: ModelFacts, want: str) -> None:
@@ -70,7 +76,37 @@ def test_every_family_names_an_envelope_and_test_vocab() -> None:
             "hermes",
             "llama3_json",
             "mistral_json_array",
+            "mistral_json_array_spm",
             "mistral_name_args",
+            "mistral_call_id",
             "qwen3_coder",
         }
         assert fam.test_model.get("vocab") in {"embedded", "llama3", "tekken", "qwen", "mistral_spm"}
+
+
+@pytest.mark.parametrize(
+    ("vocab_file", "want"),
+    [
+        ("mistral_instruct_tokenizer_240323.model.v3", "mistral:v3_spm"),  # Mistral 7B v0.3, Mixtral 8x22B
+        ("mistral_instruct_tokenizer_241114.model.v7", "mistral:v7_spm"),  # Mistral Large 2411
+        ("tekken_240718.json", "mistral:v3"),  # Mistral Nemo: tekken, no byte-fallback tokens
+    ],
+)
+def test_real_mistral_vocabularies_are_told_apart_from_a_model_folder(vocab_file, want, tmp_path) -> None:
+    """The folder as the engine loads it (AutoTokenizer over the saved tokenizer), no template, no config."""
+    pytest.importorskip("mistral_common")
+    if ".model." in vocab_file:
+        pytest.importorskip("google.protobuf")
+    from transformers import AutoTokenizer
+
+    from server.families.tokenizers import mistral_spm_tokenizer, tekken_file, tekken_tokenizer
+
+    built = (
+        mistral_spm_tokenizer(vocab_file)
+        if ".model." in vocab_file
+        else tekken_tokenizer(str(tekken_file(vocab_file)))
+    )
+    built.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    found = select_family("auto", tmp_path, tok)
+    assert found.family.ref == want, found.how

@@ -1,0 +1,138 @@
+"""A call id the model writes between its name and its arguments (Mistral v11's ``[CALL_ID]``).
+
+Mistral tokenizer v11 writes a call as ``[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}``: the name
+ends with the special token ``[CALL_ID]`` (the name trie's ``term_token``), then come the id
+(9 letters or digits, mistral-common's rule), the special token ``[ARGS]`` and the arguments.
+The arguments grammar never holds special tokens, so the id and ``[ARGS]`` are masked here,
+before it:
+
+* ``CallIdGate`` (per vocabulary and envelope, built once by ``EnvelopeMasks``): the id's
+  alphabet and length, read off the envelope's ``call_id`` regex (a fixed-length character
+  class, ``[a-zA-Z0-9]{9}``), one packed row per count of id characters still to write
+  (the tokens made only of the alphabet and no longer than that count), and the id of the
+  special token that follows the id;
+* ``IdThenArgs`` wraps a tool's compiled arguments grammar; its ``matcher()`` is an
+  ``IdThenArgsMatcher``: the id, exactly its length, then the special token, then the
+  arguments matcher. ``takes_special`` tells the tool constraint that this matcher accepts a
+  special token (the arguments phase rejects them otherwise).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from server.constrain.vocab import TokenVocab
+
+_FIXED_CLASS = re.compile(r"^\[([^\]]+)\]\{(\d+)\}$")
+
+
+def id_alphabet(pattern: str) -> tuple[frozenset[int], int]:
+    """(the bytes an id may hold, its length) of a regex ``[CLASS]{N}`` (ASCII ranges and chars)."""
+    m = _FIXED_CLASS.match(pattern)
+    if m is None:
+        raise ValueError(
+            f"a call id between the name and the arguments must be a fixed-length character class "
+            f"such as '[a-zA-Z0-9]{{9}}', not {pattern!r}"
+        )
+    cls, n = m.group(1), int(m.group(2))
+    chars: set[int] = set()
+    i = 0
+    while i < len(cls):
+        if i + 2 < len(cls) and cls[i + 1] == "-":
+            chars.update(range(ord(cls[i]), ord(cls[i + 2]) + 1))
+            i += 3
+        else:
+            chars.add(ord(cls[i]))
+            i += 1
+    if n < 1 or any(c > 127 for c in chars):
+        raise ValueError(f"call id {pattern!r}: an ASCII class and a length of at least 1")
+    return frozenset(chars), n
+
+
+class CallIdGate:
+    """The masks of a model-written id followed by a special token (see the module doc)."""
+
+    def __init__(self, vocab: TokenVocab, pattern: str, after_token: int) -> None:
+        self.alphabet, self.length = id_alphabet(pattern)
+        self.after_token = after_token
+        self.token_len = np.zeros(vocab.vocab_size, dtype=np.int64)  # 0: not an id piece
+        alphabet = bytes(sorted(self.alphabet))
+        for tid, tb in enumerate(vocab.token_bytes):
+            if tb and not tb.translate(None, alphabet):  # every byte in the alphabet
+                self.token_len[tid] = len(tb)
+        ids = np.arange(vocab.vocab_size)
+        # rows[k]: k id characters still to write (rows[0]: only the special token)
+        self.rows = [vocab.pack([after_token])] + [
+            vocab.pack(ids[(self.token_len > 0) & (self.token_len <= k)]) for k in range(1, self.length + 1)
+        ]
+
+    def wrap(self, compiled: Any, backend: Any) -> IdThenArgs:
+        return IdThenArgs(self, compiled, backend)
+
+
+@dataclass(eq=False)
+class IdThenArgs:
+    """A tool's compiled arguments, behind the id gate: ``matcher()`` like a custom grammar's."""
+
+    gate: CallIdGate
+    compiled: Any
+    backend: Any
+
+    def matcher(self) -> IdThenArgsMatcher:
+        custom = getattr(self.compiled, "matcher", None)  # a custom tool's grammar
+        inner = custom() if custom is not None else self.backend.matcher(self.compiled)
+        return IdThenArgsMatcher(self.gate, inner)
+
+
+class IdThenArgsMatcher:
+    """The id (``left`` characters to go), the special token, then the arguments matcher."""
+
+    takes_special = True
+
+    def __init__(self, gate: CallIdGate, inner: Any) -> None:
+        self.gate, self.inner = gate, inner
+        self.left = gate.length
+        self.opened = False  # the special token after the id was accepted
+
+    def fill(self, bitmask: Any, index: int) -> None:
+        if self.opened:
+            self.inner.fill(bitmask, index)
+            return
+        row = self.gate.rows[self.left]
+        if isinstance(bitmask, np.ndarray):
+            bitmask[index] = row
+        elif bitmask.device.type == "cpu":
+            bitmask[index].numpy()[:] = row
+        else:
+            import torch
+
+            bitmask[index].copy_(torch.from_numpy(row))
+
+    def accept_token(self, token_id: int) -> bool:
+        if self.opened:
+            return bool(self.inner.accept_token(token_id))
+        if self.left == 0:
+            self.opened = token_id == self.gate.after_token
+            return self.opened
+        n = int(self.gate.token_len[token_id]) if 0 <= token_id < len(self.gate.token_len) else 0
+        if n == 0 or n > self.left:
+            return False
+        self.left -= n
+        return True
+
+    def accept_bytes(self, data: bytes) -> bool:
+        if self.opened:
+            return bool(self.inner.accept_bytes(data))
+        if not data:
+            return True
+        if len(data) > self.left or any(b not in self.gate.alphabet for b in data):
+            return False
+        self.left -= len(data)
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.opened and bool(self.inner.is_terminated())
