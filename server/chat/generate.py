@@ -57,8 +57,7 @@ class LogprobText:
 
     def __init__(self, engine: Engine) -> None:
         self.tokenizer = engine.tokenizer
-        vocab = getattr(getattr(engine, "constraints", None), "vocab", None)
-        self.token_bytes: Sequence[bytes] = vocab.token_bytes if vocab is not None else ()
+        self.token_bytes: Sequence[bytes] = engine.constraints.vocab.token_bytes
 
     def bytes_of(self, token_id: int) -> bytes:
         raw = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else b""

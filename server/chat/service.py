@@ -51,8 +51,7 @@ class ChatService:
             sessions=settings.session_table_size,
             sessions_bytes=settings.session_table_mb * 2**20,
             responses_bytes_per_tenant=settings.response_fingerprints_mb * 2**20,
-            tier=_cache_tier(engine),
-            retention_s=getattr(engine, "cache_retention_s", None),
+            tier=engine.cache_location(),
         )
         self.preparer = Preparer(
             engine, settings, self.renderer, envelope, self.family.call_id, self.family.ref
@@ -97,9 +96,7 @@ class ChatService:
 
     def _reply_finished(self, p: Prepared, tool_names: list[str]) -> None:
         """Tell the engine's cache what the session now waits on: these tools, or a person (none)."""
-        hook = getattr(self.engine, "reply_finished", None)
-        if hook is not None:
-            hook(p.session.key, tool_names)
+        self.engine.reply_finished(p.session.key, tool_names)
 
     def _on_first_token(self, p: Prepared, out: GenerationResult, seconds: float) -> None:
         self.cache_report.observe_prefill(len(p.prompt_ids) - out.cached_tokens, seconds)
@@ -132,16 +129,3 @@ class ChatService:
         self._finish_accounting(p, out)
         for c in chunks.final(out):
             yield c
-
-
-def _cache_tier(engine: Engine) -> str:
-    """Where the engine's prefix cache keeps blocks (the tier an evicted block was lost from)."""
-    tiers = getattr(engine, "cache_tiers", None)
-    if tiers:
-        return str(tiers[-1])
-    if getattr(engine, "name", "") == "vllm":
-        return "vLLM's KV cache"
-    device = getattr(engine, "device", None)
-    if device is not None:
-        return f"the prefix cache in {getattr(device, 'type', device)} memory"
-    return "the engine's KV cache"

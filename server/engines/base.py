@@ -12,10 +12,11 @@ leaving an ``async for`` early) cancels the request and frees its resources.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import abc
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.errors import ConstraintError
@@ -99,19 +100,72 @@ class EngineStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-class Engine(Protocol):
-    name: str
+class Engine(abc.ABC):
+    """What chat (and the api layer) may use of an engine: everything is declared here.
+
+    A subclass sets the attributes in its ``__init__`` and implements the abstract methods;
+    an engine missing one cannot be instantiated. The concrete methods are defaults for an
+    engine that truly has nothing to say (documented on each); nobody probes with ``getattr``.
+    """
+
+    name: str  # "hf" | "vllm" | a test's name (/health and /v1/models show it)
     tokenizer: Any  # a transformers PreTrainedTokenizerBase
     max_model_len: int
     vocab_size: int  # rows of the logits (may exceed len(tokenizer))
-    eos_token_ids: tuple[int, ...]
+    eos_token_ids: tuple[int, ...]  # the ids that end a reply (the engine's stop set, the masks' EOS)
     block_size: int  # tokens per prefix-cache block (what cached_tokens is a multiple of)
     constraints: ConstraintBuilder  # builds (and warms) the constraint of a ToolSpec
 
-    async def start(self) -> None: ...
+    # -- lifecycle -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load / start what serving needs (idempotent; ``generate`` starts a stopped engine)."""
 
-    async def shutdown(self) -> None: ...
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Stop serving and free the model's resources."""
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]: ...
+    def health(self) -> str | None:
+        """None while the engine can serve; else why not (/health answers 503 with it).
 
-    def stats(self) -> EngineStats: ...
+        Default: always healthy (an engine with no background worker that could die).
+        """
+        return None
+
+    # -- requests ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Token chunks of one request; closing the iterator cancels it (see the module doc)."""
+
+    def check_sampling(self, params: SamplingParams) -> None:
+        """Raise ``InvalidRequest`` (400) for sampling this engine cannot honour (called at prepare).
+
+        Default: every ``SamplingParams`` is honoured.
+        """
+        return None
+
+    # -- statistics and the prefix cache -------------------------------------------------------
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """Prefix-cache and scheduler counters for /metrics."""
+
+    @property
+    def cache_tiers(self) -> tuple[str, ...]:
+        """Where the prefix cache keeps blocks, first tier to last (cache-miss reasons name them).
+
+        Default: none known (``cache_location`` then says "the engine's KV cache").
+        """
+        return ()
+
+    def cache_location(self) -> str:
+        """Where an evicted block was lost from: the last tier (cache-miss reasons)."""
+        tiers = self.cache_tiers
+        return str(tiers[-1]) if tiers else "the engine's KV cache"
+
+    def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
+        """The chat service says how a session's reply ended: tool calls (named) or text (none).
+
+        A session-aware cache keeps what the session will need next. Default: nothing to do
+        (an engine whose cache does not know sessions).
+        """
+        return None

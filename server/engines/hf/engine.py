@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +27,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from server.config import EngineSettings
 from server.constrain.bitmask import MaskApplier, model_eos_ids
 from server.constrain.builder import ConstraintBuilder
-from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, constraint_errors_as_400
+from server.engines.base import (
+    Engine,
+    EngineStats,
+    GenerationChunk,
+    GenerationRequest,
+    constraint_errors_as_400,
+)
 from server.engines.hf.kv_blocks import cache_from_settings
 from server.engines.hf.sampling import TokenSampler
 from server.engines.hf.steps import SequenceState, SequenceSteps
@@ -53,7 +59,7 @@ def _device_and_dtype(settings: EngineSettings) -> tuple[torch.device, torch.dty
     return device, getattr(torch, settings.dtype)
 
 
-class HFEngine(SequenceSteps):
+class HFEngine(SequenceSteps, Engine):
     name = "hf"
 
     def __init__(self, settings: EngineSettings, model: Any = None, tokenizer: Any = None) -> None:
@@ -237,7 +243,7 @@ class HFEngine(SequenceSteps):
             )
             return None
 
-    def reply_finished(self, session_key: str, tool_names: list[str] | tuple[str, ...] = ()) -> None:
+    def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
         """The service says what the session's reply ended with: tool calls (named) or text."""
         self.cache.reply_finished(session_key, tuple(tool_names))
 

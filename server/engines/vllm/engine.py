@@ -36,6 +36,7 @@ from server.constrain.bitmask import model_eos_ids
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.interface import TokenConstraint
 from server.engines.base import (
+    Engine,
     EngineStats,
     GenerationChunk,
     GenerationRequest,
@@ -57,7 +58,7 @@ from server.model_store import resolve_model
 log = logging.getLogger(__name__)
 
 
-class VllmEngine:
+class VllmEngine(Engine):
     name = "vllm"
 
     def __init__(self, settings: EngineSettings) -> None:
@@ -161,6 +162,11 @@ class VllmEngine:
                 "start_seconds": self.start_seconds,
             },
         )
+
+    @property
+    def cache_tiers(self) -> tuple[str, ...]:
+        """vLLM's own prefix cache: one tier as far as agentserve can tell."""
+        return ("vLLM's KV cache",)
 
     # -- requests --------------------------------------------------------------------------------
     def check_sampling(self, s: SamplingParams) -> None:
