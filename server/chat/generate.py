@@ -93,7 +93,13 @@ async def generate_text(
     if fmt is not None:
         out.logprobs = []
     request = GenerationRequest(
-        p.request_id, p.prompt_ids, p.sampling, p.tool_spec, p.cache_salt, p.session.key
+        p.request_id,
+        p.prompt_ids,
+        p.sampling,
+        p.tool_spec,
+        p.cache_salt,
+        p.session.key,
+        constraint=p.take_constraint(),  # compiled at prepare time: the engine does not compile it again
     )
     metrics.running.inc()
     gen = engine.generate(request)

@@ -2,9 +2,12 @@
 
 An engine owns the model, its tokenizer, its prefix (KV) cache and its constraint builder.
 The chat service renders and tokenizes prompts, plans tools, and turns token chunks into
-OpenAI responses. Tools cross this seam as data: a ``ToolSpec`` (tools, plan, envelope
-name, backend, EOS ids), never a live constraint; each engine builds the constraint where
-it decodes (``ConstraintBuilder``: in-process for hf, in vLLM's engine core for vllm).
+OpenAI responses. Tools cross this seam as data, a ``ToolSpec`` (tools, plan, envelope
+name, backend, EOS ids), compiled once per process where it is used: chat compiles it at
+prepare time with the engine's ``constraints`` (a bad schema is a 400 there) and hands the
+compiled constraint along (``GenerationRequest.constraint``): the hf engine decodes under
+it, the vllm engine uses it as its mirror, and vLLM's engine core (another process) builds
+its own from the spec's JSON form.
 
 Cancellation: closing the async iterator returned by ``generate`` (``aclose()``, or
 leaving an ``async for`` early) cancels the request and frees its resources.
@@ -20,6 +23,7 @@ from typing import Any
 
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.errors import ConstraintError
+from server.constrain.interface import TokenConstraint
 from server.constrain.spec import ToolSpec
 from server.errors import InvalidRequest
 
@@ -78,6 +82,10 @@ class GenerationRequest:
     tool_spec: ToolSpec | None = None  # None: unconstrained
     cache_salt: str = ""  # namespace of the prefix cache (tenant); "" = shared
     session_key: str = ""  # the session (prefix-cache retention, cache reports); "" = none
+    # ``tool_spec`` already compiled by this engine's ``constraints`` (chat compiles it at prepare
+    # time, where a bad schema is a 400): the engine uses it and compiles nothing. A fresh,
+    # unused matcher, used by one generation only. None: the engine compiles ``tool_spec`` itself.
+    constraint: TokenConstraint | None = None
 
 
 @dataclass

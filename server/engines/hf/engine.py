@@ -141,7 +141,8 @@ class HFEngine(SequenceSteps, Engine):
             await self.start()
         seq = SequenceState(request, asyncio.get_running_loop(), asyncio.Queue())
         seq.stop_ids = frozenset((*self.eos_token_ids, *request.sampling.stop_token_ids))
-        if request.tool_spec is not None:  # cheap: the service built it once at prepare time (caches warm)
+        seq.constraint = request.constraint  # compiled at prepare time: not compiled again
+        if seq.constraint is None and request.tool_spec is not None:  # a caller that sent only the spec
             with constraint_errors_as_400():
                 seq.constraint = self.constraints.build(request.tool_spec)
         generator = None

@@ -261,9 +261,12 @@ class VllmEngine(Engine):
         would see an ordinary "stop" — a reply silently cut short. The mirror rejects the
         same token and reports the error (as the hf engine does); it also ends the request
         with "stop" as soon as the call is complete, one step before vLLM samples EOS.
-        It costs no compile here: the service built the same spec at prepare time, so the
-        trie and grammars come from this builder's caches.
+        It costs no compile here: the service compiled the spec at prepare time and hands
+        that constraint over (``request.constraint``); only a caller that sent a bare spec
+        gets it compiled here.
         """
+        if request.constraint is not None:
+            return request.constraint
         if request.tool_spec is None:
             return None
         with constraint_errors_as_400():
