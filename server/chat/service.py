@@ -26,6 +26,7 @@ from server.chat.prepare import Prepared, Preparer
 from server.chat.respond import StreamChunks, complete_response
 from server.config import Settings
 from server.engines.base import Engine
+from server.families.end_tokens import family_end_tokens
 from server.families.envelope import load_envelope
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest, CompletionRequest
@@ -40,6 +41,7 @@ class ChatService:
         self.metrics = metrics
         self.family_selection = choose_family(settings, engine.tokenizer)
         self.family = self.family_selection.family
+        engine.use_end_tokens(family_end_tokens(self.family))  # the stop set and the masks' EOS
         self.renderer = make_renderer(settings, self.family_selection, engine.tokenizer)
         envelope = self.envelope_ref = envelope_name(settings, self.family_selection)
         self.envelope = load_envelope(envelope)

@@ -26,6 +26,7 @@ from server.constrain.errors import ConstraintError
 from server.constrain.interface import TokenConstraint
 from server.constrain.spec import ToolSpec
 from server.errors import InvalidRequest
+from server.families.end_tokens import reply_end_ids
 
 
 @contextmanager
@@ -121,6 +122,8 @@ class Engine(abc.ABC):
     max_model_len: int
     vocab_size: int  # rows of the logits (may exceed len(tokenizer))
     eos_token_ids: tuple[int, ...]  # the ids that end a reply (the engine's stop set, the masks' EOS)
+    config_eos: int | list[int] | None = None  # the model config's EOS id(s), as the engine read them
+    end_tokens: tuple[str, ...] = ()  # the family's end-of-turn tokens (``use_end_tokens``)
     block_size: int  # tokens per prefix-cache block (what cached_tokens is a multiple of)
     constraints: ConstraintBuilder  # builds (and warms) the constraint of a ToolSpec
 
@@ -139,6 +142,21 @@ class Engine(abc.ABC):
         Default: always healthy (an engine with no background worker that could die).
         """
         return None
+
+    # -- the end of a reply ---------------------------------------------------------------------
+    def end_of_reply_ids(self) -> tuple[int, ...]:
+        """The ids that end a reply, decided in one place (``families.end_tokens.reply_end_ids``)."""
+        return reply_end_ids(self.tokenizer, self.end_tokens, self.config_eos)
+
+    def use_end_tokens(self, end_tokens: Sequence[str]) -> None:
+        """The chat service names the chosen family's end-of-turn tokens (grammars/families data).
+
+        ``eos_token_ids`` becomes the tokenizer's EOS, these tokens, then the config's EOS ids:
+        the engine's stop set and the EOS every mask allows (the builder's default too).
+        """
+        self.end_tokens = tuple(end_tokens)
+        self.eos_token_ids = self.end_of_reply_ids()
+        self.constraints.eos_token_ids = self.eos_token_ids
 
     # -- requests ------------------------------------------------------------------------------
     @abc.abstractmethod

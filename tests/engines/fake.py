@@ -19,7 +19,7 @@ class ScriptedEngine(Engine):
         self.tokenizer = tokenizer
         self.max_model_len = 2048
         self.vocab_size = len(tokenizer)
-        self.eos_token_ids = (int(tokenizer.eos_token_id),)
+        self.eos_token_ids = self.end_of_reply_ids()  # the tokenizer's EOS until chat names the family's
         self.block_size = 16
         self.constraints = ConstraintBuilder(tokenizer, self.vocab_size, self.eos_token_ids)
         self.reply_ids = list(tokenizer(reply, add_special_tokens=False)["input_ids"])

