@@ -8,7 +8,8 @@ each keeps its own KV, so none shares state with another and a reused prefix is 
 copied). A long prompt delays the others' decode by one chunk per step, no more.
 Tokens go back to each request's asyncio queue; closing the request's iterator
 cancels it at the next step. This module loads the model and runs that loop; the
-steps themselves (prefill, decode, finish, retain) are ``hf_steps``.
+steps themselves (prefill, decode, finish, retain) are ``steps.SequenceSteps``, which the
+engine owns (``self.steps``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from server.config import EngineSettings
-from server.constrain.bitmask import MaskApplier
 from server.constrain.builder import ConstraintBuilder
 from server.engines.base import (
     Engine,
@@ -59,7 +59,7 @@ def _device_and_dtype(settings: EngineSettings) -> tuple[torch.device, torch.dty
     return device, getattr(torch, settings.dtype)
 
 
-class HFEngine(SequenceSteps, Engine):
+class HFEngine(Engine):
     name = "hf"
 
     def __init__(self, settings: EngineSettings, model: Any = None, tokenizer: Any = None) -> None:
@@ -90,10 +90,9 @@ class HFEngine(SequenceSteps, Engine):
         self.config_eos = getattr(gen_config, "eos_token_id", None)
         self.eos_token_ids = self.end_of_reply_ids()  # the family's end tokens come with use_end_tokens
         self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        self.prefill_chunk = settings.prefill_chunk_tokens or (
+        prefill_chunk = settings.prefill_chunk_tokens or (
             PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK
         )
-        self._masks = MaskApplier(self.vocab_size)
         pc = settings.prefix_cache
         self.cache = cache_from_settings(pc, self.device.type)
         # cached_tokens is token-granular (tails, the reply's KV), not a multiple of pc.block_size
@@ -104,7 +103,21 @@ class HFEngine(SequenceSteps, Engine):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats = EngineStats()
-        self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
+        # the model steps on sequences (prefill, decode, retain): a part of the engine, not a base
+        self.steps = SequenceSteps(
+            self.model,
+            self.device,
+            self.cache,
+            prefill_chunk,
+            self.max_model_len,
+            self.vocab_size,
+            self._stats,
+        )
+
+    @property
+    def tokens_generated(self) -> int:
+        """All decode steps ever taken (cancellation tests read it)."""
+        return self.steps.tokens_generated
 
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
@@ -133,7 +146,7 @@ class HFEngine(SequenceSteps, Engine):
             prefix_hits_tokens=s.prefix_hits_tokens,
             running=len(self._running),
             waiting=self._inbox.qsize(),
-            extra={**self.cache.stats(), "tokens_generated": float(self.tokens_generated)},
+            extra={**self.cache.stats(), "tokens_generated": float(self.steps.tokens_generated)},
         )
 
     # -- public API ---------------------------------------------------------------
@@ -180,7 +193,7 @@ class HFEngine(SequenceSteps, Engine):
             None,  # type: ignore[arg-type]  # and no queue
         )
         with torch.no_grad():
-            self._prefill(seq)
+            self.steps.prefill(seq)
         assert seq.next_logits is not None
         return seq.next_logits, seq.cached_tokens
 
@@ -197,7 +210,7 @@ class HFEngine(SequenceSteps, Engine):
             if prefilling is not None:
                 # one chunk, then a decode step for the running ones: a long prompt stalls them one chunk
                 seq = prefilling
-                done = self._run_guarded(seq, self._prefill_chunk)
+                done = self._run_guarded(seq, self.steps.prefill_chunk)
                 if done or seq.kv is None:
                     prefilling = None
                     if seq.kv is not None:
@@ -213,13 +226,13 @@ class HFEngine(SequenceSteps, Engine):
         """One decode step of every running request: sample each, then one batched forward."""
         going = []
         for seq in self._running:
-            self._run_guarded(seq, self._pick)
+            self._run_guarded(seq, self.steps.pick)
             if seq.kv is not None and seq.pending is not None:
                 going.append(seq)
         if not going:
             return
         try:
-            self._forward(going)
+            self.steps.forward(going)
         except Exception as exc:  # the batch's forward failed: end those requests, keep the engine
             log.exception("decode step of %d requests failed", len(going))
             for seq in going:
@@ -233,7 +246,7 @@ class HFEngine(SequenceSteps, Engine):
     def _run_guarded(self, seq: SequenceState, step: Callable[[SequenceState], Any]) -> Any:
         try:
             if seq.cancelled:
-                self._retain(seq)
+                self.steps.retain(seq)
                 seq.kv = None
                 return None
             return step(seq)
