@@ -54,6 +54,7 @@ class ChatService:
             sessions_bytes=settings.session_table_mb * 2**20,
             responses_bytes_per_tenant=settings.response_fingerprints_mb * 2**20,
             tier=engine.cache_location(),
+            retention_s=engine.cache_retention_s,
         )
         self.preparer = Preparer(
             engine, settings, self.renderer, envelope, self.family.call_id, self.family.ref

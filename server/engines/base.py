@@ -183,6 +183,11 @@ class Engine(abc.ABC):
         """
         return ()
 
+    # Seconds after which the prefix cache drops an idle session's blocks by time (the cache report's
+    # "expired" miss). None: no expiry by time; neither engine here has one (hf evicts by byte
+    # budget and policy, vLLM by its block pool), so both keep this default.
+    cache_retention_s: float | None = None
+
     def cache_location(self) -> str:
         """Where an evicted block was lost from: the last tier (cache-miss reasons)."""
         tiers = self.cache_tiers
