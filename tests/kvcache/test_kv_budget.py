@@ -53,7 +53,7 @@ def check(c: PrefixCache, cap2: int) -> None:
     if c.tier2 is not None:
         assert c.tier2.used_bytes <= cap2
         in_t2 = {h for h, b in c.index.blocks.items() if b.tier == 2}
-        assert in_t2 == set(c.tier2._sizes)
+        assert in_t2 == set(c.tier2.keys())
     for parent, kids in c.index.children.items():
         assert all(c.index.blocks[k].parent == parent for k in kids)
 
