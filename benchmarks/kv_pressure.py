@@ -14,9 +14,9 @@ the schedule (arrival = previous arrival + service + pause) is computed once, so
 arm serves the same requests in the same order, and the cache's clock reads the virtual
 time; nothing sleeps, so hours of agent time replay in minutes.
 
-Each request goes through the hf engine's own code: ``_prefill`` (match, restore from
+Each request goes through the hf engine's own code: ``steps.prefill`` (match, restore from
 tier 2, chunked prefill, insert), the reply's tokens run through the model as if decoded
-(teacher-forced: the reply as the template renders it), then ``_retain`` (prompt + reply
+(teacher-forced: the reply as the template renders it), then ``steps.retain`` (prompt + reply
 KV, tail included) and ``reply_finished`` with the reply's tool names, as the chat service
 calls it. The model is a RANDOM-WEIGHT tiny Llama (hit rates depend only on tokens), so
 its TTFT is not a real model's: the report adds a MODELED TTFT for Llama-8B on an H100
@@ -222,13 +222,13 @@ def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     seq = SequenceState(req, None, None)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     with torch.no_grad():
-        eng._prefill(seq)
+        eng.steps.prefill(seq)
         ttft = time.perf_counter() - t0
         if turn.reply:
             ids = torch.tensor([turn.reply], device=eng.device)
             eng.model(input_ids=ids, past_key_values=seq.kv, use_cache=True, logits_to_keep=1)
             seq.generated = list(turn.reply)
-        eng._retain(seq)
+        eng.steps.retain(seq)
     eng.reply_finished(key, turn.tools)
     report = eng.lookup_report(key)
     return ttft, seq.cached_tokens, report.tier2_tokens if report else 0
@@ -248,7 +248,7 @@ class ZeroBlocks:
 
 def serve_cache_only(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     """The engine's cache calls for one request, in its order, without running the model:
-    ``_prefill`` (match leaving one token, insert the prompt) and ``_retain`` (prompt + reply
+    ``steps.prefill`` (match leaving one token, insert the prompt) and ``steps.retain`` (prompt + reply
     with the tail), then the reply's tool names. Hit rates are the same as ``serve``'s (they
     depend only on tokens); there is no measured TTFT."""
     cache = eng.cache
@@ -301,7 +301,7 @@ def unbounded_arms(
     eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
     unbounded = run_arm("unbounded", eng, clock, sessions, reqs, cache_only)
     eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
-    eng._retain = lambda seq: None  # type: ignore[method-assign]
+    eng.steps.retain = lambda seq: None  # type: ignore[method-assign]
     if CACHE_ONLY if cache_only is None else cache_only:
         # the old engine's reuse: full prompt blocks only, nothing retained at the end
         eng.cache.insert = partial(_full_blocks_only, eng.cache.insert)

@@ -4,7 +4,7 @@
 
 Builds the engine as ``agentserve serve`` does (embedded model), prefills one synthetic agent
 prompt of about ``--context`` tokens, then runs ``--tokens`` decode steps of the engine
-(``HFEngine._decode_step``, on this thread) under cProfile; then the same number of steps of
+(``HFEngine.steps.decode_step``, on this thread) under cProfile; then the same number of steps of
 the bare model (forward with a DynamicCache, argmax) for the floor. Prints ms/token of each,
 the engine's overhead over the floor, and the top functions by own time.
 """
@@ -67,14 +67,14 @@ def main() -> None:
     seq.stop_ids = frozenset(eng.eos_token_ids)
     out: list[int] = []
     seq.emit = lambda chunk: out.extend(chunk.token_ids)  # type: ignore[method-assign]
-    eng._prefill(seq)
+    eng.steps.prefill(seq)
     say("prefilled; engine decode under cProfile")
     steps = 0
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
     while seq.kv is not None and steps < n:
-        eng._decode_step(seq)
+        eng.steps.decode_step(seq)
         steps += 1
     prof.disable()
     engine_s = time.perf_counter() - t0

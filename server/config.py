@@ -299,8 +299,10 @@ class Settings(BaseSettings):
     response_fingerprints_mb: int = Field(
         32, ge=1, description="Per tenant: MiB of response fingerprints kept for cache_compare_with."
     )
-    envelope: str = Field(
-        "hermes", description="Tool-call envelope in grammars/envelopes/ (per model family)."
+    envelope: str | None = Field(
+        None,
+        description="Tool-call envelope in grammars/envelopes/; unset = the model family's own. A name set "
+        "here (the family's own too) always wins.",
     )
     model_family: str = Field(
         "auto",

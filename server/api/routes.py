@@ -139,8 +139,8 @@ async def models(request: Request) -> dict[str, Any]:
 
 
 def _engine_problem(request: Request) -> str | None:
-    check = getattr(request.app.state.service.engine, "health", None)
-    return check() if callable(check) else None
+    problem: str | None = request.app.state.service.engine.health()
+    return problem
 
 
 @router.get("/health")

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from server.config import ConfigError, Settings
+from server.families.defaults import DEFAULT_FAMILY
 from server.families.model_template import ModelTemplateRenderer
 from server.families.render import FamilyRenderer
 from server.families.select import MODEL_TEMPLATE, Selection, chat_template_of, select_family
@@ -19,7 +20,7 @@ def choose_family(settings: Settings, tokenizer: Any) -> Selection:
     """The family for ``settings.model``; a ConfigError naming the choices when none fits."""
     try:
         if settings.model == EMBEDDED and settings.model_family in ("", "auto"):
-            return Selection(load_family("hermes"), "embedded default (SmolLM2)")
+            return Selection(load_family(DEFAULT_FAMILY), "embedded default (SmolLM2)")
         folder = None if settings.model == EMBEDDED else resolve_model(settings.model, progress=False)
         selection = select_family(settings.model_family, folder, tokenizer)
     except FamilyError as exc:
@@ -28,9 +29,8 @@ def choose_family(settings: Settings, tokenizer: Any) -> Selection:
 
 
 def envelope_name(settings: Settings, selection: Selection) -> str:
-    """The family's envelope, unless the config names another one explicitly."""
-    default = type(settings).model_fields["envelope"].default
-    return settings.envelope if settings.envelope != default else selection.family.envelope
+    """The family's envelope, unless the config names one explicitly (the family's own name too)."""
+    return settings.envelope if settings.envelope is not None else selection.family.envelope
 
 
 def make_renderer(settings: Settings, selection: Selection, tokenizer: Any) -> Any:

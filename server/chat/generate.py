@@ -57,8 +57,7 @@ class LogprobText:
 
     def __init__(self, engine: Engine) -> None:
         self.tokenizer = engine.tokenizer
-        vocab = getattr(getattr(engine, "constraints", None), "vocab", None)
-        self.token_bytes: Sequence[bytes] = vocab.token_bytes if vocab is not None else ()
+        self.token_bytes: Sequence[bytes] = engine.constraints.vocab.token_bytes
 
     def bytes_of(self, token_id: int) -> bytes:
         raw = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else b""
@@ -94,7 +93,13 @@ async def generate_text(
     if fmt is not None:
         out.logprobs = []
     request = GenerationRequest(
-        p.request_id, p.prompt_ids, p.sampling, p.tool_spec, p.cache_salt, p.session.key
+        p.request_id,
+        p.prompt_ids,
+        p.sampling,
+        p.tool_spec,
+        p.cache_salt,
+        p.session.key,
+        constraint=p.take_constraint(),  # compiled at prepare time: the engine does not compile it again
     )
     metrics.running.inc()
     gen = engine.generate(request)

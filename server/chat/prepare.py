@@ -2,9 +2,10 @@
 
 The result, ``Prepared``, is everything the generate and respond steps need; nothing
 here touches the engine's decode loop. Tools are planned (``plan_tools``) and the
-engine's constraint builder builds the request's ``ToolSpec`` once, which compiles (and
-caches) the name trie and argument grammars: a bad tool choice or an unenforceable
-schema is a 400 here, before the request waits for a decode slot.
+engine's constraint builder compiles the request's ``ToolSpec`` once (name trie and
+argument grammars, cached by schema): a bad tool choice or an unenforceable schema is a
+400 here, before the request waits for a decode slot, and the compiled constraint goes
+to the engine with the request (``Prepared.constraint``), which does not compile it again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from server.chat.template import render_chat
 from server.chat.tool_choice import plan_tools
 from server.config import Settings
 from server.constrain.custom_grammar import check_format, prompt_tools
+from server.constrain.interface import TokenConstraint
 from server.constrain.plan import ToolPlan
 from server.constrain.response_format import text_schema
 from server.constrain.spec import ToolSpec
@@ -57,6 +59,8 @@ class Prepared:
     prefill: str = ""
     plan: ToolPlan | None = None
     tool_spec: ToolSpec | None = None
+    # tool_spec compiled (a fresh matcher): handed to the engine by the first generation (``take_constraint``)
+    constraint: TokenConstraint | None = None
     cache_salt: str = ""
     call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
     compare_with: str | None = None  # a response id to diagnose the cache against
@@ -64,6 +68,11 @@ class Prepared:
     model: str = ""  # the served name the request used (an alias or served_model_name): echoed back
     # max_tokens lowered to fit the window (limits.max_tokens_over_window: clamp): every dialect reports it
     max_tokens_clamped: MaxTokensClamped | None = None
+
+    def take_constraint(self) -> TokenConstraint | None:
+        """The compiled constraint, once: a matcher is stateful, so a second generation compiles anew."""
+        constraint, self.constraint = self.constraint, None
+        return constraint
 
 
 class Preparer:
@@ -228,13 +237,15 @@ class Preparer:
 
     def _tool_spec(
         self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int, json_text: dict[str, Any] | None
-    ) -> ToolSpec | None:
-        """The request's ToolSpec, built once by the engine's builder (compiles and caches; 400s here).
+    ) -> tuple[ToolSpec | None, TokenConstraint | None]:
+        """The request's ToolSpec and its constraint, compiled once by the engine's builder (400s here).
 
-        ``json_text``: the schema of the reply's text (response_format), None for free text.
+        The engine decodes under that constraint (``GenerationRequest.constraint``): nothing
+        compiles the spec again in this process. ``json_text``: the schema of the reply's
+        text (response_format), None for free text.
         """
         if not tools and json_text is None:
-            return None
+            return None, None
         spec = ToolSpec(
             tools,
             plan,
@@ -244,8 +255,7 @@ class Preparer:
             budget=budget,
             text_schema=json_text,
         )
-        self.engine.constraints.build(spec)
-        return spec
+        return spec, self.engine.constraints.build(spec)
 
     # -- requests -------------------------------------------------------------------------------
     @constraint_errors_as_400()
@@ -278,6 +288,7 @@ class Preparer:
         )
         prompt_ids = ids + list(prefill_ids)
         sampling, clamped = self._sampling(req, len(prompt_ids))
+        spec, constraint = self._tool_spec(tools, plan, sampling.max_tokens, json_text)
         return Prepared(
             kind="chat",
             request_id="chatcmpl-" + uuid.uuid4().hex[:24],
@@ -291,7 +302,8 @@ class Preparer:
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             prefill=plan.prefill,
             plan=plan,
-            tool_spec=self._tool_spec(tools, plan, sampling.max_tokens, json_text),
+            tool_spec=spec,
+            constraint=constraint,
             cache_salt=cache_salt(tenant, self.settings.auth),
             call_id_style=self.call_id_style,
             compare_with=req.comparison_response_id(),

@@ -82,7 +82,7 @@ def parse_logit_bias(value: dict[str, Any] | None, vocab_size: int) -> tuple[tup
 def sampling_params(req: SamplingFields, max_tokens: int, engine: Engine) -> SamplingParams:
     """The engine's SamplingParams for a checked request (``max_tokens`` already budgeted).
 
-    An engine may refuse what it cannot honour with ``check_sampling(params)`` (InvalidRequest).
+    The engine refuses what it cannot honour (``Engine.check_sampling``: InvalidRequest).
     """
     vocab_size = engine.vocab_size
     stop_ids = tuple(req.stop_token_ids or ())
@@ -106,7 +106,5 @@ def sampling_params(req: SamplingFields, max_tokens: int, engine: Engine) -> Sam
         min_p=req.min_p or 0.0,
         logprobs=req.top_logprobs_asked(),
     )
-    check = getattr(engine, "check_sampling", None)
-    if check is not None:
-        check(params)
+    engine.check_sampling(params)
     return params

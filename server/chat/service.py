@@ -26,6 +26,7 @@ from server.chat.prepare import Prepared, Preparer
 from server.chat.respond import StreamChunks, complete_response
 from server.config import Settings
 from server.engines.base import Engine
+from server.families.end_tokens import family_end_tokens
 from server.families.envelope import load_envelope
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest, CompletionRequest
@@ -40,6 +41,7 @@ class ChatService:
         self.metrics = metrics
         self.family_selection = choose_family(settings, engine.tokenizer)
         self.family = self.family_selection.family
+        engine.use_end_tokens(family_end_tokens(self.family))  # the stop set and the masks' EOS
         self.renderer = make_renderer(settings, self.family_selection, engine.tokenizer)
         envelope = self.envelope_ref = envelope_name(settings, self.family_selection)
         self.envelope = load_envelope(envelope)
@@ -52,8 +54,8 @@ class ChatService:
             sessions_bytes=settings.session_table_mb * 2**20,
             sessions_bytes_per_tenant=(settings.session_table_tenant_mb or 0) * 2**20 or None,
             responses_bytes_per_tenant=settings.response_fingerprints_mb * 2**20,
-            tier=_cache_tier(engine),
-            retention_s=getattr(engine, "cache_retention_s", None),
+            tier=engine.cache_location(),
+            retention_s=engine.cache_retention_s,
         )
         self.preparer = Preparer(
             engine, settings, self.renderer, envelope, self.family.call_id, self.family.ref
@@ -98,9 +100,7 @@ class ChatService:
 
     def _reply_finished(self, p: Prepared, tool_names: list[str]) -> None:
         """Tell the engine's cache what the session now waits on: these tools, or a person (none)."""
-        hook = getattr(self.engine, "reply_finished", None)
-        if hook is not None:
-            hook(p.session.key, tool_names)
+        self.engine.reply_finished(p.session.key, tool_names)
 
     def _on_first_token(self, p: Prepared, out: GenerationResult, seconds: float) -> None:
         self.cache_report.observe_prefill(len(p.prompt_ids) - out.cached_tokens, seconds)
@@ -133,16 +133,3 @@ class ChatService:
         self._finish_accounting(p, out)
         for c in chunks.final(out):
             yield c
-
-
-def _cache_tier(engine: Engine) -> str:
-    """Where the engine's prefix cache keeps blocks (the tier an evicted block was lost from)."""
-    tiers = getattr(engine, "cache_tiers", None)
-    if tiers:
-        return str(tiers[-1])
-    if getattr(engine, "name", "") == "vllm":
-        return "vLLM's KV cache"
-    device = getattr(engine, "device", None)
-    if device is not None:
-        return f"the prefix cache in {getattr(device, 'type', device)} memory"
-    return "the engine's KV cache"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from server.families.defaults import DEFAULT_FAMILY
 from server.families.envelope import Envelope
 from server.families.render import FamilyRenderer, renderer_for, template_arguments
 from server.families.rendered import RenderedPrompt
@@ -23,7 +24,7 @@ from server.protocol import ChatMessage
 
 __all__ = ["GENERATION_PROMPT", "template_arguments", "render_chat"]
 
-GENERATION_PROMPT = load_family("hermes").layout.generation_prompt
+GENERATION_PROMPT = load_family(DEFAULT_FAMILY).layout.generation_prompt
 
 
 def _renderer(family: Envelope | Family | FamilyRenderer | str) -> FamilyRenderer:
@@ -39,7 +40,7 @@ def _renderer(family: Envelope | Family | FamilyRenderer | str) -> FamilyRendere
 def render_chat(
     messages: Sequence[ChatMessage],
     tools: Sequence[dict[str, Any]] | None,
-    family: Envelope | Family | FamilyRenderer | str = "hermes",
+    family: Envelope | Family | FamilyRenderer | str = DEFAULT_FAMILY,
     add_generation_prompt: bool = True,
 ) -> RenderedPrompt:
     return _renderer(family).render(messages, tools, add_generation_prompt)

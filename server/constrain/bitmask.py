@@ -1,7 +1,5 @@
-"""EOS ids and bitmask application, for both engines (the hf engine and vLLM's processor).
+"""Bitmask application, for both engines (the hf engine and vLLM's processor).
 
-* ``model_eos_ids`` — which token ids end a reply: the tokenizer's EOS, ChatML's end
-  tokens, and the model config's / generation config's EOS ids, in that order.
 * ``pack_ids`` — a packed int32 row (xgrammar's format) allowing exactly the given ids.
 * ``MaskApplier`` — one packed int32 bitmask [B, ceil(V/32)] on the host (the constraints
   write it with numpy), copied to the logits' device once, and applied to every
@@ -15,30 +13,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 import xgrammar as xgr
 
 from server.constrain.interface import TokenConstraint
-
-# Tokens that end a turn in the chat formats served here, besides the tokenizer's own EOS.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>")
-
-
-def model_eos_ids(tokenizer: Any, config_eos: int | list[int] | None = None) -> tuple[int, ...]:
-    """The tokenizer's EOS, the end-of-turn tokens it knows, then the model config's EOS ids."""
-    ids: list[int] = []
-    if tokenizer is not None:
-        for name in (tokenizer.eos_token, *END_OF_TURN_TOKENS):
-            tid = tokenizer.convert_tokens_to_ids(name) if name else None
-            if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid not in ids:
-                ids.append(tid)
-    for tid in config_eos if isinstance(config_eos, list) else [config_eos]:
-        if isinstance(tid, int) and tid not in ids:
-            ids.append(tid)
-    return tuple(ids)
 
 
 def pack_ids(ids: Iterable[int], vocab_size: int) -> np.ndarray:

@@ -2,10 +2,11 @@
 
 One builder per engine process and tokenizer. It keeps one ``TokenVocab`` (built once,
 lazily) and one ``ConstraintFactory`` per (envelope, backend), whose trie and grammar
-caches make a second build of the same tools cheap. The chat service builds once at
-prepare time (warming the caches; a bad schema or tool choice is a 400 there), the engine
-builds again where it decodes: the hf engine in-process, vLLM's logits processor in the
-engine core (its own builder, from the spec in ``extra_args``).
+caches make a second build of the same tools cheap. A request's spec is built once per
+process where it is used: the chat service builds it at prepare time (a bad schema or
+tool choice is a 400 there) and the engine decodes under that constraint (the hf engine;
+the vllm engine's mirror); vLLM's logits processor builds its own in the engine core
+(its own builder, from the spec in ``extra_args``).
 """
 
 from __future__ import annotations

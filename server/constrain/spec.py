@@ -19,6 +19,7 @@ from typing import Any
 
 from server.constrain.arguments import backend_names
 from server.constrain.plan import ToolPlan
+from server.families.defaults import DEFAULT_ENVELOPE
 from server.families.envelope import load_envelope
 
 EXTRA_ARGS_KEY = "agentserve"  # the key of the spec in vLLM's SamplingParams.extra_args
@@ -29,7 +30,7 @@ _KEYS = ("tools", "plan", "envelope", "backend", "eos_token_ids", "request_id", 
 class ToolSpec:
     tools: list[dict[str, Any]]  # OpenAI tool objects, in request order
     plan: ToolPlan
-    envelope: str = "hermes"  # a name in grammars/envelopes/ (or a path to a .yaml file)
+    envelope: str = DEFAULT_ENVELOPE  # a name in grammars/envelopes/ (or a path to a .yaml file)
     backend: str = "xgrammar"  # an arguments backend registered in server.constrain.arguments
     eos_token_ids: tuple[int, ...] = ()  # () = the model's own (the engine fills them in)
     request_id: str | None = field(default=None, compare=False)  # only to tag log lines
@@ -88,7 +89,7 @@ class ToolSpec:
             not isinstance(eos, list) or not all(isinstance(t, int) and t >= 0 for t in eos)
         ):
             raise ValueError(f"{where}.eos_token_ids must be a list of token ids, got {eos!r}")
-        envelope = spec.get("envelope", "hermes")
+        envelope = spec.get("envelope", DEFAULT_ENVELOPE)
         load_envelope(envelope)  # ValueError names the known envelopes
         try:
             plan = ToolPlan.from_dict(spec["plan"])

@@ -2,9 +2,12 @@
 
 An engine owns the model, its tokenizer, its prefix (KV) cache and its constraint builder.
 The chat service renders and tokenizes prompts, plans tools, and turns token chunks into
-OpenAI responses. Tools cross this seam as data: a ``ToolSpec`` (tools, plan, envelope
-name, backend, EOS ids), never a live constraint; each engine builds the constraint where
-it decodes (``ConstraintBuilder``: in-process for hf, in vLLM's engine core for vllm).
+OpenAI responses. Tools cross this seam as data, a ``ToolSpec`` (tools, plan, envelope
+name, backend, EOS ids), compiled once per process where it is used: chat compiles it at
+prepare time with the engine's ``constraints`` (a bad schema is a 400 there) and hands the
+compiled constraint along (``GenerationRequest.constraint``): the hf engine decodes under
+it, the vllm engine uses it as its mirror, and vLLM's engine core (another process) builds
+its own from the spec's JSON form.
 
 Cancellation: closing the async iterator returned by ``generate`` (``aclose()``, or
 leaving an ``async for`` early) cancels the request and frees its resources.
@@ -12,15 +15,18 @@ leaving an ``async for`` early) cancels the request and frees its resources.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import abc
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.errors import ConstraintError
+from server.constrain.interface import TokenConstraint
 from server.constrain.spec import ToolSpec
 from server.errors import InvalidRequest
+from server.families.end_tokens import reply_end_ids
 
 
 @contextmanager
@@ -77,6 +83,10 @@ class GenerationRequest:
     tool_spec: ToolSpec | None = None  # None: unconstrained
     cache_salt: str = ""  # namespace of the prefix cache (tenant); "" = shared
     session_key: str = ""  # the session (prefix-cache retention, cache reports); "" = none
+    # ``tool_spec`` already compiled by this engine's ``constraints`` (chat compiles it at prepare
+    # time, where a bad schema is a 400): the engine uses it and compiles nothing. A fresh,
+    # unused matcher, used by one generation only. None: the engine compiles ``tool_spec`` itself.
+    constraint: TokenConstraint | None = None
 
 
 @dataclass
@@ -99,19 +109,94 @@ class EngineStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-class Engine(Protocol):
-    name: str
+class Engine(abc.ABC):
+    """What chat (and the api layer) may use of an engine: everything is declared here.
+
+    A subclass sets the attributes in its ``__init__`` and implements the abstract methods;
+    an engine missing one cannot be instantiated. The concrete methods are defaults for an
+    engine that truly has nothing to say (documented on each); nobody probes with ``getattr``.
+    """
+
+    name: str  # "hf" | "vllm" | a test's name (/health and /v1/models show it)
     tokenizer: Any  # a transformers PreTrainedTokenizerBase
     max_model_len: int
     vocab_size: int  # rows of the logits (may exceed len(tokenizer))
-    eos_token_ids: tuple[int, ...]
+    eos_token_ids: tuple[int, ...]  # the ids that end a reply (the engine's stop set, the masks' EOS)
+    config_eos: int | list[int] | None = None  # the model config's EOS id(s), as the engine read them
+    end_tokens: tuple[str, ...] = ()  # the family's end-of-turn tokens (``use_end_tokens``)
     block_size: int  # tokens per prefix-cache block (what cached_tokens is a multiple of)
     constraints: ConstraintBuilder  # builds (and warms) the constraint of a ToolSpec
 
-    async def start(self) -> None: ...
+    # -- lifecycle -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load / start what serving needs (idempotent; ``generate`` starts a stopped engine)."""
 
-    async def shutdown(self) -> None: ...
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Stop serving and free the model's resources."""
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]: ...
+    def health(self) -> str | None:
+        """None while the engine can serve; else why not (/health answers 503 with it).
 
-    def stats(self) -> EngineStats: ...
+        Default: always healthy (an engine with no background worker that could die).
+        """
+        return None
+
+    # -- the end of a reply ---------------------------------------------------------------------
+    def end_of_reply_ids(self) -> tuple[int, ...]:
+        """The ids that end a reply, decided in one place (``families.end_tokens.reply_end_ids``)."""
+        return reply_end_ids(self.tokenizer, self.end_tokens, self.config_eos)
+
+    def use_end_tokens(self, end_tokens: Sequence[str]) -> None:
+        """The chat service names the chosen family's end-of-turn tokens (grammars/families data).
+
+        ``eos_token_ids`` becomes the tokenizer's EOS, these tokens, then the config's EOS ids:
+        the engine's stop set and the EOS every mask allows (the builder's default too).
+        """
+        self.end_tokens = tuple(end_tokens)
+        self.eos_token_ids = self.end_of_reply_ids()
+        self.constraints.eos_token_ids = self.eos_token_ids
+
+    # -- requests ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Token chunks of one request; closing the iterator cancels it (see the module doc)."""
+
+    def check_sampling(self, params: SamplingParams) -> None:
+        """Raise ``InvalidRequest`` (400) for sampling this engine cannot honour (called at prepare).
+
+        Default: every ``SamplingParams`` is honoured.
+        """
+        return None
+
+    # -- statistics and the prefix cache -------------------------------------------------------
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """Prefix-cache and scheduler counters for /metrics."""
+
+    @property
+    def cache_tiers(self) -> tuple[str, ...]:
+        """Where the prefix cache keeps blocks, first tier to last (cache-miss reasons name them).
+
+        Default: none known (``cache_location`` then says "the engine's KV cache").
+        """
+        return ()
+
+    # Seconds after which the prefix cache drops an idle session's blocks by time (the cache report's
+    # "expired" miss). None: no expiry by time; neither engine here has one (hf evicts by byte
+    # budget and policy, vLLM by its block pool), so both keep this default.
+    cache_retention_s: float | None = None
+
+    def cache_location(self) -> str:
+        """Where an evicted block was lost from: the last tier (cache-miss reasons)."""
+        tiers = self.cache_tiers
+        return str(tiers[-1]) if tiers else "the engine's KV cache"
+
+    def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
+        """The chat service says how a session's reply ended: tool calls (named) or text (none).
+
+        A session-aware cache keeps what the session will need next. Default: nothing to do
+        (an engine whose cache does not know sessions).
+        """
+        return None

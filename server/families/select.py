@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from server.families.defaults import DEFAULT_ENVELOPE
 from server.families.spec import (
     Detect,
     Family,
@@ -30,7 +31,7 @@ from server.families.spec import (
 MODEL_TEMPLATE = "model"  # model_family: model = the model folder's own chat template
 MODEL_FAMILY = Family(
     name=MODEL_TEMPLATE,
-    envelope="hermes",
+    envelope=DEFAULT_ENVELOPE,
     description="the model folder's own Jinja chat template (server/families/model_template.py)",
     models=(),
     default_system="",

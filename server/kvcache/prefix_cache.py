@@ -15,10 +15,12 @@ reusable: the engine inserts, when a request ends, the KV of prompt + generated 
 including the partial last block (``insert(..., tail=True)``). A tail that a later full
 block covers is a duplicate and is dropped.
 
-Eviction under the byte budget and the second tier are ``kv_tiers``: ``policy="lru"``
-evicts least recently used first; ``policy="session"`` asks ``kv_retention`` (blocks no
-waiting session needs first, then sessions by expected time to return). With a second
-tier (``kv_tier2``), evicted blocks move there and come back on a hit when restoring is
+The cache is made of parts, not base classes: ``index`` (``index.BlockIndex``: blocks,
+children, LRU order, bytes), ``tiers`` (``tiers.Tiers``: eviction under the byte budget
+and the second tier) and ``book`` (``sessions.SessionBook``). ``policy="lru"`` evicts
+least recently used first; ``policy="session"`` asks ``retention`` (blocks no waiting
+session needs first, then sessions by expected time to return). With a second tier
+(``tier2``), evicted blocks move there and come back on a hit when restoring is
 measured to cost less than recomputing.
 
 The cache stores opaque payloads with a byte size; the engine decides what a block's KV
@@ -41,10 +43,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from server.kvcache.index import Block
+from server.kvcache.index import Block, BlockIndex
+from server.kvcache.retention import Sessions
 from server.kvcache.sessions import CacheCounters, LookupReport, SessionBook, cache_metrics
 from server.kvcache.tier2 import CostModel, Tier2Store, chain_key
-from server.kvcache.tiers import TieredIndex
+from server.kvcache.tiers import Tiers
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class MatchResult:
         return sum(self.lengths) if self.lengths else len(self.blocks) * self.block_size
 
 
-class PrefixCache(TieredIndex):
+class PrefixCache:
     def __init__(
         self,
         block_size: int,
@@ -81,10 +84,73 @@ class PrefixCache(TieredIndex):
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.enabled = enabled and capacity_bytes > 0
-        counters = CacheCounters()
-        self.book = SessionBook(max_sessions, session_cap_s, block_size, counters)
-        super().__init__(capacity_bytes, policy, tier2, cost, clock, counters, self.book.sessions)
+        self.counters = CacheCounters()
+        self.book = SessionBook(max_sessions, session_cap_s, block_size, self.counters)
+        self.index = BlockIndex()  # the blocks of both tiers (parts, not bases: each file one job)
+        self.tiers = Tiers(
+            self.index, capacity_bytes, policy, tier2, cost, clock, self.counters, self.book.sessions
+        )
         self._lock = threading.RLock()
+
+    # -- the parts' settings and state, as one cache shows them ---------------
+    @property
+    def capacity_bytes(self) -> int:
+        return self.tiers.capacity_bytes
+
+    @capacity_bytes.setter
+    def capacity_bytes(self, value: int) -> None:
+        self.tiers.capacity_bytes = value
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.tiers.clock
+
+    @clock.setter
+    def clock(self, value: Callable[[], float]) -> None:
+        self.tiers.clock = value
+
+    @property
+    def tier2(self) -> Tier2Store | None:
+        """The second tier (None: none, or turned off after it degraded)."""
+        return self.tiers.tier2
+
+    @property
+    def cost(self) -> CostModel:
+        return self.tiers.cost
+
+    @property
+    def sessions(self) -> Sessions:
+        return self.book.sessions
+
+    @property
+    def evictions(self) -> int:
+        return self.tiers.evictions
+
+    @property
+    def used_bytes(self) -> int:
+        """Tier-1 bytes."""
+        return self.index.used_bytes
+
+    def tier_of(self, block_hash: bytes) -> int | None:
+        return self.index.tier_of(block_hash)
+
+    def tier_names(self, device_type: str) -> tuple[str, ...]:
+        return self.tiers.tier_names(device_type)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self.index
+
+    def snapshot(self) -> Any:
+        """The tier-1 contents, for ``restore`` (paired benchmark runs; tier 2 is not included)."""
+        with self._lock:
+            return self.index.snapshot()
+
+    def restore(self, snap: Any) -> None:
+        with self._lock:
+            self.index.restore(snap)
 
     # -- keys -----------------------------------------------------------------
     def root(self, salt: str = "") -> bytes:
@@ -129,7 +195,7 @@ class PrefixCache(TieredIndex):
             missed = b""
             while pos + bs <= limit:
                 h = chain_key(parent, token_ids[pos : pos + bs])
-                payload, restored = self._take(h, keys)
+                payload, restored = self.tiers.take(h, keys)
                 if payload is None:
                     missed = h
                     break
@@ -140,16 +206,16 @@ class PrefixCache(TieredIndex):
                 parent = h
                 pos += bs
             # token-granular: the cached child of the last hit that shares the most tokens
-            best, best_n = self._best_child(parent, token_ids[pos:limit], skip=missed)
+            best, best_n = self.index.best_child(parent, token_ids[pos:limit], skip=missed)
             if best is not None:
-                payload, restored = self._take(best, keys)
+                payload, restored = self.tiers.take(best, keys)
                 if payload is not None:
                     keys.append(best)
                     lengths.append(best_n)
                     payloads.append(payload)
                     tier2_tokens += best_n if restored else 0
                     self.counters.tail_hit_tokens += best_n
-            self._touch(keys)
+            self.index.touch(keys)
             cached = sum(lengths)
             self.counters.hit_tokens_tier1 += cached - tier2_tokens
             self.counters.hit_tokens_tier2 += tier2_tokens
@@ -190,9 +256,9 @@ class PrefixCache(TieredIndex):
             for i in range(n_blocks):
                 tokens = tuple(token_ids[i * bs : (i + 1) * bs])
                 h = chain_key(parent, tokens)
-                blk = self._blocks.get(h)
+                blk = self.index.blocks.get(h)
                 if blk is None and len(tokens) < bs:
-                    cover = self._covering_sibling(parent, tokens)
+                    cover = self.index.covering_sibling(parent, tokens)
                     if cover is not None:  # a cached block already holds these tokens' KV
                         kept.append(cover)
                         covered += len(tokens)
@@ -204,7 +270,7 @@ class PrefixCache(TieredIndex):
                     if chain_bytes + nbytes > self.capacity_bytes:
                         break
                     if blk is not None:  # recomputed anyway: the fresh copy replaces tier 2's
-                        self._forget(h)
+                        self.tiers.forget(h)
                     blk = self._add(h, parent, tokens, payload, nbytes)
                     added += 1
                 chain_bytes += blk.nbytes
@@ -212,17 +278,17 @@ class PrefixCache(TieredIndex):
                 kept.append(h)
                 covered += len(tokens)
                 parent = h
-            self._touch(kept)
+            self.index.touch(kept)
             if session:
                 last = tuple(token_ids[(len(kept) - 1) * bs : covered]) if kept else ()
                 self.book.set_chain(session, kept, covered, last)
-            self._evict_locked()
+            self.tiers.evict()
         return added
 
     def _add(self, h: bytes, parent: bytes, tokens: tuple[int, ...], payload: Any, nbytes: int) -> Block:
-        for dup in self._duplicates_of(parent, tokens):
-            self._forget(dup)
-        return self._link(h, parent, tokens, payload, nbytes)
+        for dup in self.index.duplicates_of(parent, tokens):
+            self.tiers.forget(dup)
+        return self.index.link(h, parent, tokens, payload, nbytes)
 
     # -- sessions -----------------------------------------------------------------
     def reply_finished(
@@ -250,15 +316,15 @@ class PrefixCache(TieredIndex):
         with self._lock:
             return cache_metrics(
                 self.counters,
-                self._bytes,
-                len(self._lru),
-                self.evictions,
-                len(self._blocks),
-                self.tier2_bytes,
+                self.index.used_bytes,
+                len(self.index),
+                self.tiers.evictions,
+                len(self.index.blocks),
+                self.tiers.tier2_bytes,
             )
 
     def clear(self) -> None:
         with self._lock:
-            self._clear_index()
-            if self.tier2 is not None:
-                self.tier2.clear()
+            self.index.clear()
+            if self.tiers.tier2 is not None:
+                self.tiers.tier2.clear()

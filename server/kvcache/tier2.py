@@ -104,6 +104,10 @@ class Tier2Store:
     def __len__(self) -> int:
         return len(self._sizes)
 
+    def keys(self) -> list[bytes]:
+        """The stored blocks' keys, least recently used first."""
+        return list(self._sizes)
+
     def put(self, key: bytes, parent: bytes, tokens: Sequence[int], payload: torch.Tensor) -> list[bytes]:
         """Store a block; returns the keys dropped (the LRU ones, or ``key`` itself when it cannot fit)."""
         nbytes = payload.numel() * payload.element_size()

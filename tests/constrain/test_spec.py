@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from server.chat.tool_choice import ToolPlan, plan_tools
-from server.constrain.bitmask import MaskApplier, model_eos_ids, pack_ids
+from server.constrain.bitmask import MaskApplier, pack_ids
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.spec import EXTRA_ARGS_KEY, ToolSpec
 
@@ -77,14 +77,6 @@ def test_builder_builds_what_the_factory_builds(tokenizer, factory, hermes):
     assert builder.build(ToolSpec([], _plan(hermes, "none"))) is None
     with pytest.raises(ValueError, match="unknown arguments backend"):
         builder.factory("hermes", "nope")
-
-
-def test_model_eos_ids_order_and_dedup(tokenizer):
-    ids = model_eos_ids(tokenizer, [2, 0, 7])
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert ids[0] == tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-    assert im_end in ids and ids[-1] == 7 and len(ids) == len(set(ids))
-    assert model_eos_ids(None, 5) == (5,)
 
 
 def test_pack_ids_and_apply_rows_mask_only_the_given_rows():

@@ -49,13 +49,13 @@ def cutter(tokens):
 
 def check(c: PrefixCache, cap2: int) -> None:
     assert c.used_bytes <= c.capacity_bytes
-    assert c.used_bytes == sum(b.nbytes for b in c._blocks.values() if b.tier == 1)
+    assert c.used_bytes == sum(b.nbytes for b in c.index.blocks.values() if b.tier == 1)
     if c.tier2 is not None:
         assert c.tier2.used_bytes <= cap2
-        in_t2 = {h for h, b in c._blocks.items() if b.tier == 2}
-        assert in_t2 == set(c.tier2._sizes)
-    for parent, kids in c._children.items():
-        assert all(c._blocks[k].parent == parent for k in kids)
+        in_t2 = {h for h, b in c.index.blocks.items() if b.tier == 2}
+        assert in_t2 == set(c.tier2.keys())
+    for parent, kids in c.index.children.items():
+        assert all(c.index.blocks[k].parent == parent for k in kids)
 
 
 def run(operations, policy: str, store_kind: str, tmp_path=None) -> None:

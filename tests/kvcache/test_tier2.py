@@ -108,7 +108,7 @@ def test_corrupted_or_missing_tier2_file_is_a_miss(model, tmp_path):
     assert torch.max(torch.abs(logits - scratch(model, a + [7]))).item() < TOL
     # block 2's file is gone: a miss too, once asked for
     store = eng.cache.tier2
-    blk = eng.cache._blocks[hs[2]]
+    blk = eng.cache.index.blocks[hs[2]]
     assert store.get(hs[2], blk.parent, blk.tokens) is None
 
 

@@ -8,7 +8,8 @@ each keeps its own KV, so none shares state with another and a reused prefix is 
 copied). A long prompt delays the others' decode by one chunk per step, no more.
 Tokens go back to each request's asyncio queue; closing the request's iterator
 cancels it at the next step. This module loads the model and runs that loop; the
-steps themselves (prefill, decode, finish, retain) are ``hf_steps``.
+steps themselves (prefill, decode, finish, retain) are ``steps.SequenceSteps``, which the
+engine owns (``self.steps``).
 """
 
 from __future__ import annotations
@@ -18,16 +19,21 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from server.config import EngineSettings
-from server.constrain.bitmask import MaskApplier, model_eos_ids
 from server.constrain.builder import ConstraintBuilder
-from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, constraint_errors_as_400
+from server.engines.base import (
+    Engine,
+    EngineStats,
+    GenerationChunk,
+    GenerationRequest,
+    constraint_errors_as_400,
+)
 from server.engines.hf.kv_blocks import cache_from_settings
 from server.engines.hf.sampling import TokenSampler
 from server.engines.hf.steps import SequenceState, SequenceSteps
@@ -53,7 +59,7 @@ def _device_and_dtype(settings: EngineSettings) -> tuple[torch.device, torch.dty
     return device, getattr(torch, settings.dtype)
 
 
-class HFEngine(SequenceSteps):
+class HFEngine(Engine):
     name = "hf"
 
     def __init__(self, settings: EngineSettings, model: Any = None, tokenizer: Any = None) -> None:
@@ -81,12 +87,12 @@ class HFEngine(SequenceSteps):
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         gen_config = getattr(self.model, "generation_config", None)
-        self.eos_token_ids = model_eos_ids(self.tokenizer, getattr(gen_config, "eos_token_id", None))
+        self.config_eos = getattr(gen_config, "eos_token_id", None)
+        self.eos_token_ids = self.end_of_reply_ids()  # the family's end tokens come with use_end_tokens
         self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        self.prefill_chunk = settings.prefill_chunk_tokens or (
+        prefill_chunk = settings.prefill_chunk_tokens or (
             PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK
         )
-        self._masks = MaskApplier(self.vocab_size)
         pc = settings.prefix_cache
         self.cache = cache_from_settings(pc, self.device.type)
         # cached_tokens is token-granular (tails, the reply's KV), not a multiple of pc.block_size
@@ -97,7 +103,21 @@ class HFEngine(SequenceSteps):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats = EngineStats()
-        self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
+        # the model steps on sequences (prefill, decode, retain): a part of the engine, not a base
+        self.steps = SequenceSteps(
+            self.model,
+            self.device,
+            self.cache,
+            prefill_chunk,
+            self.max_model_len,
+            self.vocab_size,
+            self._stats,
+        )
+
+    @property
+    def tokens_generated(self) -> int:
+        """All decode steps ever taken (cancellation tests read it)."""
+        return self.steps.tokens_generated
 
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
@@ -126,7 +146,7 @@ class HFEngine(SequenceSteps):
             prefix_hits_tokens=s.prefix_hits_tokens,
             running=len(self._running),
             waiting=self._inbox.qsize(),
-            extra={**self.cache.stats(), "tokens_generated": float(self.tokens_generated)},
+            extra={**self.cache.stats(), "tokens_generated": float(self.steps.tokens_generated)},
         )
 
     # -- public API ---------------------------------------------------------------
@@ -135,7 +155,8 @@ class HFEngine(SequenceSteps):
             await self.start()
         seq = SequenceState(request, asyncio.get_running_loop(), asyncio.Queue())
         seq.stop_ids = frozenset((*self.eos_token_ids, *request.sampling.stop_token_ids))
-        if request.tool_spec is not None:  # cheap: the service built it once at prepare time (caches warm)
+        seq.constraint = request.constraint  # compiled at prepare time: not compiled again
+        if seq.constraint is None and request.tool_spec is not None:  # a caller that sent only the spec
             with constraint_errors_as_400():
                 seq.constraint = self.constraints.build(request.tool_spec)
         generator = None
@@ -172,7 +193,7 @@ class HFEngine(SequenceSteps):
             None,  # type: ignore[arg-type]  # and no queue
         )
         with torch.no_grad():
-            self._prefill(seq)
+            self.steps.prefill(seq)
         assert seq.next_logits is not None
         return seq.next_logits, seq.cached_tokens
 
@@ -189,7 +210,7 @@ class HFEngine(SequenceSteps):
             if prefilling is not None:
                 # one chunk, then a decode step for the running ones: a long prompt stalls them one chunk
                 seq = prefilling
-                done = self._run_guarded(seq, self._prefill_chunk)
+                done = self._run_guarded(seq, self.steps.prefill_chunk)
                 if done or seq.kv is None:
                     prefilling = None
                     if seq.kv is not None:
@@ -205,13 +226,13 @@ class HFEngine(SequenceSteps):
         """One decode step of every running request: sample each, then one batched forward."""
         going = []
         for seq in self._running:
-            self._run_guarded(seq, self._pick)
+            self._run_guarded(seq, self.steps.pick)
             if seq.kv is not None and seq.pending is not None:
                 going.append(seq)
         if not going:
             return
         try:
-            self._forward(going)
+            self.steps.forward(going)
         except Exception as exc:  # the batch's forward failed: end those requests, keep the engine
             log.exception("decode step of %d requests failed", len(going))
             for seq in going:
@@ -225,7 +246,7 @@ class HFEngine(SequenceSteps):
     def _run_guarded(self, seq: SequenceState, step: Callable[[SequenceState], Any]) -> Any:
         try:
             if seq.cancelled:
-                self._retain(seq)
+                self.steps.retain(seq)
                 seq.kv = None
                 return None
             return step(seq)
@@ -237,7 +258,7 @@ class HFEngine(SequenceSteps):
             )
             return None
 
-    def reply_finished(self, session_key: str, tool_names: list[str] | tuple[str, ...] = ()) -> None:
+    def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
         """The service says what the session's reply ended with: tool calls (named) or text."""
         self.cache.reply_finished(session_key, tuple(tool_names))
 

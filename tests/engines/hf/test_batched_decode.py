@@ -139,9 +139,9 @@ def test_cancelling_one_request_leaves_the_others_untouched(hf_engine, tokenizer
 
 
 def test_a_long_prefill_stalls_running_decodes_by_one_chunk_at_most(hf_engine, tokenizer, monkeypatch):
-    monkeypatch.setattr(hf_engine, "prefill_chunk", 64)
+    monkeypatch.setattr(hf_engine.steps, "chunk_tokens", 64)
     events: list[str] = []  # on the engine thread, in order
-    real_chunk, real_pick = hf_engine._prefill_chunk, hf_engine._pick
+    real_chunk, real_pick = hf_engine.steps.prefill_chunk, hf_engine.steps.pick
 
     def chunk(seq):
         if seq.request.request_id == "late-long":
@@ -153,8 +153,8 @@ def test_a_long_prefill_stalls_running_decodes_by_one_chunk_at_most(hf_engine, t
             events.append("pick")
         return real_pick(seq)
 
-    monkeypatch.setattr(hf_engine, "_prefill_chunk", chunk)
-    monkeypatch.setattr(hf_engine, "_pick", pick)
+    monkeypatch.setattr(hf_engine.steps, "prefill_chunk", chunk)
+    monkeypatch.setattr(hf_engine.steps, "pick", pick)
     early = GenerationRequest(
         "early", chat_ids(tokenizer, "Write a story."), SamplingParams(400, 0.0), None, "x"
     )

@@ -1,0 +1,54 @@
+"""A scripted engine for contract tests: it subclasses ``Engine`` like the real ones do."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from server.constrain.builder import ConstraintBuilder
+from server.engines.base import Engine, EngineStats, GenerationChunk, GenerationRequest, SamplingParams
+from server.errors import InvalidRequest
+
+
+class ScriptedEngine(Engine):
+    """Replies with ``reply`` (text, tokenized once); records what chat told it."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer: Any, reply: str = "hello", tiers: tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = 2048
+        self.vocab_size = len(tokenizer)
+        self.eos_token_ids = self.end_of_reply_ids()  # the tokenizer's EOS until chat names the family's
+        self.block_size = 16
+        self.constraints = ConstraintBuilder(tokenizer, self.vocab_size, self.eos_token_ids)
+        self.reply_ids = list(tokenizer(reply, add_special_tokens=False)["input_ids"])
+        self.tiers = tiers
+        self.finished: list[tuple[str, tuple[str, ...]]] = []
+        self.checked: list[SamplingParams] = []
+        self.requests: list[GenerationRequest] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        return None
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        self.requests.append(request)
+        yield GenerationChunk(list(self.reply_ids), 0, "stop")
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+    @property
+    def cache_tiers(self) -> tuple[str, ...]:
+        return self.tiers
+
+    def check_sampling(self, params: SamplingParams) -> None:
+        self.checked.append(params)
+        if params.seed == 13:
+            raise InvalidRequest("seed 13 is refused by this engine", param="seed")
+
+    def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
+        self.finished.append((session_key, tuple(tool_names)))

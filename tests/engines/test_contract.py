@@ -1,0 +1,91 @@
+"""The Engine ABC is the contract: everything chat uses is declared, and chat uses only that."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from server.chat.service import ChatService
+from server.engines.base import Engine, EngineStats, GenerationChunk, GenerationRequest
+from server.engines.hf.engine import HFEngine
+from server.engines.vllm.engine import VllmEngine
+from server.errors import InvalidRequest
+from server.metrics import Metrics
+from server.protocol import ChatCompletionRequest
+from tests.conftest import worker_settings
+from tests.engines.fake import ScriptedEngine
+
+
+class _NoGenerate(Engine):
+    name = "incomplete"
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+
+class _Minimal(_NoGenerate):
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        yield GenerationChunk([], 0, "stop")
+
+
+def test_an_engine_missing_a_declared_method_cannot_be_built():
+    with pytest.raises(TypeError, match="generate"):
+        _NoGenerate()  # type: ignore[abstract]
+
+
+def test_the_defaults_of_an_engine_that_has_nothing_to_say():
+    eng = _Minimal()
+    assert eng.health() is None
+    assert eng.cache_tiers == ()
+    assert eng.cache_location() == "the engine's KV cache"
+    assert eng.cache_retention_s is None  # no expiry by time
+    eng.reply_finished("s", ["f"])  # no session-aware cache: nothing happens, nothing raises
+
+
+@pytest.mark.parametrize("cls", [HFEngine, VllmEngine])
+def test_both_engines_implement_the_contract(cls):
+    assert issubclass(cls, Engine)
+    assert not getattr(cls, "__abstractmethods__", None)
+
+
+def _request(**extra):
+    raw = {"model": worker_settings().served_model_name, "messages": [{"role": "user", "content": "hi"}]}
+    raw.update(extra)
+    return ChatCompletionRequest(**raw), raw
+
+
+def test_chat_tells_the_engine_how_the_reply_ended_and_where_its_cache_lives(tokenizer):
+    eng = ScriptedEngine(tokenizer, reply="plain text", tiers=("tier 1 (ram)", "tier 2 (the moon)"))
+    eng.cache_retention_s = 90.0
+    service = ChatService(eng, worker_settings(), Metrics())
+    assert service.cache_report.tier == "tier 2 (the moon)"  # the engine's last tier, asked, not probed
+    assert service.cache_report.retention_s == 90.0  # the declared retention reaches the cache report
+    req, raw = _request(prompt_cache_key="sess-1")
+    prepared = service.prepare_chat(req, {}, raw_body=raw)
+    assert eng.checked and eng.checked[-1] == prepared.sampling  # the engine's sampling check ran
+    response = asyncio.run(service.complete(prepared))
+    assert response["choices"][0]["message"]["content"] == "plain text"
+    assert eng.finished == [(prepared.session.key, ())]  # a text reply: the session waits on a person
+
+    async def drain() -> None:
+        async for _ in service.stream(service.prepare_chat(req, {}, raw_body=raw)):
+            pass
+
+    asyncio.run(drain())
+    assert len(eng.finished) == 2 and eng.finished[1] == eng.finished[0]
+
+
+def test_the_engine_refuses_sampling_it_cannot_honour_at_prepare_time(tokenizer):
+    eng = ScriptedEngine(tokenizer)
+    service = ChatService(eng, worker_settings(), Metrics())
+    req, raw = _request(seed=13)
+    with pytest.raises(InvalidRequest) as exc:
+        service.prepare_chat(req, {}, raw_body=raw)
+    assert exc.value.param == "seed"
+    assert not eng.requests  # refused before anything reached the engine
