@@ -127,6 +127,7 @@ def engine_rows(eng: Any, seqs: list[Any], batch: int, warmup: int, steps: int) 
 
 def reference_ms(model: Any, vocab: int, context: int, batch: int, warmup: int, steps: int) -> float:
     """Stock batched forward over one [B, ...] cache of equal lengths (GrowingLayer: no cat per step)."""
+    from server.engines.hf import steps as hf_steps
     from server.engines.hf.kv_growing import growing_cache
 
     device = next(model.parameters()).device
@@ -141,7 +142,8 @@ def reference_ms(model: Any, vocab: int, context: int, batch: int, warmup: int, 
         tokens = torch.full((batch, 1), 17, device=device)
 
         def forward() -> None:
-            out = model(input_ids=tokens, past_key_values=kv, use_cache=True)
+            with hf_steps.decode_attention(device):  # the SDPA backends the engine's decode uses
+                out = model(input_ids=tokens, past_key_values=kv, use_cache=True)
             out.logits[:, -1].argmax(-1).tolist()  # the tokens to the host, as a server must
 
         times = time_steps(forward, device, warmup, steps)
@@ -152,10 +154,11 @@ def row_agreement(eng: Any, seqs: list[Any]) -> dict[str, float]:
     """bf16 on the GPU: logits of each row of one batched forward vs the same request alone."""
     import copy
 
+    from server.engines.hf import steps as hf_steps
     from server.engines.hf.batched_decode import decode_rows
 
     caches = [copy.deepcopy(s.kv) for s in seqs]
-    with torch.no_grad():
+    with torch.no_grad(), hf_steps.decode_attention(eng.device):
         rows = decode_rows(eng.model, caches, [17] * len(seqs), eng.device).float()
         alone = []
         for s in seqs:
@@ -234,6 +237,9 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, tokenizer_size: 
         "model": f"RANDOM-WEIGHT Llama shapes {args.shapes} ({'bf16' if device == 'cuda' else 'fp32'} on "
         f"{device}), vocab {tokenizer_size} (embedded SmolLM2 tokenizer); hf engine, prefix cache off",
         "steps": f"median of {args.steps} steps after {args.warmup} warm-up",
+        "sdpa": "all backends (cuDNN too: before the fix)"
+        if args.allow_cudnn_sdp
+        else "decode_attention: flash / efficient / math, no cuDNN",
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -285,8 +291,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--check", action="store_true", help="bf16 batched-vs-alone logits, B = 8, first context")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--name", default="gpu_batched_decode")
+    ap.add_argument(
+        "--allow-cudnn-sdp",
+        action="store_true",
+        help="decode with every SDPA backend, cuDNN's too (the engine before decode_attention)",
+    )
     args = ap.parse_args(argv)
     from benchmarks.tokens import load_tokenizer
+
+    if args.allow_cudnn_sdp:
+        from contextlib import nullcontext
+
+        from server.engines.hf import steps as hf_steps
+
+        hf_steps.decode_attention = lambda device: nullcontext()  # type: ignore[assignment]
 
     rows = run(args)
     print(write(rows, args, len(load_tokenizer(args.tokenizer))))
