@@ -20,7 +20,7 @@ On CUDA a decode forward (batched or not) runs under ``decode_attention``: SDPA 
 the cuDNN backend. PyTorch picks cuDNN attention on an H100 for these shapes, and cuDNN
 builds an execution plan for every new shape -- a decode step makes every KV one token
 longer, so it never hits its plan cache: 3.7 ms of host time per attention call (per row,
-per layer), measured (benchmarks/results/gpu_batched_decode.md). Flash / memory-efficient
+per layer), measured (benchmarks/results/GPU.md). Flash / memory-efficient
 SDPA take ~28 us for the same call.
 """
 
