@@ -15,16 +15,24 @@ that owns its scheduler and a paged KV pool of its own, so our prefix cache, tie
 penalties and per-request stop handling would have to move inside it; here each request's
 state and cache stay exactly as they are when it runs alone, and a batch of one is the
 old path. Row results equal the single-sequence forward within fp32 rounding (tests).
+
+On CUDA a decode forward (batched or not) runs under ``decode_attention``: SDPA without
+the cuDNN backend. PyTorch picks cuDNN attention on an H100 for these shapes, and cuDNN
+builds an execution plan for every new shape -- a decode step makes every KV one token
+longer, so it never hits its plan cache: 3.7 ms of host time per attention call (per row,
+per layer), measured (benchmarks/results/GPU.md). Flash / memory-efficient
+SDPA take ~28 us for the same call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 
 ROWS_ATTENTION = "agentserve_rows"
@@ -78,6 +86,14 @@ def rows_attention(
 
 
 AttentionInterface.register(ROWS_ATTENTION, rows_attention)
+
+# SDPA backends of a decode forward on CUDA: all but cuDNN (a plan per KV length, see above)
+DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def decode_attention(device: torch.device) -> AbstractContextManager[Any]:
+    """The context a decode forward runs in on ``device`` (CUDA: SDPA without cuDNN)."""
+    return sdpa_kernel(DECODE_SDPA_BACKENDS) if device.type == "cuda" else nullcontext()
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from transformers import DynamicCache
 from server.constrain.bitmask import MaskApplier
 from server.constrain.interface import TokenConstraint
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
-from server.engines.hf.batched_decode import decode_rows
+from server.engines.hf.batched_decode import decode_attention, decode_rows
 from server.engines.hf.kv_blocks import BlockCutter, cached_kv
 from server.engines.hf.kv_growing import growing_cache, restore
 from server.engines.hf.sampling import TokenSampler
@@ -189,16 +189,17 @@ class SequenceSteps:
         """Run each sequence's pending token through the model: one forward for all of them."""
         tokens = [s.pending for s in seqs]
         assert all(t is not None for t in tokens)
-        if len(seqs) == 1:
-            seq = seqs[0]
-            out = self.model(
-                input_ids=torch.tensor([tokens], device=self.device), past_key_values=seq.kv, use_cache=True
-            )
-            seq.next_logits = out.logits[0, -1]
-        else:
-            logits = decode_rows(self.model, [s.kv for s in seqs], tokens, self.device)  # type: ignore[arg-type]
-            for i, seq in enumerate(seqs):
-                seq.next_logits = logits[i]
+        with decode_attention(self.device):
+            if len(seqs) == 1:
+                seq = seqs[0]
+                ids = torch.tensor([tokens], device=self.device)
+                out = self.model(input_ids=ids, past_key_values=seq.kv, use_cache=True)
+                seq.next_logits = out.logits[0, -1]
+            else:
+                kvs = [s.kv for s in seqs]
+                logits = decode_rows(self.model, kvs, tokens, self.device)  # type: ignore[arg-type]
+                for i, seq in enumerate(seqs):
+                    seq.next_logits = logits[i]
         for seq in seqs:
             seq.pending = None
 

@@ -173,3 +173,17 @@ def test_a_long_prefill_stalls_running_decodes_by_one_chunk_at_most(hf_engine, t
     assert len(chunks) >= 5  # the long prompt took several chunks
     between = [events[a:b].count("pick") for a, b in zip(chunks, chunks[1:], strict=False)]
     assert between == [1] * len(between)  # one decode step of the running request per chunk
+
+
+def test_decode_attention_leaves_out_cudnn_sdpa_on_cuda_only():
+    """cuDNN SDPA builds a plan per KV length (3.7 ms of host time per call on an H100): never in decode."""
+    from server.engines.hf.batched_decode import decode_attention
+
+    cuda = torch.backends.cuda
+    before = cuda.cudnn_sdp_enabled()
+    with decode_attention(torch.device("cuda")):
+        assert not cuda.cudnn_sdp_enabled()
+        assert cuda.flash_sdp_enabled() and cuda.mem_efficient_sdp_enabled() and cuda.math_sdp_enabled()
+    assert cuda.cudnn_sdp_enabled() == before
+    with decode_attention(torch.device("cpu")):
+        assert cuda.cudnn_sdp_enabled() == before

@@ -132,3 +132,34 @@ def test_masked_tool_call_on_cuda(cuda_engine):
         assert len(calls) == 1, text
         assert calls[0].name.startswith("browser_")
         assert json.loads(calls[0].arguments)["mode"] in ("fast", "slow")
+
+
+def test_batched_decode_equals_alone_on_cuda(cuda_engine, monkeypatch):
+    """Batched decode on the GPU: the same tokens at T=0 (and logprobs within fp32 rounding) as alone."""
+    from server.engines.hf import steps as hf_steps
+    from tests.engines.hf.test_batched_decode import TOLERANCE, _requests, _run
+
+    widths: list[int] = []
+    real = hf_steps.decode_rows
+
+    def spy(model, caches, tokens, device):
+        assert device.type == "cuda"
+        widths.append(len(tokens))
+        return real(model, caches, tokens, device)
+
+    monkeypatch.setattr(hf_steps, "decode_rows", spy)
+    tok = cuda_engine.tokenizer
+
+    async def run():
+        alone = [await _run(cuda_engine, r) for r in _requests(tok, "cuda-alone")]
+        together = await asyncio.gather(
+            *(_run(cuda_engine, r, delay=0.005 * i) for i, r in enumerate(_requests(tok, "cuda-both")))
+        )
+        return alone, together
+
+    alone, together = asyncio.run(run())
+    assert all(tokens for tokens, _ in alone)
+    assert [t for t, _ in together] == [t for t, _ in alone]
+    for (_, lp_alone), (_, lp_together) in zip(alone, together, strict=True):
+        assert max(abs(a - b) for a, b in zip(lp_alone, lp_together, strict=True)) < TOLERANCE
+    assert widths and max(widths) >= 3  # the running requests shared forwards on the GPU
