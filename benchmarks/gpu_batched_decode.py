@@ -5,9 +5,9 @@ No HTTP, no scheduler thread: B requests are prefilled through the engine's own 
 
 * ``step``: ``HFEngine._decode_running`` -- what the engine loop does per step: each
   request's ``_pick`` (greedy, T=0, no logprobs; one host sync per row for the token) and
-  then ONE ``_forward`` of all B (``batched_decode.decode_rows`` when B > 1, the plain
+  then ONE ``steps.forward`` of all B (``batched_decode.decode_rows`` when B > 1, the plain
   single-sequence forward when B = 1);
-* ``forward``: ``_forward`` alone (the batched model forward with per-row attention);
+* ``forward``: ``steps.forward`` alone (the batched model forward with per-row attention);
 * ``ref``: the same model's stock transformers forward of a ``[B, 1]`` batch over one
   batched KV cache of equal lengths (one SDPA per layer over all rows, no per-row loop):
   what a padded/paged batched attention would cost, for comparison. Not an engine path.
@@ -87,7 +87,7 @@ def prefilled_requests(eng: Any, vocab: int, context: int, batch: int, steps: in
         seq = SequenceState(req, stub, stub)  # type: ignore[arg-type]
         seq.sampler = TokenSampler(params, ids, eng.vocab_size, eng.device, None)
         seq.stop_ids = frozenset()  # random weights: never stop early
-        eng._prefill(seq)
+        eng.steps.prefill(seq)
         seqs.append(seq)
     _sync(eng.device)
     return seqs
@@ -119,7 +119,7 @@ def engine_rows(eng: Any, seqs: list[Any], batch: int, warmup: int, steps: int) 
     def forward() -> None:
         for s in running:
             s.pending = 17
-        eng._forward(running)
+        eng.steps.forward(running)
 
     fwd_t = time_steps(forward, eng.device, warmup, steps)
     return {"step_ms": 1000 * statistics.median(step_t), "forward_ms": 1000 * statistics.median(fwd_t)}
@@ -247,7 +247,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, tokenizer_size: 
     lines = ["# hf engine batched decode step — RANDOM-WEIGHT models", ""]
     lines += [f"- **{k}**: {v}" for k, v in meta.items()]
     lines += [
-        "- step = `HFEngine._decode_running` (pick + one batched forward); forward = `_forward` alone; "
+        "- step = `HFEngine._decode_running` (pick + one batched forward); forward = `steps.forward` alone; "
         "ref = stock transformers `[B, 1]` forward over one equal-length batched cache (not an engine path)",
         "",
         "| shape | context | B | step (ms) | forward (ms) | ref (ms) | step / ref | tok/s (engine) |",

@@ -50,9 +50,15 @@ def worker_settings():
 @pytest.fixture(scope="session")
 def hf_engine(embedded_model_dir: Path):
     """One HFEngine on the embedded model, shared by the e2e tests (loads in ~1 s once converted)."""
+    import asyncio
+
     from server.engines.hf.engine import HFEngine
 
-    return HFEngine(worker_settings().engine_settings())
+    engine = HFEngine(worker_settings().engine_settings())
+    yield engine
+    # stop the engine thread before the interpreter exits: a daemon thread still inside a torch op
+    # at exit aborts the process ("terminate called without an active exception", exit 134)
+    asyncio.run(engine.shutdown())
 
 
 @contextmanager
