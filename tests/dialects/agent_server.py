@@ -68,6 +68,6 @@ def agent_server(workdir: Path) -> Iterator[tuple[str, Path]]:
             proc.wait(timeout=30)
 
 
-def served_statuses(log: Path) -> list[str]:
-    """The access-log lines of the API requests the server answered."""
-    return [line for line in log.read_text().splitlines() if "/v1/" in line and "HTTP/1.1" in line]
+def served_statuses(lines: list[str]) -> list[str]:
+    """The access-log lines (of a server log's ``lines``) of the HTTP API requests it answered."""
+    return [line for line in lines if "/v1/" in line and "HTTP/1.1" in line]

@@ -83,5 +83,5 @@ def test_claude_code_runs_a_tool_and_answers_with_turn_two_from_cache(server, tm
     # message_start reports a turn's whole prompt as input_tokens; the totals are the final usages
     prompt1 = turns[0]["usage"]["input_tokens"]
     assert result["usage"]["cache_read_input_tokens"] >= 0.99 * prompt1, (result["usage"], prompt1)
-    served = served_statuses(log)
+    served = served_statuses(log.read_text().splitlines())
     assert served and all('" 200' in line for line in served), served

@@ -9,10 +9,15 @@ turn 1 one call of the read-only ``view_image`` tool (a random path: "unable to 
 turn 2 (after the tool output) text. Pass: exit 0, the tool ran and its output went back (Codex's own
 session record), the final answer printed, turn 2 read >= 99 % of turn 1's prompt from the prefix
 cache, no 4xx/5xx in the server log. Install the client with ``scripts/install_agent_clients.sh``.
+
+Twice: over HTTP streaming, and over the Responses WebSocket (``supports_websockets = true``: Codex
+warms the socket up with ``generate: false``, then sends each turn as ``previous_response_id`` + only
+its new items). The WebSocket run needs uvicorn's WebSocket support (the ``websockets`` package).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,8 +34,8 @@ VERSION = "0.169.0"
 MODEL = "smollm2-135m-instruct"
 
 
-def config_toml(url: str) -> str:
-    """A Codex config whose only provider is the test server (HTTP streaming, no retries)."""
+def config_toml(url: str, websockets: bool) -> str:
+    """A Codex config whose only provider is the test server (no retries)."""
     return f"""\
 model = "{MODEL}"
 model_provider = "agentserve"
@@ -41,7 +46,7 @@ name = "agentserve"
 base_url = "{url}/v1"
 wire_api = "responses"
 env_key = "AGENTSERVE_API_KEY"
-supports_websockets = false
+supports_websockets = {"true" if websockets else "false"}
 request_max_retries = 0
 stream_max_retries = 0
 
@@ -65,13 +70,18 @@ def server(tmp_path_factory):
         yield url, log
 
 
-def test_codex_exec_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp_path):
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+def test_codex_exec_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp_path, transport):
     url, log = server
+    websockets = transport == "websocket"
+    if websockets and not any(importlib.util.find_spec(m) for m in ("websockets", "wsproto")):
+        pytest.skip("uvicorn has no WebSocket support here: install the 'websockets' package")
+    seen = len(log.read_text().splitlines())
     version = subprocess.run([str(CODEX), "--version"], capture_output=True, text=True, timeout=60).stdout
     assert version.split()[-1] == VERSION, version
     home = tmp_path / "codex_home"
     home.mkdir()
-    (home / "config.toml").write_text(config_toml(url))
+    (home / "config.toml").write_text(config_toml(url, websockets))
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "a.py").write_text("print('hi')\n")
     env = {**os.environ, "HOME": str(tmp_path), "CODEX_HOME": str(home), "AGENTSERVE_API_KEY": "dummy"}
@@ -97,6 +107,12 @@ def test_codex_exec_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp
     # the usage is summed over both requests; turn 2's prompt holds turn 1's, so turn 1 <= half the sum
     assert usage["input_tokens"] > 2000
     assert usage["cached_input_tokens"] >= 0.99 * usage["input_tokens"] / 2, usage
-    served = served_statuses(log)
-    assert [line for line in served if "POST /v1/responses" in line], served
+    lines = log.read_text().splitlines()[seen:]
+    served = served_statuses(lines)
+    posts = [line for line in served if "POST /v1/responses" in line]
+    sockets = [line for line in lines if '"WebSocket /v1/responses" [accepted]' in line]
+    if websockets:
+        assert len(sockets) == 1 and not posts, lines  # one socket for the run, no fallback to HTTP
+    else:
+        assert len(posts) == 2 and not sockets, lines
     assert all('" 200' in line for line in served), served
