@@ -94,7 +94,7 @@ async def generate_text(
     if fmt is not None:
         out.logprobs = []
     request = GenerationRequest(
-        p.request_id, p.prompt_ids, p.sampling, p.tool_spec, p.cache_salt, p.session.key
+        p.request_id, p.prompt_ids, p.sampling, p.tool_spec, p.cache_salt, p.session.key, p.retain_s
     )
     metrics.running.inc()
     gen = engine.generate(request)

@@ -77,6 +77,7 @@ class GenerationRequest:
     tool_spec: ToolSpec | None = None  # None: unconstrained
     cache_salt: str = ""  # namespace of the prefix cache (tenant); "" = shared
     session_key: str = ""  # the session (prefix-cache retention, cache reports); "" = none
+    retain_s: float = 0.0  # client's hint: keep the session's KV this long after a reply (0: none)
 
 
 @dataclass
