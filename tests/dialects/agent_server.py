@@ -1,5 +1,6 @@
-"""What the real-client tests share: a random-weight long-context test model that ends its replies
-early, served by ``agentserve serve`` with the ``read_then_answer`` tool state machine."""
+"""What the real-client tests (and ``benchmarks/agent_capture.py``) share: a random-weight
+long-context test model that ends its replies early, served by ``agentserve serve`` with the
+``read_then_answer`` tool state machine; how Codex CLI and Claude Code are pointed at it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from server.ports import free_port, wait_for_health
 
 ROOT = Path(__file__).resolve().parents[2]
 NPM = Path(os.environ.get("AGENTSERVE_NPM_PREFIX", Path.home() / ".cache/agentserve/npm"))
+CODEX = NPM / "node_modules/.bin/codex"
+CLAUDE = NPM / "node_modules/.bin/claude"
+MODEL = "smollm2-135m-instruct"  # the test model's served name, which the clients are told to use
+PROMPT = "Read the file a.py."
 
 
 def ends_early(model_dir: Path, p_end: float = 0.2) -> None:
@@ -71,3 +76,66 @@ def agent_server(workdir: Path) -> Iterator[tuple[str, Path]]:
 def served_statuses(lines: list[str]) -> list[str]:
     """The access-log lines (of a server log's ``lines``) of the HTTP API requests it answered."""
     return [line for line in lines if "/v1/" in line and "HTTP/1.1" in line]
+
+
+def codex_config(url: str, websockets: bool = False) -> str:
+    """A Codex ``config.toml`` whose only provider is the server at ``url`` (no retries)."""
+    return f"""\
+model = "{MODEL}"
+model_provider = "agentserve"
+check_for_update_on_startup = false
+
+[model_providers.agentserve]
+name = "agentserve"
+base_url = "{url}/v1"
+wire_api = "responses"
+env_key = "AGENTSERVE_API_KEY"
+supports_websockets = {"true" if websockets else "false"}
+request_max_retries = 0
+stream_max_retries = 0
+
+[analytics]
+enabled = false
+"""
+
+
+def workdir(root: Path) -> Path:
+    """A fresh project folder for a client run: ``root/work`` holding ``a.py``."""
+    work = root / "work"
+    work.mkdir()
+    (work / "a.py").write_text("print('hi')\n")
+    return work
+
+
+def run_codex(root: Path, url: str, websockets: bool = False) -> subprocess.CompletedProcess[str]:
+    """``codex exec --json PROMPT`` in ``root/work`` with ``CODEX_HOME=root/codex_home``."""
+    home = root / "codex_home"
+    home.mkdir()
+    (home / "config.toml").write_text(codex_config(url, websockets))
+    env = {**os.environ, "HOME": str(root), "CODEX_HOME": str(home), "AGENTSERVE_API_KEY": "dummy"}
+    cmd = [str(CODEX), "exec", "--skip-git-repo-check", "-s", "read-only", "--json", PROMPT]
+    return subprocess.run(
+        cmd, cwd=workdir(root), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
+    )
+
+
+def run_claude(root: Path, url: str) -> subprocess.CompletedProcess[str]:
+    """``claude -p PROMPT --output-format stream-json`` in ``root/work`` with ``HOME=root``."""
+    env = {
+        **os.environ,
+        "HOME": str(root),  # a fresh ~/.claude
+        "ANTHROPIC_BASE_URL": url,
+        "ANTHROPIC_API_KEY": "dummy",
+        "ANTHROPIC_MODEL": MODEL,
+        "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    cmd = [str(CLAUDE), "-p", PROMPT, "--allowedTools", "Read", "--output-format", "stream-json", "--verbose"]
+    return subprocess.run(
+        cmd, cwd=workdir(root), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
+    )

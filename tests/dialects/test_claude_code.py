@@ -11,17 +11,14 @@ no 4xx/5xx in the server log. Install the client with ``scripts/install_agent_cl
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
-from tests.dialects.agent_server import NPM, agent_server, served_statuses
+from tests.dialects.agent_server import CLAUDE, agent_server, run_claude, served_statuses
 
 pytestmark = pytest.mark.slow
-CLAUDE = NPM / "node_modules/.bin/claude"
 VERSION = "2.1.328"
-MODEL = "smollm2-135m-instruct"  # the served name Claude Code is told to use (ANTHROPIC_MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -36,34 +33,7 @@ def test_claude_code_runs_a_tool_and_answers_with_turn_two_from_cache(server, tm
     url, log = server
     version = subprocess.run([str(CLAUDE), "--version"], capture_output=True, text=True, timeout=60).stdout
     assert version.startswith(VERSION), version
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "a.py").write_text("print('hi')\n")
-    env = {
-        **os.environ,
-        "HOME": str(tmp_path),  # a fresh ~/.claude
-        "ANTHROPIC_BASE_URL": url,
-        "ANTHROPIC_API_KEY": "dummy",
-        "ANTHROPIC_MODEL": MODEL,
-        "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-    cmd = [
-        str(CLAUDE),
-        "-p",
-        "Read the file a.py.",
-        "--allowedTools",
-        "Read",
-        "--output-format",
-        "stream-json",
-    ]
-    run = subprocess.run(
-        [*cmd, "--verbose"], cwd=tmp_path / "work", env=env, capture_output=True, text=True, timeout=600
-    )
+    run = run_claude(tmp_path, url)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     turns = [e["message"] for e in events if e.get("type") == "assistant"]

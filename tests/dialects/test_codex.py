@@ -19,40 +19,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.dialects.agent_server import NPM, agent_server, served_statuses
+from tests.dialects.agent_server import CODEX, agent_server, run_codex, served_statuses
 
 pytestmark = pytest.mark.slow
-CODEX = NPM / "node_modules/.bin/codex"
 VERSION = "0.169.0"
-MODEL = "smollm2-135m-instruct"
-
-
-def config_toml(url: str, websockets: bool) -> str:
-    """A Codex config whose only provider is the test server (no retries)."""
-    return f"""\
-model = "{MODEL}"
-model_provider = "agentserve"
-check_for_update_on_startup = false
-
-[model_providers.agentserve]
-name = "agentserve"
-base_url = "{url}/v1"
-wire_api = "responses"
-env_key = "AGENTSERVE_API_KEY"
-supports_websockets = {"true" if websockets else "false"}
-request_max_retries = 0
-stream_max_retries = 0
-
-[analytics]
-enabled = false
-"""
 
 
 def session_items(codex_home: Path) -> list[dict[str, Any]]:
@@ -79,17 +55,8 @@ def test_codex_exec_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp
     seen = len(log.read_text().splitlines())
     version = subprocess.run([str(CODEX), "--version"], capture_output=True, text=True, timeout=60).stdout
     assert version.split()[-1] == VERSION, version
+    run = run_codex(tmp_path, url, websockets)
     home = tmp_path / "codex_home"
-    home.mkdir()
-    (home / "config.toml").write_text(config_toml(url, websockets))
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "a.py").write_text("print('hi')\n")
-    env = {**os.environ, "HOME": str(tmp_path), "CODEX_HOME": str(home), "AGENTSERVE_API_KEY": "dummy"}
-    cmd = [str(CODEX), "exec", "--skip-git-repo-check", "-s", "read-only", "--json", "Read the file a.py."]
-    work = tmp_path / "work"
-    run = subprocess.run(
-        cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
-    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert not [e for e in events if e.get("type") in ("turn.failed", "error")], events
