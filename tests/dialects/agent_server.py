@@ -96,6 +96,13 @@ stream_max_retries = 0
 
 [analytics]
 enabled = false
+
+[features]  # nothing but the provider goes on the network (plugin sync, apps, updates reach out)
+plugins = false
+remote_plugin = false
+plugin_sharing = false
+apps = false
+in_app_updates = false
 """
 
 
