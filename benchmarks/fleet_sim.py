@@ -56,10 +56,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.routing.least_loaded import LeastLoadedPolicy  # noqa: E402
-from server.routing.policy import WorkerLoad  # noqa: E402
-from server.routing.rendezvous import PrefixAffinityPolicy, PrefixPolicy, RendezvousPolicy  # noqa: E402
-from server.routing.round_robin import RoundRobinPolicy  # noqa: E402
+from server.config import RoutingSettings  # noqa: E402
+from server.routing.policy import RoutingPolicy, WorkerLoad, make_policy  # noqa: E402
+from server.routing.request import RouteRequest  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PREFILL_TOK_S, BASE_S, TPOT_S = 15_000.0, 0.05, 0.015
@@ -229,7 +228,7 @@ def simulate(
     def dispatch(now: float, s: Session) -> None:
         warm_after = now - slow_start_s
         loads = [WorkerLoad(w.id, w.healthy, w.in_flight, w.joined_at > warm_after) for w in workers]
-        sel = policy.select_worker(f"s{s.id}", loads, f"h:agent{s.agent}", s.turn == 0, s.turn)
+        sel = policy.select_worker(RouteRequest(f"s{s.id}", f"h:agent{s.agent}", s.turn), loads)
         w = workers[sel.worker]
         st["spilled"] += sel.outcome == "spilled"
         plen = wl.prefix_len[s.agent]
@@ -321,27 +320,39 @@ def simulate(
     }
 
 
+def registered(
+    name: str, eps: float = 2.0, floor: int = 4, eps_new: float | None = None, k: int = 1
+) -> RoutingPolicy:
+    """A policy as the router builds it: by name, through the registry (``eps_new`` None: one flat
+    bound)."""
+    settings = RoutingSettings(
+        policy=name, load_epsilon=eps, load_floor=floor, load_epsilon_new=eps_new, prefix_spread=k
+    )
+    return make_policy(settings)
+
+
 def policies(
     eps: float, eps_new: float, old_eps: float, strict: float, floor: int, spreads: list[int]
-) -> list[tuple[str, object]]:
+) -> list[tuple[str, RoutingPolicy]]:
     """Each rendezvous policy twice: with one flat bound (old_eps: the default before the graded
     bound) and with the turn-graded bound (eps_new doubling per turn up to eps)."""
     graded = f"graded {eps_new:g}x2^turn<={eps:g}"
-    out: list[tuple[str, object]] = []
+    out: list[tuple[str, RoutingPolicy]] = []
+    pa = "prefix_affinity"
     for k in spreads:
         out += [
-            (f"prefix_affinity k={k}, {graded}", PrefixAffinityPolicy(eps, floor, k, eps_new)),
-            (f"prefix_affinity k={k}, flat eps={old_eps:g}", PrefixAffinityPolicy(old_eps, floor, k)),
+            (f"prefix_affinity k={k}, {graded}", registered(pa, eps, floor, eps_new, k)),
+            (f"prefix_affinity k={k}, flat eps={old_eps:g}", registered(pa, old_eps, floor, None, k)),
         ]
     out += [
-        (f"affinity, {graded}", RendezvousPolicy(eps, floor, eps_new)),
-        (f"affinity, flat eps={old_eps:g}", RendezvousPolicy(old_eps, floor)),
-        (f"affinity, flat eps={strict:g}", RendezvousPolicy(strict, floor)),
-        ("affinity, never spill", RendezvousPolicy(1e9, floor)),
-        (f"prefix only (SGLang-like), {graded}", PrefixPolicy(eps, floor, eps_new)),
-        (f"prefix only (SGLang-like), flat eps={old_eps:g}", PrefixPolicy(old_eps, floor)),
-        ("round_robin", RoundRobinPolicy()),
-        ("least_loaded", LeastLoadedPolicy()),
+        (f"affinity, {graded}", registered("affinity", eps, floor, eps_new)),
+        (f"affinity, flat eps={old_eps:g}", registered("affinity", old_eps, floor)),
+        (f"affinity, flat eps={strict:g}", registered("affinity", strict, floor)),
+        ("affinity, never spill", registered("affinity", 1e9, floor)),
+        (f"prefix only (SGLang-like), {graded}", registered("prefix", eps, floor, eps_new)),
+        (f"prefix only (SGLang-like), flat eps={old_eps:g}", registered("prefix", old_eps, floor)),
+        ("round_robin", registered("round_robin")),
+        ("least_loaded", registered("least_loaded")),
     ]
     return out
 

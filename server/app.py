@@ -21,6 +21,8 @@ from server.auth import authenticate, check_worker_auth, needs_key
 from server.body_limit import BodyLimit, too_large
 from server.chat.service import ChatService
 from server.config import ConfigError, Settings
+from server.constrain.compile_cache import set_compile_timeout
+from server.constrain.row_cache import ROWS
 from server.dialects.messages.errors import shape_error
 from server.engines.base import Engine
 from server.errors import AgentServeError, internal_error_body
@@ -77,6 +79,8 @@ def _route_label(request: Request, known: frozenset[str]) -> str:
 
 def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     check_settings(settings)
+    set_compile_timeout(settings.limits.grammar_compile_timeout_s)
+    ROWS.set_budget(settings.limits.mask_cache_mb * 2**20)
     metrics = Metrics()
 
     @asynccontextmanager

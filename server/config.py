@@ -211,6 +211,15 @@ class LimitsSettings(_Section):
     max_response_format_schema_bytes: int = Field(
         32768, ge=64, description="Largest JSON of a response_format json_schema."
     )
+    grammar_compile_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest a request waits for one grammar compile (tool schema, response_format, custom "
+        "grammar); past it a 400, and the compile finishes into the cache in the background.",
+    )
+    mask_cache_mb: int = Field(
+        256, ge=1, description="Bytes of packed mask rows cached per process (all tool lists together, LRU)."
+    )
     max_stop_sequences: int = Field(
         16,
         ge=1,
@@ -280,6 +289,12 @@ class Settings(BaseSettings):
     session_table_size: int = Field(4096, ge=1, description="Sessions remembered for the cache report.")
     session_table_mb: int = Field(
         256, ge=1, description="Bytes (MiB) of the sessions' previous prompts kept for the cache report."
+    )
+    session_table_tenant_mb: int | None = Field(
+        None,
+        ge=1,
+        description="Most of the session table one tenant (API key) may hold; past it that tenant's own "
+        "oldest sessions go first (None: no per-tenant quota; set it when tenants share workers).",
     )
     response_fingerprints_mb: int = Field(
         32, ge=1, description="Per tenant: MiB of response fingerprints kept for cache_compare_with."

@@ -82,15 +82,41 @@ def messages_change(prev: Fingerprint, cur: Fingerprint) -> dict[str, Any] | Non
     m = min(len(p) - k - 1, len(c) - k - 1)
     if m >= 1 and p[k + 1 : k + 1 + m] == c[k + 1 : k + 1 + m]:
         return edited  # the messages after it are where they were
+    hp, hc = _Windows(p), _Windows(c)  # O(1) window compares: the loops below stay linear
     for r in range(1, len(p) - k + 1):  # messages k .. k+r-1 of the previous request removed?
         m = min(len(p) - k - r, len(c) - k)
-        if m >= 1 and p[k + r : k + r + m] == c[k : k + m]:
+        if m >= 1 and hp.equal(k + r, hc, k, m):
             return {"message": at, "change": "removed", "count": r, "role": p[k][0]}
     for r in range(1, len(c) - k + 1):  # messages inserted before the previous message k?
         m = min(len(c) - k - r, len(p) - k)
-        if m >= 1 and c[k + r : k + r + m] == p[k : k + m]:
+        if m >= 1 and hc.equal(k + r, hp, k, m):
             return {"message": at, "change": "inserted", "count": r, "role": c[k][0]}
     return edited
+
+
+class _Windows:
+    """Prefix hashes of a message list: two windows compare in O(1) (a hash match is confirmed
+    exactly, so the answer never depends on a collision). Was a slice compare per shift, O(n²)
+    in the message count."""
+
+    MOD = (1 << 61) - 1
+    BASE = 1_000_003
+
+    def __init__(self, seq: tuple[tuple[str, bytes], ...]) -> None:
+        self.seq = seq
+        self.h = [0]
+        self.pw = [1]
+        for item in seq:
+            self.h.append((self.h[-1] * self.BASE + (hash(item) & self.MOD)) % self.MOD)
+            self.pw.append(self.pw[-1] * self.BASE % self.MOD)
+
+    def _window(self, i: int, m: int) -> int:
+        return (self.h[i + m] - self.h[i] * self.pw[m]) % self.MOD
+
+    def equal(self, i: int, other: _Windows, j: int, m: int) -> bool:
+        if self._window(i, m) != other._window(j, m):
+            return False
+        return self.seq[i : i + m] == other.seq[j : j + m]
 
 
 def structural_changes(prev: Fingerprint, cur: Fingerprint, cur_len: int) -> list[Change]:

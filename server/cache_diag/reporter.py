@@ -85,6 +85,7 @@ class CacheReporter:
         sessions: int = 4096,
         responses_per_tenant: int = 1024,
         sessions_bytes: int | None = None,
+        sessions_bytes_per_tenant: int | None = None,
         responses_bytes_per_tenant: int | None = None,
         ttl_s: float = 3600.0,
         tier: str = "kv cache",
@@ -94,7 +95,11 @@ class CacheReporter:
         self.block_size, self.enabled, self.tier, self.retention_s = block_size, enabled, tier, retention_s
         self.clock = clock
         self.sessions: SessionTable[_Baseline] = SessionTable(
-            sessions, clock=clock, max_bytes=sessions_bytes, size=_baseline_bytes
+            sessions,
+            clock=clock,
+            max_bytes=sessions_bytes,
+            size=_baseline_bytes,
+            bytes_per_tenant=sessions_bytes_per_tenant,
         )
         self.responses = FingerprintStore(responses_per_tenant, ttl_s, clock, responses_bytes_per_tenant)
         self.rate = PrefillRate()
@@ -132,6 +137,6 @@ class CacheReporter:
         else:
             diag = no_baseline(prompt, state, seen_before=seen)
             compared = None
-        self.sessions.put(session, _Baseline(prompt, now))
+        self.sessions.put(session, _Baseline(prompt, now), tenant)
         self.responses.put(tenant, response_id, prompt.fp)
         return CacheReport(diag, compared, self.rate.seconds(diag.missed_tokens))

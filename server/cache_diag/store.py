@@ -58,6 +58,10 @@ class _Lru(Generic[T]):
         self.bytes = 0
         self.dropped: list[object] = []  # keys dropped by the last put/get (for the caller)
 
+    def remove(self, key: object) -> None:
+        if key in self.items:
+            self._drop(key)
+
     def _drop(self, key: object) -> None:
         del self.items[key]
         self.bytes -= self.sizes.pop(key, 0)
@@ -106,14 +110,21 @@ class SessionTable(Generic[T]):
         clock: Clock = time.monotonic,
         max_bytes: int | None = None,
         size: Callable[[T], int] | None = None,
+        bytes_per_tenant: int | None = None,
     ) -> None:
         self._lru: _Lru[T] = _Lru(capacity, ttl_s, clock, max_bytes, size)
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._seen_capacity = max(16 * capacity, 1024)
         self._lock = threading.Lock()
+        # per-tenant quota (bytes; None: none): a tenant over it loses its own oldest sessions first
+        self.bytes_per_tenant = bytes_per_tenant
+        self._owner: dict[object, tuple[str, int]] = {}  # key -> (tenant, its bytes)
+        self._keys_of: dict[str, OrderedDict[object, None]] = {}
+        self._used: dict[str, int] = {}
 
     def _forget_dropped(self) -> None:
         for key in self._lru.dropped:
+            self._unown(key)
             self._seen[digest(str(key))] = None
             self._seen.move_to_end(digest(str(key)))
         self._lru.dropped.clear()
@@ -131,10 +142,35 @@ class SessionTable(Generic[T]):
         entry, _ = self.lookup(key)
         return entry.value if entry else None
 
-    def put(self, key: str, value: T) -> None:
+    def put(self, key: str, value: T, tenant: str = "") -> None:
         with self._lock:
             self._lru.put(key, value)
+            quota = self.bytes_per_tenant
+            if quota is not None and key in self._lru.items:
+                self._unown(key)
+                size = self._lru.sizes.get(key, 0)
+                self._owner[key] = (tenant, size)
+                self._keys_of.setdefault(tenant, OrderedDict())[key] = None
+                self._used[tenant] = self._used.get(tenant, 0) + size
+                order = self._keys_of[tenant]
+                while self._used[tenant] > quota and len(order) > 1:
+                    self._lru.remove(next(iter(order)))
+                    self._forget_dropped()
             self._forget_dropped()
+
+    def _unown(self, key: object) -> None:
+        owned = self._owner.pop(key, None)
+        if owned is None:
+            return
+        tenant, size = owned
+        self._used[tenant] -= size
+        order = self._keys_of[tenant]
+        order.pop(key, None)
+        if not order:
+            del self._keys_of[tenant], self._used[tenant]
+
+    def tenant_bytes(self, tenant: str) -> int:
+        return self._used.get(tenant, 0)
 
     def __len__(self) -> int:
         return len(self._lru)

@@ -24,12 +24,12 @@ from server.chat.limits import check_request_limits
 from server.chat.sampling import check_fields, sampling_params
 from server.chat.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.chat.template import render_chat
-from server.chat.tool_choice import ToolPlan, plan_tools
+from server.chat.tool_choice import plan_tools
 from server.config import Settings
 from server.constrain.custom_grammar import check_format, prompt_tools
+from server.constrain.plan import ToolPlan
 from server.constrain.response_format import text_schema
 from server.constrain.spec import ToolSpec
-from server.custom_tools import CUSTOM_KEY
 from server.engines.base import Engine, SamplingParams, constraint_errors_as_400
 from server.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from server.families.envelope import load_envelope
@@ -37,6 +37,7 @@ from server.families.rendered import RenderedPrompt, Segment
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.response_types import MaxTokensClamped
 from server.session_key import SessionKey, canonical_json, session_key
+from server.tool_keys import CUSTOM_KEY
 
 log = logging.getLogger(__name__)
 

@@ -50,6 +50,7 @@ class ChatService:
             enabled=settings.prefix_cache.enabled,
             sessions=settings.session_table_size,
             sessions_bytes=settings.session_table_mb * 2**20,
+            sessions_bytes_per_tenant=(settings.session_table_tenant_mb or 0) * 2**20 or None,
             responses_bytes_per_tenant=settings.response_fingerprints_mb * 2**20,
             tier=_cache_tier(engine),
             retention_s=getattr(engine, "cache_retention_s", None),

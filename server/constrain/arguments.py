@@ -25,11 +25,10 @@ importable (see ``server/constrain/README.md``).
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from server.constrain.compile_cache import CompileCache
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
 
@@ -112,26 +111,6 @@ def sorted_properties(schema: Any) -> Any:
     return out
 
 
-class _LRU:
-    """A small thread-safe LRU of compiled grammars."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.lock = limit, threading.Lock()
-        self.data: OrderedDict[Any, Any] = OrderedDict()
-
-    def get_or_make(self, key: Any, make: Callable[[], Any]) -> Any:
-        with self.lock:
-            if key in self.data:
-                self.data.move_to_end(key)
-                return self.data[key]
-        value = make()  # compile outside the lock; a duplicate compile is harmless
-        with self.lock:
-            self.data[key] = value
-            while len(self.data) > self.limit:
-                self.data.popitem(last=False)
-        return value
-
-
 class XGrammarMatcher:
     __slots__ = ("m",)
 
@@ -155,7 +134,7 @@ class CachedBackend:
     """What every arguments backend shares: ``compile`` looks its grammar up in an LRU keyed by the
     schema (property order matters), prefix, suffix, style, call id and tails; ``_compile`` builds it."""
 
-    cache: _LRU
+    cache: CompileCache
 
     def compile(
         self,
@@ -171,7 +150,9 @@ class CachedBackend:
         schema = schema or NO_PARAMETERS
         key = (json.dumps(schema), prefix, suffix, style, call_id, tails)  # property order matters
         return self.cache.get_or_make(
-            key, lambda: self._compile(tool, schema, prefix, suffix, style, call_id, tails)
+            key,
+            lambda: self._compile(tool, schema, prefix, suffix, style, call_id, tails),
+            f"the arguments grammar of tool {tool!r}",
         )
 
     def _compile(
@@ -199,7 +180,7 @@ class XGrammarBackend(CachedBackend):
             raise ValueError("the xgrammar backend needs a vocabulary built with TokenVocab.from_tokenizer")
         self.xgr, self.vocab, self.any_whitespace = xgr, vocab, any_whitespace
         self.compiler = xgr.GrammarCompiler(info, max_threads=2)
-        self.cache = _LRU(cache_size)
+        self.cache = CompileCache(cache_size)
 
     def _compile(
         self,

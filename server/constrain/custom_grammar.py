@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from server.constrain.arguments import _LRU
+from server.constrain.compile_cache import CompileCache
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
 from server.tool_keys import CUSTOM_KEY, INPUT
@@ -41,7 +41,7 @@ from server.tool_keys import CUSTOM_KEY, INPUT
 ESCAPES: dict[bytes, bytes] = {
     json.dumps(chr(c), ensure_ascii=False)[1:-1].encode(): bytes([c]) for c in [*range(0x20), 0x22, 0x5C]
 }
-_COMPILED = _LRU(256)
+_COMPILED = CompileCache(256)
 ESCAPE_PREFIXES = frozenset(e[:k] for e in ESCAPES for k in range(1, len(e)))
 XML_END = b"\n</parameter>\n"
 

@@ -25,18 +25,16 @@ The phases of ``ToolConstraint`` read everything envelope-specific from here:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from server.constrain.row_cache import ROWS, owner_token
 from server.constrain.tag_watch import TagWatch
 from server.constrain.trie import NameTrie, compile_trie
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import Envelope
-
-_ROW_CACHE_LIMIT = 4096
 
 
 class EnvelopeMasks:
@@ -71,8 +69,7 @@ class EnvelopeMasks:
         self.start_clash = self._start_clash(first) if env.trigger == "start" else np.zeros(0, dtype=np.int64)
         self.start_clash_set = frozenset(self.start_clash.tolist())
         self.calls_close = env.calls_close.encode()  # written by the last call's grammar
-        self._rows: dict[tuple[Any, ...], np.ndarray] = {}
-        self._lock = threading.Lock()
+        self._token = owner_token()  # its rows' key in the shared byte-bounded cache
 
     def _special_id(self, token: str, tokenizer: Any) -> int:
         tid = tokenizer.convert_tokens_to_ids(token) if tokenizer is not None else None
@@ -124,14 +121,7 @@ class EnvelopeMasks:
 
     # --- rows ----------------------------------------------------------------------------------------
     def cached(self, key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
-        row = self._rows.get(key)
-        if row is None:
-            row = make()
-            with self._lock:
-                if len(self._rows) >= _ROW_CACHE_LIMIT:
-                    self._rows.clear()
-                self._rows[key] = row
-        return row
+        return ROWS.get_or_make((self._token, *key), make)
 
     def eos_row(self, eos: tuple[int, ...]) -> np.ndarray:
         return self.cached(("eos", eos), lambda: self.vocab.pack(eos))

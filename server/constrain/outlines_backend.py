@@ -18,7 +18,7 @@ index over the vocabulary (a token-level DFA), so:
 
 Qwen3-Coder's XML parameters have no regex form here: that envelope needs xgrammar (400).
 Compiling is slower than xgrammar (a regex DFA over the whole vocabulary, ~1 s per schema
-on the embedded 49k vocabulary); cached like xgrammar's (``_LRU``).
+on the embedded 49k vocabulary); cached like xgrammar's (``CompileCache``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from server.constrain.arguments import _LRU, CachedBackend, register_backend
+from server.constrain.arguments import CachedBackend, register_backend
+from server.constrain.compile_cache import CompileCache
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
 
@@ -150,7 +151,7 @@ class OutlinesBackend(CachedBackend):
             self.eos, {b: list(ids) for b, ids in vocab.by_bytes.items()}
         )
         self.single = {tb[0]: ids[0] for tb, ids in vocab.by_bytes.items() if len(tb) == 1}
-        self.cache = _LRU(cache_size)
+        self.cache = CompileCache(cache_size)
 
     def _compile(
         self,

@@ -41,9 +41,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from server.constrain.row_cache import ROWS, owner_token
 from server.constrain.vocab import TokenVocab
-
-_MASK_CACHE_LIMIT = 8192
 
 
 def name_char_ok(c: str) -> bool:
@@ -130,7 +129,7 @@ class NameTrie:
             for tid, step in tr.items():
                 groups.setdefault(step.names, []).append(tid)
             self._groups.append(groups)
-        self._masks: dict[tuple[int, int], np.ndarray] = {}
+        self._token = owner_token()  # its rows' key in the shared byte-bounded cache
 
     def _node(self, prefix: bytes) -> int:
         nid = self._ids.get(prefix)
@@ -193,14 +192,9 @@ class NameTrie:
 
     def mask_row(self, node: int, subset: int) -> np.ndarray:
         """Packed int32 row of the tokens allowed at ``node`` for the allowed names ``subset``."""
-        key = (node, subset)
-        row = self._masks.get(key)
-        if row is None:
-            row = self.vocab.pack(self.allowed_ids(node, subset))
-            if len(self._masks) >= _MASK_CACHE_LIMIT:
-                self._masks.clear()
-            self._masks[key] = row
-        return row
+        return ROWS.get_or_make(
+            (self._token, node, subset), lambda: self.vocab.pack(self.allowed_ids(node, subset))
+        )
 
 
 @lru_cache(maxsize=128)

@@ -10,7 +10,8 @@ Our guarantees hold here too:
 - ``strftime_now(fmt)`` (Llama 3.2/3.3 "Today Date") formats a PINNED date (the family
   ``date`` / the ``date`` argument), never the clock, so the prompt does not change per request;
 - segment labels come from rendering growing prefixes of the conversation: message i is
-  the text that the prefix ending at message i adds;
+  the text that the prefix ending at message i adds (in long conversations, early messages
+  are grouped in spans: ``prefix_points``);
 - a template that rewrites earlier turns (Qwen3 drops the reasoning of earlier assistant
   turns) is detected: some prefix's render is not a prefix of the whole render. The result
   then carries the note ``template_rewrote_history`` (the cache report names it) and the
@@ -99,8 +100,8 @@ class ModelTemplateRenderer:
         text = self._render(msgs, tool_list, add_generation_prompt)
         segments: list[Segment] = []
         notes: list[str] = []
-        covered = 0
-        for k in range(1, len(msgs) + 1):
+        covered = first = 0  # text covered by segments; the first message the next segment holds
+        for k in prefix_points(len(msgs)):
             prefix = self._render(msgs[:k], tool_list, False)
             if not text.startswith(prefix):
                 if not notes:
@@ -108,23 +109,46 @@ class ModelTemplateRenderer:
                     notes.append(f"rewritten before message {k - 1}")
                 common = _common_prefix(prefix, text)
                 if common > covered:
-                    segments.append(Segment(covered, common, _label(msgs, k - 1)))
-                    covered = common
+                    segments.append(Segment(covered, common, _label(msgs, first, k - 1)))
+                    covered, first = common, k
                 continue
             if len(prefix) > covered:
-                segments.append(Segment(covered, len(prefix), _label(msgs, k - 1)))
-                covered = len(prefix)
+                segments.append(Segment(covered, len(prefix), _label(msgs, first, k - 1)))
+                covered, first = len(prefix), k
         names = tuple(str(t.get("function", {}).get("name", "")) for t in tools or [])
         return RenderedPrompt(text, tuple(segments), names, tuple(notes))
 
 
-def _label(msgs: list[dict[str, Any]], i: int) -> str:
-    return f"message {i} ({msgs[i].get('role')})"
+# Segment labels come from rendering growing prefixes; rendering every prefix is quadratic in the
+# message count (4,096 messages: ~8M message renders). Prefixes are rendered at every message of
+# the last TAIL and at ~SPREAD evenly spaced points before them: linear work, and a change
+# deep in a long history is still localized to a span of ~n/SPREAD messages.
+TAIL = 64
+SPREAD = 64
+
+
+def prefix_points(n: int) -> list[int]:
+    """The prefix lengths (numbers of messages) to render, ascending, always ending at ``n``."""
+    if n <= TAIL + SPREAD:
+        return list(range(1, n + 1))
+    head = n - TAIL
+    step = -(-head // SPREAD)  # ceil
+    return [*range(step, head, step), *range(head, n + 1)]
+
+
+def _label(msgs: list[dict[str, Any]], first: int, last: int) -> str:
+    if first >= last:
+        return f"message {last} ({msgs[last].get('role')})"
+    return f"messages {first}-{last}"
 
 
 def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """Length of the common prefix (binary search over slice compares: C speed, no per-character loop)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -23,6 +23,7 @@ from server.errors import AgentServeError, UpstreamUnavailable
 from server.routing.upstream import UpstreamConnectError, UpstreamLost, UpstreamTimeout
 
 if TYPE_CHECKING:
+    from server.routing.request import RouteRequest
     from server.routing.router import Router
     from server.routing.workers import Worker
 
@@ -78,7 +79,8 @@ def _refused(losses: int) -> tuple[int, dict[str, Any]]:
 
 
 class ProxyCall:
-    """One proxied request; watches for the client disconnect while it runs."""
+    """One proxied request; watches for the client disconnect while it runs. ``route``: its
+    routing inputs (``request.py``), None for a request that is not placed (not a POST)."""
 
     def __init__(
         self,
@@ -87,16 +89,11 @@ class ProxyCall:
         target: str,
         headers: list[tuple[bytes, bytes]],
         body: bytes,
-        key: str | None,
-        prefix: str | None,
+        route: RouteRequest | None,
         t0: float,
-        new_session: bool = True,
-        turns: int | None = None,
     ) -> None:
         self.router, self.method, self.target, self.headers = router, method, target, headers
-        self.body, self.key, self.prefix, self.t0 = body, key, prefix, t0
-        self.new_session = new_session
-        self.turns = turns
+        self.body, self.route, self.t0 = body, route, t0
 
     async def __call__(self, receive: Receive, send: Send) -> None:
         self._send, self._gone, self._finished = send, False, False
@@ -130,7 +127,7 @@ class ProxyCall:
     async def _run(self, send: Send) -> None:
         m = self.router.metrics
         try:
-            order, outcome = self.router.plan(self.key, self.prefix, self.new_session, self.turns)
+            order, outcome = self.router.plan(self.route)
         except UpstreamUnavailable as exc:
             m.upstream_errors.labels("none", "no_worker").inc()
             await send_json(send, exc.status, exc.body())

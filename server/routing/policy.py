@@ -1,12 +1,13 @@
 """Routing policy interface and registry.
 
-A policy answers one question: given a request's session key (and prefix hash) and the current
-workers (health, in-flight count), which worker serves it, and in which order
-to try the others if that one cannot be reached. Policies are pure and
-synchronous; the router owns health, in-flight counting and retries.
+A policy answers one question: given a request (``RouteRequest``: session key, prefix hash,
+turn) and the current workers (health, in-flight count), which worker serves it, and in which
+order to try the others if that one cannot be reached. Policies are pure and synchronous; the
+router owns health, in-flight counting and retries.
 
 Register a policy with ``@register_policy("name")`` on a factory taking
-``RoutingSettings``; ``make_policy(settings)`` builds the configured one.
+``RoutingSettings``; ``make_policy(settings)`` builds the configured one. The router, the
+benchmarks and the fleet simulation build policies only this way (by name).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from server.config import RoutingSettings
+from server.routing.request import RouteRequest
 
 Outcome = Literal["kept", "moved", "spilled", "none"]
 
@@ -54,19 +56,13 @@ class Selection:
 
 class RoutingPolicy(Protocol):
     name: str
+    uses_prefix: bool  # places by the prefix hash: the proxy computes ``RouteRequest.prefix`` only then
 
-    def select_worker(
-        self,
-        key: str,
-        workers: Sequence[WorkerLoad],
-        prefix: str | None = None,
-        new_session: bool = True,
-        turns: int | None = None,
-    ) -> Selection | None:
-        """The selection for session ``key`` (``prefix``: its prefix hash, for policies that
-        place by it; ``new_session``: the request is a session's first turn, which may go to a
-        warming worker; ``turns``: the session's assistant messages so far, None when unknown,
-        for a load bound graded by what a spill would cost); None when no worker is healthy."""
+    def select_worker(self, request: RouteRequest, workers: Sequence[WorkerLoad]) -> Selection | None:
+        """The selection for ``request`` (``server/routing/request.py``: the session's placement
+        key; its prefix hash when ``uses_prefix``; its turn: a first turn may go to a warming
+        worker, and the load bound may be graded by what a spill would cost); None when no worker
+        is healthy."""
         ...
 
 

@@ -3,14 +3,16 @@
 Request lifecycle
   1. Auth at the edge (``server.auth.authenticate_key``: a bad key is a 401 here, no worker
      sees it). The body is read once (413 past ``limits.max_request_bytes``).
-  2. Keys: the session key (``server.session_key``: prompt_cache_key, X-Session-ID,
-     X-Claude-Code-Session-Id, metadata.user_id, user, previous_response_id, else the prefix
-     hash), namespaced by tenant and placed by its digest (``SessionKey.placement``: a
+  2. Keys (``request.py``: one ``RouteRequest`` per POST): the session key
+     (``server.session_key``: prompt_cache_key, X-Session-ID, X-Claude-Code-Session-Id,
+     metadata.user_id, user, previous_response_id, else the prefix hash), namespaced by tenant
+     and placed by its digest (``SessionKey.placement``: a
      ``previous_response_id`` carries the digest of its session, so it lands where the session
      is), and, for policies that place by it, the prefix hash, namespaced by the tenant's cache
      namespace; two tenants that pick the same key are placed independently. Every POST under
      /v1 is placed this way: chat and text completions, ``/v1/responses``, ``/v1/messages`` and
-     ``/v1/messages/count_tokens`` (the query, e.g. Claude Code's ``?beta=true``, is forwarded).
+     ``/v1/messages/count_tokens`` (the query, e.g. Claude Code's ``?beta=true``, is forwarded);
+     and the conversation's turn (its assistant messages), for slow start and the graded bound.
   3. (``forward.py`` from here) The policy orders the healthy workers; the request goes to
      the first on a persistent upstream connection (``upstream.py``). If the worker cannot be
      reached, or drops the connection before anything was sent to the client, the next is
@@ -26,18 +28,18 @@ Request lifecycle
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import TYPE_CHECKING
 
 from starlette.types import Receive, Scope, Send
 
-from server.auth import authenticate_key, cache_salt, namespaced_session
+from server.auth import authenticate_key, cache_salt
 from server.auth import router_headers as tenant_headers
 from server.body_limit import too_slow
 from server.errors import AgentServeError, PayloadTooLarge
 from server.routing.forward import HOP_HEADERS, REQUEST_PATH, ProxyCall, send_json
-from server.session_key import CLAUDE_CODE_HEADER, HEADER, SessionKey, prefix_hash, session_key
+from server.routing.request import route_request
+from server.session_key import CLAUDE_CODE_HEADER, HEADER
 
 if TYPE_CHECKING:
     from server.routing.router import Router
@@ -64,18 +66,15 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
     except AgentServeError as exc:
         await send_json(send, exc.status, exc.body())
         return
-    key = prefix = None
-    turns = assistant_turns(body)  # 0: a session's first turn (is_first_turn)
+    route = None  # not placed (any worker, least loaded first): only POSTs carry a conversation
     if scope["method"] == "POST":
-        key, prefix = route_keys(body, headers, router.policy_uses_prefix, tenant, cache_salt(tenant, auth))
+        route = route_request(body, headers, router.policy.uses_prefix, tenant, cache_salt(tenant, auth))
     out = [(k, v) for k, v in raw_headers if k not in HOP_HEADERS]
     out += tenant_headers(tenant, auth)
     target = scope.get("raw_path") or scope["path"].encode()
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
-    call = ProxyCall(
-        router, scope["method"], target.decode("latin-1"), out, body, key, prefix, t0, turns == 0, turns
-    )
+    call = ProxyCall(router, scope["method"], target.decode("latin-1"), out, body, route, t0)
     await call(receive, send)
 
 
@@ -96,46 +95,3 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         if not message.get("more_body", False):
             break
     return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def is_first_turn(body: bytes) -> bool:
-    """A chat request with no assistant message yet: a session's first turn (slow start lets only
-    these onto a warming worker). Conservative: the bytes '"assistant"' anywhere mean no."""
-    return assistant_turns(body) == 0  # the router asks assistant_turns once and uses this rule
-
-
-def assistant_turns(body: bytes) -> int | None:
-    """A conversation's turn: its assistant messages (chat, Messages) or assistant and function-call
-    items (Responses ``input``), counted as the bytes '"assistant"' / '"function_call"', so text
-    quoting them only makes the request look older: a looser load bound, never a stricter one.
-    A Responses request continuing a stored one (``previous_response_id``) counts at least 1.
-    None for a request without a conversation (completions)."""
-    if b'"messages"' in body:
-        return body.count(b'"assistant"')
-    if b'"input"' in body:
-        turns = body.count(b'"assistant"') + body.count(b'"function_call"')
-        return max(turns, 1) if b'"previous_response_id"' in body else turns
-    return None
-
-
-def route_keys(
-    body: bytes, headers: dict[str, str], with_prefix: bool, tenant: str = "", salt: str = ""
-) -> tuple[str, str | None]:
-    """(placement digest of the tenant's session, namespaced prefix hash or None), parsing the JSON
-    body only when it can matter. ``salt``: the tenant's cache namespace (``auth.cache_salt``)."""
-    if not with_prefix and b'"prompt_cache_key"' not in body and HEADER in headers:
-        sk = session_key({}, headers)  # the header wins when the body has no prompt_cache_key
-        return _placed(sk, tenant), None
-    try:
-        parsed = json.loads(body) if body else {}
-    except ValueError:
-        parsed = {}  # the worker will answer 400; route it somewhere stable
-    if not isinstance(parsed, dict):
-        parsed = {}
-    prefix = namespaced_session(salt, prefix_hash(parsed)) if with_prefix else None
-    return _placed(session_key(parsed, headers), tenant), prefix
-
-
-def _placed(sk: SessionKey, tenant: str) -> str:
-    """The digest the worker's ``Prepared.session.placement`` has for the same request."""
-    return SessionKey(namespaced_session(tenant, sk.key), sk.source, sk.digest).placement

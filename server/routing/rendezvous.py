@@ -67,6 +67,7 @@ from functools import lru_cache
 
 from server.config import RoutingSettings
 from server.routing.policy import Outcome, Selection, WorkerLoad, register_policy
+from server.routing.request import RouteRequest
 
 
 def score(key: str, worker_id: str) -> int:
@@ -144,6 +145,7 @@ class RendezvousPolicy:
     """affinity: the session key's order."""
 
     name = "affinity"
+    uses_prefix = False
 
     def __init__(
         self, load_epsilon: float = 0.25, load_floor: int = 1, load_epsilon_new: float | None = None
@@ -160,25 +162,18 @@ class RendezvousPolicy:
     def order(self, key: str, prefix: str | None, worker_ids: Sequence[str]) -> Sequence[int]:
         return _order(key, tuple(worker_ids))
 
-    def select_worker(
-        self,
-        key: str,
-        workers: Sequence[WorkerLoad],
-        prefix: str | None = None,
-        new_session: bool = True,
-        turns: int | None = None,
-    ) -> Selection | None:
-        ranked = self.order(key, prefix, [w.id for w in workers])
-        if turns is None:  # not told: a first turn is turn 0, anything else is treated as established
-            turns = 0 if new_session else 60
+    def select_worker(self, request: RouteRequest, workers: Sequence[WorkerLoad]) -> Selection | None:
+        ranked = self.order(request.key, request.prefix, [w.id for w in workers])
+        turns = 60 if request.turns is None else request.turns  # unknown: treated as established
         eps = graded_epsilon(self.load_epsilon, self.load_epsilon_new, turns)
-        return bounded_pick(ranked, workers, eps, self.load_floor, new_session)
+        return bounded_pick(ranked, workers, eps, self.load_floor, request.new_session)
 
 
 class PrefixPolicy(RendezvousPolicy):
     """prefix: the prefix's order for every session of an agent (no key: the session key's)."""
 
     name = "prefix"
+    uses_prefix = True
 
     def order(self, key: str, prefix: str | None, worker_ids: Sequence[str]) -> Sequence[int]:
         return _order(prefix or key, tuple(worker_ids))
@@ -188,6 +183,7 @@ class PrefixAffinityPolicy(RendezvousPolicy):
     """prefix_affinity: O(P, S), the prefix's order in bands, each band in the session's order."""
 
     name = "prefix_affinity"
+    uses_prefix = True
 
     def __init__(
         self,

@@ -16,22 +16,17 @@ from collections.abc import Sequence
 
 from server.config import RoutingSettings
 from server.routing.policy import Selection, WorkerLoad, register_policy
+from server.routing.request import RouteRequest
 
 
 class RoundRobinPolicy:
     name = "round_robin"
+    uses_prefix = False
 
     def __init__(self) -> None:
         self._counter = itertools.count()
 
-    def select_worker(
-        self,
-        key: str,
-        workers: Sequence[WorkerLoad],
-        prefix: str | None = None,
-        new_session: bool = True,
-        turns: int | None = None,
-    ) -> Selection | None:
+    def select_worker(self, request: RouteRequest, workers: Sequence[WorkerLoad]) -> Selection | None:
         healthy = [i for i, w in enumerate(workers) if w.healthy]
         if not healthy:
             return None

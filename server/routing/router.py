@@ -29,6 +29,7 @@ from server.routing.forward import WORKER_HEADER, send_json
 from server.routing.metrics import RouterMetrics
 from server.routing.policy import Outcome, make_policy
 from server.routing.proxy import proxy_request
+from server.routing.request import RouteRequest
 from server.routing.suspects import SuspectTable
 from server.routing.upstream import UpstreamError, make_upstream
 from server.routing.workers import Worker, WorkerPool, WorkerSpec, parse_worker_specs
@@ -46,7 +47,6 @@ class Router:
         rs = settings.routing
         self.pool = WorkerPool(specs, rs)
         self.policy = make_policy(rs)
-        self.policy_uses_prefix = self.policy.name in ("prefix", "prefix_affinity")
         self.metrics = RouterMetrics(self.pool)
         self.upstream = make_upstream(rs.upstream, rs.connect_timeout_s, rs.read_timeout_s)
         self.discovery = discovery
@@ -70,20 +70,14 @@ class Router:
         await self.pool.close()
         await self.upstream.close()
 
-    def plan(
-        self,
-        key: str | None,
-        prefix: str | None = None,
-        new_session: bool = True,
-        turns: int | None = None,
-    ) -> tuple[list[Worker], Outcome | None]:
-        """Workers to try, in order, for a session key (None: any worker, least loaded first)."""
+    def plan(self, route: RouteRequest | None) -> tuple[list[Worker], Outcome | None]:
+        """Workers to try, in order, for a request (None: not placed, any worker, least loaded first)."""
         workers, tries = self.pool.workers, 1 + self.settings.routing.max_failovers
-        if key is None:
+        if route is None:
             order = sorted((w for w in workers if w.healthy), key=lambda w: w.in_flight)
             outcome = None
         else:
-            sel = self.policy.select_worker(key, self.pool.loads(), prefix, new_session, turns)
+            sel = self.policy.select_worker(route, self.pool.loads())
             order = [workers[i] for i in sel.order[:tries]] if sel else []
             outcome = sel.outcome if sel else None
         if not order:

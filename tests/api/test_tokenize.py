@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from server.chat.template import render_chat
-from server.protocol import ChatMessage
-
+MODEL = "smollm2-135m-instruct"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
 TOOLS = [
     {
@@ -20,15 +18,25 @@ TOOLS = [
 
 
 def test_tokenize_messages_is_what_chat_completions_renders(server_url, tokenizer) -> None:
+    """Checked against the chat path itself (its usage.prompt_tokens) and the tokenizer, not
+    against the renderer /tokenize calls: a /tokenize that drifted from chat would fail here."""
     r = httpx.post(
         server_url + "/tokenize", json={"messages": MESSAGES, "tools": TOOLS, "return_text": True}, timeout=30
     )
     assert r.status_code == 200, r.text
     body = r.json()
-    text = render_chat([ChatMessage(**m) for m in MESSAGES], TOOLS, "hermes").text
-    assert body["text"] == text
+    text = body["text"]
+    assert text.startswith("<|im_start|>system\nBe brief.") and text.endswith("<|im_start|>assistant\n")
+    assert '"name": "get_weather"' in text and "Weather in Paris?" in text
     assert body["tokens"] == tokenizer(text, add_special_tokens=False)["input_ids"]
     assert body["count"] == len(body["tokens"]) and body["family"] == "hermes"
+    chat = httpx.post(
+        server_url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 1},
+        timeout=120,
+    )
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["prompt_tokens"] == body["count"]
     labels = [seg["label"] for seg in body["segments"]]
     assert "tools block" in labels and "system message" in labels
     no_gen = httpx.post(

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.fleet_sim import Worker, make_workload, simulate
-from server.routing.rendezvous import RendezvousPolicy
+from benchmarks.fleet_sim import Worker, make_workload, registered, simulate
 
 
 def test_tier1_eviction_cuts_the_lru_entry_from_its_tail_and_tier2_keeps_it():
@@ -35,8 +34,8 @@ def test_tier2_is_bounded_and_lru():
 def test_a_tier2_serves_more_of_the_ideal_when_tier1_is_small():
     wl = make_workload(sessions=150, agents=5, rate=5.0, seed=3)
     args = (wl, 4, 20_000, 0, 0, 0.0)
-    without = simulate(RendezvousPolicy(2.0, 4, 0.1), *args)
-    with_t2 = simulate(RendezvousPolicy(2.0, 4, 0.1), *args, capacity2=200_000)
+    without = simulate(registered("affinity", 2.0, 4, 0.1), *args)
+    with_t2 = simulate(registered("affinity", 2.0, 4, 0.1), *args, capacity2=200_000)
     assert without["lost_evicted"] > 0.05  # the small tier 1 does evict
     assert with_t2["hit_rate_of_ideal"] > without["hit_rate_of_ideal"] + 0.05
     assert with_t2["lost_evicted"] < without["lost_evicted"] / 2

@@ -9,12 +9,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from benchmarks.inproc import SHAPES, engine_for, random_model, timed_prefill  # noqa: E402
+from benchmarks.inproc import engine_for, random_model, timed_prefill  # noqa: E402
 
 
-def test_named_shapes():
-    assert SHAPES["llama-8b"]["num_hidden_layers"] == 32 and SHAPES["llama-8b"]["hidden_size"] == 4096
-    assert SHAPES["llama-1b"]["num_hidden_layers"] == 16 and SHAPES["llama-1b"]["hidden_size"] == 2048
+def test_named_shapes_are_the_real_models_layer_sizes():
+    # built on the meta device (no memory) with the real Llama 3 vocabulary: the parameter counts
+    # must be the published ones (Llama-3.1-8B 8,030,261,248; Llama-3.2-1B 1,235,814,400)
+    for shape, published in (("llama-8b", 8_030_261_248), ("llama-1b", 1_235_814_400)):
+        model = random_model(shape, 128_256, device="meta")
+        assert sum(p.numel() for p in model.parameters()) == published, shape
     with pytest.raises(ValueError, match="unknown shape"):
         random_model("llama-70b", 100, device="cpu")
 

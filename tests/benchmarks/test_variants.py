@@ -103,11 +103,11 @@ def test_tools_keep_is_good(session):
     assert [r.body for r in build_requests(session, "tools_keep")] == [
         r.body for r in build_requests(session, "good")
     ]
-    assert set(VARIANTS) >= {
-        "good",
-        "timestamp",
-        "shuffled_keys",
-        "edited_observation",
-        "tools_remove",
-        "tools_mask",
-    }
+
+
+def test_every_listed_variant_builds_one_request_per_turn_deterministically(session):
+    # what `bench variants` iterates: each name must build, the same bodies on every run
+    for variant in VARIANTS:
+        reqs = build_requests(session, variant)
+        assert [r.turn for r in reqs] == [t.index for t in session.turns], variant
+        assert [r.body for r in reqs] == [r.body for r in build_requests(session, variant)], variant

@@ -28,7 +28,7 @@ def msgs(*raw):
 
 def test_the_clients_key_order_is_rendered_as_sent():
     """As the vendors' templates do: nothing sorted (a client that reorders keys between turns
-    gets a cache miss, which the cache report names: tests/cache)."""
+    gets a cache miss, which the cache report names: tests/cache_diag)."""
     tools_a = [
         {
             "type": "function",

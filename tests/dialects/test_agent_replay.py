@@ -14,6 +14,8 @@ from tests.conftest import worker_settings
 
 MODEL = "smollm2-135m-instruct"
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+# the e2e calls: a short bound, or the 135M model's free-running string outlasts max_tokens (a cut call)
+SHORT = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 8}}, "required": ["path"]}
 BILLING = "x-anthropic-billing-header: cc_version=2.1.328.ccf; cc_entrypoint=sdk-cli;"
 
 
@@ -58,17 +60,18 @@ def client(hf_engine):
 @pytest.mark.e2e
 def test_replay_reads_both_dialects_streams(client):
     ask = [{"role": "user", "content": "Read a.py"}]
-    tool = {"name": "Read", "input_schema": SCHEMA}
-    body = {"model": "x", "max_tokens": 24, "stream": True, "messages": ask, "tools": [tool]}
-    body["tool_choice"] = {"type": "any"}
+    tool = {"name": "Read", "input_schema": SHORT}
+    body = {"model": "x", "max_tokens": 48, "temperature": 0, "stream": True, "messages": ask}
+    body.update(tools=[tool], tool_choice={"type": "any"})
     row = replay_turn(client, captured("/v1/messages", body, "beta=true"), MODEL)
-    assert row["errors"] == [] and row["calls"] == 1 and row["valid_calls"] == 1
+    assert row["errors"] == [] and row["calls"] == 1 and row["valid_calls"] == 1, row
     assert row["prompt"] > 20 and row["ttft_ms"] is not None
     again = replay_turn(client, captured("/v1/messages", body), MODEL)
     assert again["cached"] > 0 and again["prompt"] == row["prompt"]
-    fn = {"type": "function", "name": "Read", "parameters": SCHEMA}
+    fn = {"type": "function", "name": "Read", "parameters": SHORT}
     body = {"model": "x", "input": "Read a.py", "tools": [fn], "tool_choice": "required", "stream": True}
-    row = replay_turn(client, captured("/v1/responses", {**body, "max_output_tokens": 24}), MODEL)
-    assert row["errors"] == [] and row["calls"] == 1 and row["valid_calls"] == 1 and row["prompt"] > 20
+    body.update(max_output_tokens=48, temperature=0)
+    row = replay_turn(client, captured("/v1/responses", body), MODEL)
+    assert row["errors"] == [] and row["calls"] == 1 and row["valid_calls"] == 1 and row["prompt"] > 20, row
     bad = replay_turn(client, captured("/v1/responses", {"model": "x", "stream": True}), MODEL)
     assert bad["errors"] and bad["errors"][0].startswith("HTTP 400")

@@ -154,3 +154,35 @@ def test_an_alias_is_served_and_echoed_an_unknown_name_lists_the_served_ones(ser
         served["alias"] + "/tokenize", json={"model": "claude-sonnet-4-5", "prompt": "hi"}, timeout=10
     )
     assert tok.status_code == 200
+
+
+def test_every_dialect_reports_the_clamp(served):
+    """Responses (max_output_tokens) and Messages (max_tokens) are clamped by the same rule and say so."""
+    r = httpx.post(
+        served["clamp"] + "/v1/responses",
+        json={"model": MODEL, "input": "hi", "max_output_tokens": 32000, "temperature": 0},
+        timeout=300,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    granted = WINDOW - body["usage"]["input_tokens"]
+    assert body["max_tokens_clamped"] == {"requested": 32000, "granted": granted}
+    assert body["usage"]["output_tokens"] <= granted
+    r = httpx.post(
+        served["clamp"] + "/v1/messages",
+        json={"model": MODEL, "max_tokens": 32000, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=300,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    prompt = body["usage"]["input_tokens"] + body["usage"]["cache_read_input_tokens"]
+    assert body["max_tokens_clamped"] == {"requested": 32000, "granted": WINDOW - prompt}
+    for path, body in (
+        ("/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 32000}),
+        (
+            "/v1/messages",
+            {"model": MODEL, "max_tokens": 32000, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    ):
+        r = httpx.post(served["reject"] + path, json=body, timeout=300)
+        assert r.status_code == 400 and "context window" in r.text, (path, r.text)

@@ -100,3 +100,34 @@ def test_family_renderer_and_model_template_agree_on_a_chatml_template() -> None
         ModelTemplateRenderer(chatml).render(msgs, None).text
         == FamilyRenderer("hermes").render(msgs, []).text
     )
+
+
+def test_a_long_conversation_renders_a_linear_number_of_prefixes(monkeypatch) -> None:
+    """Every prefix used to be rendered (quadratic: 4,096 messages ~ 8M message renders)."""
+    from server.families import model_template
+
+    r = ModelTemplateRenderer(DROPS_THINKING.replace("m.content.split('</think>')[-1]", "m.content"))
+    calls: list[int] = []
+    real = r._render
+    monkeypatch.setattr(r, "_render", lambda msgs, *a: calls.append(len(msgs)) or real(msgs, *a))
+    n = 1000
+    msgs = _msgs(*({"role": ("user", "assistant")[i % 2], "content": f"turn {i}"} for i in range(n)))
+    out = r.render(msgs, None)
+    assert len(calls) <= model_template.TAIL + model_template.SPREAD + 2
+    assert sum(calls) <= 3 * n * (model_template.SPREAD + model_template.TAIL) // 2  # linear in n
+    # the segments tile the text up to the generation prompt; the tail is labelled message by message
+    assert out.segments[0].start == 0
+    assert all(a.end == b.start for a, b in zip(out.segments, out.segments[1:], strict=False))
+    assert out.segments[-1].label == f"message {n - 1} (assistant)"
+    # a message deep in the history falls in one span that names it
+    span = next(s for s in out.segments if s.start <= out.text.index("turn 100<") < s.end)
+    first, last = (int(x) for x in span.label.split()[1].split("-"))
+    assert first <= 100 <= last and last - first < n // model_template.SPREAD + 2
+
+
+def test_prefix_points_cover_every_message_of_a_short_conversation() -> None:
+    from server.families.model_template import prefix_points
+
+    assert prefix_points(5) == [1, 2, 3, 4, 5]
+    pts = prefix_points(1000)
+    assert pts == sorted(set(pts)) and pts[-1] == 1000 and pts[-64:] == list(range(937, 1001))

@@ -69,3 +69,32 @@ def test_pause_statistics_are_bounded_in_tool_names():
             est.observe(["shell_exec"], 2.0)  # a tool in use stays
     assert len(est.snapshot()) <= MAX_TOOLS_TRACKED and len(est._recent) <= MAX_TOOLS_TRACKED
     assert "shell_exec" in est.snapshot()
+
+
+def test_one_tenants_session_flood_evicts_its_own_sessions_not_anothers():
+    table: SessionTable[bytes] = SessionTable(4096, max_bytes=20_000, size=len, bytes_per_tenant=5_000)
+    for i in range(5):
+        table.put(f"b{i}", b"x" * 1000, tenant="b")
+    for i in range(200):  # tenant a floods the table
+        table.put(f"a{i}", b"x" * 1000, tenant="a")
+    assert table.tenant_bytes("a") <= 5_000 and table.get("a199") is not None and table.get("a0") is None
+    assert all(table.get(f"b{i}") is not None for i in range(5))  # b kept all of its sessions
+    assert table.bytes <= 20_000 and table.tenant_bytes("b") == 5_000
+    table.put("b0", b"x" * 3000, tenant="b")  # a session re-put larger: b now evicts its own oldest
+    assert table.tenant_bytes("b") <= 5_000 and table.get("b0") is not None and table.get("b1") is None
+    # without a quota (the default) the flood takes the whole table
+    shared: SessionTable[bytes] = SessionTable(4096, max_bytes=20_000, size=len)
+    for i in range(5):
+        shared.put(f"b{i}", b"x" * 1000, tenant="b")
+    for i in range(200):
+        shared.put(f"a{i}", b"x" * 1000, tenant="a")
+    assert shared.get("b0") is None
+
+
+def test_the_service_passes_the_per_tenant_quota(hf_engine):
+    from server.chat.service import ChatService
+    from server.config import load_settings
+    from server.metrics import Metrics
+
+    service = ChatService(hf_engine, load_settings(device="cpu", session_table_tenant_mb=3), Metrics())
+    assert service.cache_report.sessions.bytes_per_tenant == 3 * 2**20

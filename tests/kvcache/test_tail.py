@@ -12,10 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from benchmarks.inproc import random_model  # noqa: E402
 from server.config import load_settings  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.engines.hf.engine import HFEngine  # noqa: E402
+from tests.kvcache.helpers import tiny_model  # noqa: E402
 
 TOL = 1e-4
 VOCAB = 512
@@ -29,7 +29,7 @@ def make_engine(model, **pc):
 
 @pytest.fixture(scope="module")
 def model():
-    m = random_model("tiny", VOCAB, device="cpu", dtype=torch.float32, max_positions=4096)
+    m = tiny_model(VOCAB, max_positions=4096)
     m.generation_config.eos_token_id = None  # never stop early: generate exactly max_tokens
     return m
 

@@ -120,7 +120,7 @@ class RouterThread:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # bounds the wait only
         while not self.server.started:
             assert time.monotonic() < deadline, "router did not start"
             time.sleep(0.02)

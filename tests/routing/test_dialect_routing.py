@@ -10,6 +10,7 @@ import pytest
 
 from server.auth import namespaced_session
 from server.config import AuthSettings, RoutingSettings, Settings
+from server.routing.request import RouteRequest
 from server.session_key import SessionKey, key_digest, prefix_hash, response_id
 from tests.routing.conftest import RouterThread
 
@@ -43,9 +44,8 @@ def worker_of(resp: httpx.Response) -> str:
 
 def home(r: RouterThread, key: str, body: dict, tenant: str = "") -> str:
     """Where the policy puts the session ``key`` (namespaced by tenant, placed by its digest)."""
-    sel = r.router.policy.select_worker(
-        key_digest(namespaced_session(tenant, key)), r.router.pool.loads(), prefix_hash(body)
-    )
+    first_turn = RouteRequest(key_digest(namespaced_session(tenant, key)), prefix_hash(body), 0)
+    sel = r.router.policy.select_worker(first_turn, r.router.pool.loads())
     return r.router.pool.workers[sel.worker].url
 
 
@@ -163,7 +163,7 @@ def test_x_api_key_is_checked_at_the_router(workers, keyed_router):
 
 def test_turns_of_messages_and_responses_bodies():
     """The turn (slow start, graded load bound) from the body alone, in the new dialects too."""
-    from server.routing.proxy import assistant_turns
+    from server.routing.request import assistant_turns
 
     def enc(body: dict) -> bytes:
         return json.dumps(body).encode()

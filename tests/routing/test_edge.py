@@ -8,6 +8,7 @@ import pytest
 from server.auth import TENANT_HEADER, TOKEN_HEADER, authenticate, namespaced_session
 from server.config import AuthSettings, RoutingSettings, Settings
 from server.errors import Unauthorized
+from server.routing.request import RouteRequest
 from server.session_key import key_digest, prefix_hash
 from tests.routing.conftest import RouterThread
 
@@ -85,7 +86,7 @@ def test_two_tenants_with_the_same_session_key_are_placed_independently(workers,
 
     def home(tenant: str, key: str) -> str:
         placement = key_digest(namespaced_session(tenant, key))  # the router places by the key's digest
-        sel = policy.select_worker(placement, pool.loads(), prefix_hash(chat(key)))
+        sel = policy.select_worker(RouteRequest(placement, prefix_hash(chat(key)), 0), pool.loads())
         return pool.workers[sel.worker].url
 
     keys = [k for k in (f"shared-{i}" for i in range(60)) if home("team-a", k) != home("team-b", k)][:5]

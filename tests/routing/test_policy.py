@@ -19,6 +19,7 @@ from server.routing.rendezvous import (
     rendezvous_order,
     score,
 )
+from server.routing.request import RouteRequest, route_request
 from server.routing.round_robin import RoundRobinPolicy
 
 IDS = ["w0", "w1", "w2", "w3", "w4"]
@@ -29,8 +30,13 @@ def loads(*in_flight: int, down: tuple[int, ...] = ()) -> list[WorkerLoad]:
     return [WorkerLoad(f"w{i}", i not in down, n) for i, n in enumerate(in_flight)]
 
 
+def first(key: str, prefix: str | None = None) -> RouteRequest:
+    """A session's first turn."""
+    return RouteRequest(key, prefix, 0)
+
+
 def home(policy: RendezvousPolicy, key: str, workers: list[WorkerLoad]) -> str:
-    sel = policy.select_worker(key, workers)
+    sel = policy.select_worker(first(key), workers)
     assert sel is not None
     return workers[sel.worker].id
 
@@ -78,11 +84,11 @@ def test_removing_a_worker_moves_only_its_sessions_and_adding_it_back_restores_t
 def test_outcome_kept_and_moved():
     policy = RendezvousPolicy()
     key = "session-1"  # order over w0..w3 is [3, 1, 2, 0]
-    sel = policy.select_worker(key, loads(0, 0, 0, 0))
+    sel = policy.select_worker(first(key), loads(0, 0, 0, 0))
     assert sel.order == (3, 1, 2, 0) and sel.outcome == "kept"
-    sel = policy.select_worker(key, loads(0, 0, 0, 0, down=(3,)))
+    sel = policy.select_worker(first(key), loads(0, 0, 0, 0, down=(3,)))
     assert sel.order == (1, 2, 0) and sel.outcome == "moved"
-    assert policy.select_worker(key, loads(0, 0, down=(0, 1))) is None
+    assert policy.select_worker(first(key), loads(0, 0, down=(0, 1))) is None
 
 
 @pytest.mark.parametrize(
@@ -113,44 +119,44 @@ def test_bounded_load_spills_along_the_session_order():
     policy = RendezvousPolicy(load_epsilon=0.25, load_floor=1)
     key = "session-1"  # order [3, 1, 2, 0]
     # w3 has 5 in flight, others 1: T = 9, cap 3, w3 would hold 6 > 3 -> next in order, w1 (1 + 1 <= 3)
-    sel = policy.select_worker(key, loads(1, 1, 1, 5))
+    sel = policy.select_worker(first(key), loads(1, 1, 1, 5))
     assert sel.order == (1, 3, 2, 0) and sel.outcome == "spilled"
     # w0=0 w1=4 w2=0 w3=4: T = 9, cap 3; w3 and w1 (next in order) both over -> w2
-    sel = policy.select_worker(key, loads(0, 4, 0, 4))
+    sel = policy.select_worker(first(key), loads(0, 4, 0, 4))
     assert sel.worker == 2 and sel.outcome == "spilled"
     # all at 2: T = 9, cap 3, 2 + 1 <= 3 stays; w3=2 others 1: T = 6, cap ceil(1.875) = 2, 3 > 2 spills
-    assert policy.select_worker(key, loads(2, 2, 2, 2)).outcome == "kept"
-    assert policy.select_worker(key, loads(1, 1, 1, 2)).outcome == "spilled"
+    assert policy.select_worker(first(key), loads(2, 2, 2, 2)).outcome == "kept"
+    assert policy.select_worker(first(key), loads(1, 1, 1, 2)).outcome == "spilled"
 
 
 def test_single_worker_and_idle_cluster_never_spill():
     policy = RendezvousPolicy(load_epsilon=0.0, load_floor=1)
-    assert policy.select_worker("s", loads(100)).outcome == "kept"
+    assert policy.select_worker(first("s"), loads(100)).outcome == "kept"
     for key in KEYS[:200]:
-        assert policy.select_worker(key, loads(0, 0, 0, 0)).outcome == "kept"
+        assert policy.select_worker(first(key), loads(0, 0, 0, 0)).outcome == "kept"
 
 
 def test_load_floor_keeps_affinity_under_small_imbalance():
     key = "session-1"  # home w3
-    assert RendezvousPolicy(0.25, 1).select_worker(key, loads(0, 0, 0, 3)).outcome == "spilled"
-    assert RendezvousPolicy(0.25, 4).select_worker(key, loads(0, 0, 0, 3)).outcome == "kept"
-    assert RendezvousPolicy(0.25, 4).select_worker(key, loads(0, 0, 0, 4)).outcome == "spilled"
+    assert RendezvousPolicy(0.25, 1).select_worker(first(key), loads(0, 0, 0, 3)).outcome == "spilled"
+    assert RendezvousPolicy(0.25, 4).select_worker(first(key), loads(0, 0, 0, 3)).outcome == "kept"
+    assert RendezvousPolicy(0.25, 4).select_worker(first(key), loads(0, 0, 0, 4)).outcome == "spilled"
 
 
 def test_round_robin_cycles_over_healthy_workers():
     policy = RoundRobinPolicy()
     workers = loads(0, 0, 0, down=(1,))
-    chosen = [policy.select_worker("same", workers).worker for _ in range(4)]
+    chosen = [policy.select_worker(first("same"), workers).worker for _ in range(4)]
     assert chosen == [0, 2, 0, 2]
-    assert policy.select_worker("same", workers).order == (0, 2)
+    assert policy.select_worker(first("same"), workers).order == (0, 2)
 
 
 def test_least_loaded_picks_fewest_in_flight_and_rotates_ties():
     policy = LeastLoadedPolicy()
-    assert policy.select_worker("s", loads(3, 1, 2)).order == (1, 2, 0)
-    idle = [policy.select_worker("s", loads(0, 0, 0)).worker for _ in range(3)]
+    assert policy.select_worker(first("s"), loads(3, 1, 2)).order == (1, 2, 0)
+    idle = [policy.select_worker(first("s"), loads(0, 0, 0)).worker for _ in range(3)]
     assert sorted(idle) == [0, 1, 2]
-    assert policy.select_worker("s", loads(0, 5, down=(0,))).order == (1,)
+    assert policy.select_worker(first("s"), loads(0, 5, down=(0,))).order == (1,)
 
 
 def test_registry_builds_the_configured_policy():
@@ -179,7 +185,7 @@ def test_first_choice_of_every_session_is_the_prefix_first_choice_with_spread_1(
     for prefix in AGENTS:
         prefix_home = rendezvous_order(prefix, FLEET)[0]
         for s in range(50):
-            sel = policy.select_worker(f"sess-{s}", fleet(), prefix)
+            sel = policy.select_worker(first(f"sess-{s}", prefix), fleet())
             assert sel.worker == prefix_home and sel.outcome == "kept"
 
 
@@ -206,8 +212,6 @@ def test_bands_follow_the_prefix_order_and_spread_sessions_inside_a_band():
 
 
 def test_turn_one_and_turn_two_of_a_session_land_on_the_same_worker():
-    from server.routing.proxy import route_keys
-
     policy = PrefixAffinityPolicy(spread=4)
     system = {"role": "system", "content": "You are agent 7."}
     tools = [{"type": "function", "function": {"name": "shell_run"}}]
@@ -225,13 +229,14 @@ def test_turn_one_and_turn_two_of_a_session_land_on_the_same_worker():
                 {"role": "tool", "content": "result"},
             ],
         }
-        k1, p1 = route_keys(json.dumps(turn1).encode(), {}, True)
-        k2, p2 = route_keys(json.dumps(turn2).encode(), {}, True)
-        assert (k1, p1) == (k2, p2)
+        r1 = route_request(json.dumps(turn1).encode(), {}, True)
+        r2 = route_request(json.dumps(turn2).encode(), {}, True)
+        assert (r1.key, r1.prefix, r1.turns) == (r2.key, r2.prefix, 0)
+        assert r2.turns == 1 and r1.new_session and not r2.new_session
         # equal loads: equal choice; a load that changed meanwhile may move it, only by spilling
-        assert policy.select_worker(k1, fleet(), p1).worker == policy.select_worker(k2, fleet(), p2).worker
-        busy = {policy.select_worker(k1, fleet(), p1).worker: 9}
-        sel = policy.select_worker(k2, fleet(busy), p2)
+        assert policy.select_worker(r1, fleet()).worker == policy.select_worker(r2, fleet()).worker
+        busy = {policy.select_worker(r1, fleet()).worker: 9}
+        sel = policy.select_worker(r2, fleet(busy))
         assert sel.outcome == "spilled"
 
 
@@ -241,8 +246,8 @@ def test_replicas_agree_whatever_the_worker_list_order():
     shuffled = list(reversed(workers))
     for prefix in AGENTS[:5]:
         for s in range(100):
-            wa = workers[a.select_worker(f"s{s}", workers, prefix).worker].id
-            wb = shuffled[b.select_worker(f"s{s}", shuffled, prefix).worker].id
+            wa = workers[a.select_worker(first(f"s{s}", prefix), workers).worker].id
+            wb = shuffled[b.select_worker(first(f"s{s}", prefix), shuffled).worker].id
             assert wa == wb
 
 
@@ -256,7 +261,7 @@ def test_bounded_load_spreads_a_burst_of_one_agent_in_the_prefix_order():
     in_flight: dict[int, int] = {}
     placed = []
     for s in range(12):
-        sel = policy.select_worker(f"burst-{s}", fleet(in_flight), prefix)
+        sel = policy.select_worker(first(f"burst-{s}", prefix), fleet(in_flight))
         in_flight[sel.worker] = in_flight.get(sel.worker, 0) + 1
         placed.append(sel.worker)
     assert placed[0] == ranked[0]
@@ -269,9 +274,9 @@ def test_bounded_load_spreads_a_burst_of_one_agent_in_the_prefix_order():
 def test_worker_leaving_moves_its_sessions_and_few_others():
     policy = PrefixAffinityPolicy(spread=4)
     sessions = [(prefix, f"s{s}") for prefix in AGENTS for s in range(50)]
-    before = {k: policy.select_worker(k[1], fleet(), k[0]).worker for k in sessions}
+    before = {k: policy.select_worker(first(k[1], k[0]), fleet()).worker for k in sessions}
     for gone in (0, 5, 11):
-        during = {k: policy.select_worker(k[1], fleet(down=(gone,)), k[0]).worker for k in sessions}
+        during = {k: policy.select_worker(first(k[1], k[0]), fleet(down=(gone,))).worker for k in sessions}
         moved = [k for k in sessions if during[k] != before[k]]
         orphans = [k for k in sessions if before[k] == gone]
         assert set(orphans) <= set(moved) and all(during[k] != gone for k in sessions)
@@ -279,18 +284,18 @@ def test_worker_leaving_moves_its_sessions_and_few_others():
         # a few of their sessions change band. Everyone else stays.
         others = len(moved) - len(orphans)
         assert others <= 0.1 * len(sessions), (gone, len(orphans), others)
-        after = {k: policy.select_worker(k[1], fleet(), k[0]).worker for k in sessions}
+        after = {k: policy.select_worker(first(k[1], k[0]), fleet()).worker for k in sessions}
         assert after == before  # it comes back: everything goes back
 
 
 def test_prefix_policy_sends_every_session_of_an_agent_to_one_worker():
     policy = PrefixPolicy()
     for prefix in AGENTS[:5]:
-        assert {policy.select_worker(f"s{s}", fleet(), prefix).worker for s in range(50)} == {
+        assert {policy.select_worker(first(f"s{s}", prefix), fleet()).worker for s in range(50)} == {
             rendezvous_order(prefix, FLEET)[0]
         }
     # no prefix given: it falls back to the key
-    assert policy.select_worker("k", fleet()).worker == rendezvous_order("k", FLEET)[0]
+    assert policy.select_worker(first("k"), fleet()).worker == rendezvous_order("k", FLEET)[0]
 
 
 @pytest.mark.parametrize("policy", [RendezvousPolicy(), PrefixAffinityPolicy(spread=4)], ids=lambda p: p.name)
@@ -302,38 +307,20 @@ def test_slow_start_sends_only_first_turns_to_a_warming_worker(policy):
     for prefix in AGENTS[:5]:
         for s in range(60):
             key = f"s{s}"
-            full_home = policy.select_worker(key, fleet(), prefix).worker
-            first = policy.select_worker(key, joined, prefix, new_session=True).worker
-            later = policy.select_worker(key, joined, prefix, new_session=False).worker
-            assert first == full_home  # new sessions: the worker counts as a full member
+            full_home = policy.select_worker(first(key, prefix), fleet()).worker
+            new = policy.select_worker(first(key, prefix), joined).worker
+            later = policy.select_worker(RouteRequest(key, prefix, 1), joined).worker
+            assert new == full_home  # new sessions: the worker counts as a full member
             # established sessions: as if it were still down (for affinity: exactly where they
             # were before it joined; prefix_affinity's bands may shift by one worker)
-            assert later == policy.select_worker(key, fleet(down=(warming,)), prefix).worker
+            assert later == policy.select_worker(RouteRequest(key, prefix, 1), fleet(down=(warming,))).worker
             if policy.name == "affinity":
-                assert FLEET[later] == without[policy.select_worker(key, without, prefix).worker].id
+                assert FLEET[later] == without[policy.select_worker(first(key, prefix), without).worker].id
             homed_there += full_home == warming
     assert homed_there > 0
     # only warming workers healthy: established sessions are still served
     all_warming = [WorkerLoad(w, True, 0, True) for w in FLEET]
-    assert policy.select_worker("k", all_warming, AGENTS[0], new_session=False) is not None
-
-
-def test_first_turn_detection_is_conservative():
-    from server.routing.proxy import is_first_turn
-
-    assert is_first_turn(
-        json.dumps(
-            {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "go"}]}
-        ).encode()
-    )
-    assert not is_first_turn(
-        json.dumps(
-            {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"}]}
-        ).encode()
-    )
-    assert not is_first_turn(b'{"prompt": "hello"}')  # completions: no turns to tell
-    # the word inside a message's text is JSON-escaped, so it does not count
-    assert is_first_turn(json.dumps({"messages": [{"role": "user", "content": 'say "assistant"'}]}).encode())
+    assert policy.select_worker(RouteRequest("k", AGENTS[0], 3), all_warming) is not None
 
 
 def test_pool_marks_workers_that_come_back_after_start_as_warming():
@@ -373,15 +360,14 @@ def test_first_turns_spill_early_old_sessions_stay_on_a_busy_home():
     key = "session-1"  # order [3, 1, 2, 0]
     # w3 (home) holds 6, the others 4: T = 19, mean 4.75; w3 would hold 7
     busy = loads(4, 4, 4, 6)
-    by_turn = {t: policy.select_worker(key, busy, new_session=t == 0, turns=t).outcome for t in range(6)}
+    by_turn = {t: policy.select_worker(RouteRequest(key, None, t), busy).outcome for t in range(6)}
     # turn 0: cap ceil(1.1 * 4.75) = 6 < 7 spills; turn 1: ceil(1.2 * 4.75) = 6 spills;
     # turn 2: ceil(1.4 * 4.75) = 7 fits: the session stays with its context from here on
     assert by_turn == {0: "spilled", 1: "spilled", 2: "kept", 3: "kept", 4: "kept", 5: "kept"}
     # a flat policy with the same ceiling keeps even the first turn there
-    assert RendezvousPolicy(2.0, 1).select_worker(key, busy, turns=0).outcome == "kept"
-    # not told the turn: a first turn is turn 0, anything else is treated as established
-    assert policy.select_worker(key, busy, new_session=True).outcome == "spilled"
-    assert policy.select_worker(key, busy, new_session=False).outcome == "kept"
+    assert RendezvousPolicy(2.0, 1).select_worker(first(key), busy).outcome == "kept"
+    # not told the turn (completions): treated as established
+    assert policy.select_worker(RouteRequest(key), busy).outcome == "kept"
 
 
 def test_graded_bound_keeps_every_worker_under_its_first_turn_cap_in_a_burst():
@@ -390,19 +376,17 @@ def test_graded_bound_keeps_every_worker_under_its_first_turn_cap_in_a_burst():
     for policy, limit in ((PrefixAffinityPolicy(2.0, 1, 4, 0.1), 1.1), (RendezvousPolicy(2.0, 1, 0.1), 1.1)):
         in_flight = dict.fromkeys(range(len(FLEET)), 0)
         for s in range(400):
-            sel = policy.select_worker(f"s{s}", fleet(in_flight), AGENTS[s % 20], True, 0)
+            sel = policy.select_worker(first(f"s{s}", AGENTS[s % 20]), fleet(in_flight))
             in_flight[sel.worker] += 1
         assert max(in_flight.values()) <= limit * 400 / len(FLEET) + 1, in_flight
     flat = PrefixAffinityPolicy(1.0, 1, 4)
     in_flight = dict.fromkeys(range(len(FLEET)), 0)
     for s in range(400):
-        in_flight[flat.select_worker(f"s{s}", fleet(in_flight), AGENTS[s % 20], True, 0).worker] += 1
+        in_flight[flat.select_worker(first(f"s{s}", AGENTS[s % 20]), fleet(in_flight)).worker] += 1
     assert max(in_flight.values()) > 1.1 * 400 / len(FLEET) + 1  # the test can fail: flat is looser
 
 
 def test_replicas_agree_on_graded_decisions_from_the_body_alone():
-    from server.routing.proxy import assistant_turns, route_keys
-
     a = make_policy(RoutingSettings(policy="prefix_affinity", prefix_spread=2))
     b = make_policy(RoutingSettings(policy="prefix_affinity", prefix_spread=2))
     assert a.load_epsilon_new == 0.1 and a.load_epsilon == 2.0  # the shipped defaults
@@ -411,22 +395,9 @@ def test_replicas_agree_on_graded_decisions_from_the_body_alone():
     msgs = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
     for turn in range(5):
         body = json.dumps({"messages": msgs, "prompt_cache_key": "k1"}).encode()
-        key, prefix = route_keys(body, {}, True)
-        turns = assistant_turns(body)
-        assert turns == turn
-        sa = a.select_worker(key, workers, prefix, turn == 0, turns)
-        sb = b.select_worker(key, shuffled, prefix, turn == 0, turns)
+        request = route_request(body, {}, True)
+        assert request.turns == turn and request.new_session == (turn == 0)
+        sa = a.select_worker(request, workers)
+        sb = b.select_worker(request, shuffled)
         assert workers[sa.worker].id == shuffled[sb.worker].id
         msgs = [*msgs, {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "r"}]
-
-
-def test_assistant_turns_counts_assistant_messages_only():
-    from server.routing.proxy import assistant_turns
-
-    def body(*roles: str, text: str = "x") -> bytes:
-        return json.dumps({"messages": [{"role": r, "content": text} for r in roles]}).encode()
-
-    assert assistant_turns(body("system", "user")) == 0
-    assert assistant_turns(body("user", "assistant", "tool", "assistant", "tool")) == 2
-    assert assistant_turns(body("user", text='the "assistant" said')) == 0  # escaped in JSON: not counted
-    assert assistant_turns(b'{"prompt": "hello"}') is None  # completions: the turn is unknown

@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from server.routing.request import RouteRequest
 from server.session_key import key_digest, prefix_hash
 from tests.routing.conftest import spawn_fake_workers, stop_fake_workers
 
@@ -118,7 +119,8 @@ def test_every_turn_of_a_session_lands_on_one_worker(workers, make_router):
 def expected_home(router, key: str, body: dict) -> str:
     """Where the policy puts session ``key`` (given explicitly, not via the router's key logic: the
     router places a session by its key's digest)."""
-    sel = router.router.policy.select_worker(key_digest(key), router.router.pool.loads(), prefix_hash(body))
+    first_turn = RouteRequest(key_digest(key), prefix_hash(body), 0)
+    sel = router.router.policy.select_worker(first_turn, router.router.pool.loads())
     return router.router.pool.workers[sel.worker].id
 
 
@@ -202,13 +204,15 @@ def test_stream_is_relayed_chunk_by_chunk(workers, make_router):
     assert events[-1] == "data: [DONE]"
     assert len(events) == 7  # 5 deltas + usage chunk + [DONE]
     assert json.loads(events[-2][6:])["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert arrivals[0][0] < 0.25 + 0.5  # first chunk right away...
-    assert arrivals[-1][0] - arrivals[0][0] > 1.0  # ...the rest as the worker produces them (4 x 0.3 s)
+    # the first chunk reached the client before the worker had finished (checked above, from the
+    # worker's own record, not a clock); the rest came as the worker produced them: its 4 pauses of
+    # 0.3 s lie between the first and the last arrival (a lower bound: load only makes it longer)
+    assert arrivals[-1][0] - arrivals[0][0] > 1.0
 
 
 def test_client_disconnect_cancels_the_upstream_request(workers, make_router):
     for w in workers:
-        w.configure(chunks=100, chunk_delay_s=0.1)
+        w.configure(chunks=600, chunk_delay_s=0.1)  # a minute of stream: it cannot finish on its own here
     r = make_router([w.url for w in workers])
     with httpx.stream(
         "POST", r.url + "/v1/chat/completions", json=chat("cancel-me", stream=True), timeout=10
@@ -217,14 +221,14 @@ def test_client_disconnect_cancels_the_upstream_request(workers, make_router):
         for line in resp.iter_lines():
             if line.startswith("data: "):
                 break  # hang up after the first chunk
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # bounds the wait only
     while time.monotonic() < deadline:
         rec = worker.log()[-1]
         if rec["cancelled"]:
             break
         time.sleep(0.1)
-    assert rec["cancelled"] and rec["chunks_sent"] < 30, rec
-    deadline = time.monotonic() + 3
+    assert rec["cancelled"] and not rec["completed"] and rec["chunks_sent"] < 600, rec
+    deadline = time.monotonic() + 30
     while (
         r.router.pool.workers[0].in_flight + sum(w.in_flight for w in r.router.pool.workers)
         and time.monotonic() < deadline
@@ -237,23 +241,22 @@ def test_client_disconnect_cancels_the_upstream_request(workers, make_router):
 def test_client_disconnect_before_the_first_byte_cancels_upstream(workers, make_router, stream):
     workers_by_url = {w.url: w for w in workers}
     for w in workers:
-        w.configure(delay_s=5.0)  # a long prefill: nothing comes back for 5 s
+        w.configure(delay_s=60.0)  # a long prefill: nothing comes back for a minute
     r = make_router([w.url for w in workers])
     worker = workers_by_url[home_of(r, "leaver")]
-    t0 = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
         post(r, chat("leaver", stream=stream), timeout=0.5)  # the client gives up and hangs up
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 30  # a bound on the wait only: the worker's own record decides
     while not (log := worker.log()) or not log[-1]["cancelled"]:
         assert time.monotonic() < deadline, log
         time.sleep(0.05)
-    assert time.monotonic() - t0 < 2.5  # the worker learned it long before its 5 s were up
+    assert not log[-1]["completed"]  # it learned while still in its prefill, not after it
 
 
 def test_slow_worker_makes_new_sessions_spill(workers, make_router):
     r = make_router([w.url for w in workers], load_epsilon=0.25, load_floor=1)
     slow = workers[0]
-    slow.configure(delay_s=1.5)
+    slow.configure(delay_s=3.0)
     keys = [k for k in (f"spill-{i}" for i in range(200)) if home_of(r, k) == slow.url][:6]
     assert len(keys) == 6
 
@@ -274,7 +277,9 @@ def test_slow_worker_makes_new_sessions_spill(workers, make_router):
     # how many fit on the slow worker depends on how fast the spilled ones finish (they lower
     # the mean); at least one stays home and at least two spill
     assert len(on_slow) >= 1 and len(spilled) >= 2, results
-    assert max(spilled) < 1.0  # the spilled ones did not wait for the slow worker
+    # the spilled ones were served elsewhere (the header), so they did not queue behind the slow
+    # worker; and the ones kept home did wait for it (a lower bound: load only adds to it)
+    assert min(on_slow) >= 2.9
     assert metric(r, "agentserve_router_affinity_total", outcome="spilled") == len(spilled)
     # once the slow worker is idle again, its sessions go home
     assert post(r, chat(keys[-1])).headers["x-agentserve-worker"] == slow.url
@@ -287,13 +292,13 @@ def test_worker_stream_error_midway_ends_with_sse_error(make_router):
         victim = workers[1]
         keys = [k for k in (f"kill-{i}" for i in range(200)) if home_of(r, k) == victim.url][:3]
         victim.configure(chunks=10, chunk_delay_s=0.05, die_after_chunks=2)
-        t0 = time.monotonic()
+        # the client's read timeout (10 s) is far below the router's (300 s): a router that waited
+        # on the dead worker instead of ending the stream fails here
         with httpx.stream(
             "POST", r.url + "/v1/chat/completions", json=chat(keys[0], stream=True), timeout=10
         ) as resp:
             assert resp.status_code == 200 and resp.headers["x-agentserve-worker"] == victim.url
             events = sse_events(list(resp.iter_lines()))
-        assert time.monotonic() - t0 < 5
         assert len(events) == 4 and events[-1] == "[DONE]", events
         err = json.loads(events[-2])["error"]
         assert err["type"] == "server_error" and err["code"] == "upstream_unavailable"
@@ -320,15 +325,13 @@ def test_killed_worker_in_flight_requests_fail_over_or_error_never_hang(make_rou
         r = make_router([w.url for w in workers], health_interval_s=5.0, load_floor=10)
         victim = workers[2]
         keys = [k for k in (f"dead-{i}" for i in range(300)) if home_of(r, k) == victim.url][:4]
-        victim.configure(delay_s=3.0)
+        victim.configure(delay_s=60.0)  # killed long before it would answer
 
         async def run():
             async with httpx.AsyncClient(timeout=15) as client:
 
                 async def one(key: str, stream: bool):
-                    t0 = time.monotonic()
-                    resp = await client.post(r.url + "/v1/chat/completions", json=chat(key, stream=stream))
-                    return resp, time.monotonic() - t0
+                    return await client.post(r.url + "/v1/chat/completions", json=chat(key, stream=stream))
 
                 async def kill_soon():
                     await asyncio.sleep(0.5)
@@ -336,12 +339,12 @@ def test_killed_worker_in_flight_requests_fail_over_or_error_never_hang(make_rou
 
                 return await asyncio.gather(one(keys[0], False), one(keys[1], True), kill_soon())
 
-        (json_resp, t_json), (sse_resp, t_sse), _ = asyncio.run(run())
+        json_resp, sse_resp, _ = asyncio.run(run())
         # nothing had reached the clients yet: both were retried on the next worker and succeeded
-        for resp, took in ((json_resp, t_json), (sse_resp, t_sse)):
+        # (the victim never answers: it was killed inside its minute of delay)
+        for resp in (json_resp, sse_resp):
             assert resp.status_code == 200, resp.text
             assert resp.headers["x-agentserve-worker"] != victim.url
-            assert took < 3.0
         assert sse_events(sse_resp.text.splitlines())[-1] == "[DONE]"
         assert metric(r, "agentserve_router_failovers_total", worker=victim.url) == 2
         # later turns: connection refused -> taken out at once -> next worker
@@ -360,7 +363,7 @@ def test_unhealthy_worker_sessions_move_and_come_back(workers, make_router):
     before = {k: post(r, chat(k)).headers["x-agentserve-worker"] for k in keys}
     sick = workers[0]
     sick.configure(healthy=False)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # bounds the wait only
     while httpx.get(r.url + "/workers", timeout=5).json()["workers"][0]["healthy"]:
         assert time.monotonic() < deadline
         time.sleep(0.1)
@@ -372,7 +375,7 @@ def test_unhealthy_worker_sessions_move_and_come_back(workers, make_router):
         before[k] == sick.url for k in keys
     )
     sick.configure(healthy=True)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not httpx.get(r.url + "/workers", timeout=5).json()["workers"][0]["healthy"]:
         assert time.monotonic() < deadline
         time.sleep(0.1)
@@ -389,20 +392,19 @@ def test_no_healthy_worker_is_a_clear_503(make_router):
     r = make_router([dead])
     health = httpx.get(r.url + "/health", timeout=5)
     assert health.status_code == 503 and "no healthy worker" in health.json()["error"]["message"]
-    t0 = time.monotonic()
     resp = post(r, chat("nobody", stream=True))
-    assert time.monotonic() - t0 < 2
     err = resp.json()["error"]
+    # answered from the pool's state, without trying the dead address (no connect attempt counted)
+    assert metric(r, "agentserve_router_upstream_errors_total", worker="none", kind="no_worker") == 1
+    assert metric(r, "agentserve_router_upstream_errors_total", kind="connect") == 0
     assert resp.status_code == 503 and err["code"] == "upstream_unavailable"
     assert "no healthy worker" in err["message"] and dead in err["message"]
 
 
 def test_hung_worker_times_out_with_a_clear_503(workers, make_router):
     r = make_router([workers[0].url], read_timeout_s=0.5)
-    workers[0].configure(delay_s=3.0)
-    t0 = time.monotonic()
+    workers[0].configure(delay_s=60.0)  # the router's 0.5 s read timeout, not the worker, ends it
     resp = post(r, chat("hung"))
-    assert time.monotonic() - t0 < 2.0
     assert resp.status_code == 503 and resp.json()["error"]["code"] == "upstream_timeout"
     assert metric(r, "agentserve_router_upstream_errors_total", kind="timeout") == 1
 

@@ -166,7 +166,7 @@ def response_object(
     if ctx.compare_id is not None:
         obj["prompt_cache_options"] = {"comparison_response_id": ctx.compare_id}
         obj["prompt_cache_diagnostics"] = diagnostics(ctx, chat.get("cache"))
-    for ext in ("cache", "tool_state"):
+    for ext in ("cache", "tool_state", "max_tokens_clamped"):  # max_output_tokens lowered to fit the window
         if chat.get(ext) is not None:
             obj[ext] = chat[ext]
     agentserve: dict[str, Any] = {"dropped_tools": ctx.names.dropped}

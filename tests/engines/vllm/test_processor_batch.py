@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality  # noqa: E402
 
-from tests.vllm.helpers import EOS, AllowListProcessor, allowed_sets, fake_vllm_config  # noqa: E402
+from tests.engines.vllm.helpers import EOS, AllowListProcessor, allowed_sets, fake_vllm_config  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

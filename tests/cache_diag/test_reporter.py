@@ -5,7 +5,7 @@ from __future__ import annotations
 from server.cache_diag import CacheReporter, PrefillRate
 from server.cache_diag.store import FingerprintStore, SessionTable
 from server.metrics import Metrics
-from tests.cache.helpers import prompt, tool
+from tests.cache_diag.helpers import prompt, tool
 
 TOOLS = [tool("shell_exec"), tool("file_read")]
 SYSTEM = {"role": "system", "content": "You are a careful agent. " * 30}

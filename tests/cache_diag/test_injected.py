@@ -1,7 +1,8 @@
 """Injected causes on agent traces: every miss gets the right type, offset and fix; good turns none.
 
-Traces: synthetic agent sessions (benchmarks/trace_gen.py; two of them with SWE-agent's
-29 tools from tests/fixtures) and the two real SWE-agent trajectories (benchmarks/traces).
+Traces: tests/fixtures/agent_traces.json (written from the benchmarks' generators by
+tests/fixtures/make_agent_traces.py): synthetic agent sessions, two of them with SWE-agent's 29
+tools, and the two real SWE-agent trajectories.
 Every turn is rendered and tokenized as the server does (embedded tokenizer). The cache
 is simulated as holding the previous prompt (cached = its full blocks up to the first
 difference), or, for eviction, by the real PrefixCache under a small byte budget.
@@ -11,31 +12,23 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.swe_traces import load_traces
-from benchmarks.trace_gen import generate_sessions
-from benchmarks.variants import build_requests
 from server.cache_diag.fingerprint import common_prefix
 from server.kvcache.prefix_cache import PrefixCache
-from tests.cache.helpers import ENV, SETTINGS, hashed, ideal_cached, prompt, run, tool
+from tests.cache_diag.helpers import ENV, SETTINGS, hashed, ideal_cached, prompt, run, tool, trace_bodies
 
-FIXTURE_TOOLS = json.loads((Path(__file__).parents[1] / "fixtures" / "swe_agent_tools.json").read_text())
 MARK = "⏱ 2026-11-23T07:41:07Z "  # a per-request value; starts with a character no prompt has
 
 
 @pytest.fixture(scope="module")
 def traces() -> list[list[dict[str, Any]]]:
     """Per trace: the request bodies of its turns (good practice: append-only, tools fixed)."""
-    sessions = generate_sessions(16, 4, context=8192, steps=24)
-    for s in sessions[2:]:
-        s.tools = FIXTURE_TOOLS
-    sessions += load_traces(context=8192, max_obs_chars=1500)
-    return [[r.body for r in build_requests(s, "good")] for s in sessions]
+    return trace_bodies("agents")
 
 
 def test_good_traces_raise_no_false_alarm(tokenizer, traces):
@@ -56,10 +49,13 @@ def test_good_traces_raise_no_false_alarm(tokenizer, traces):
 def test_shuffled_argument_keys_are_named_as_a_key_reordering(tokenizer, traces):
     """Tool-call arguments are rendered in the client's key order (as the models' templates
     do): re-serialized keys are a miss, and the report names the message and the reason."""
-    sessions = generate_sessions(17, 1, context=8192, steps=24)
     named = 0
-    for s in sessions:
-        bodies = [r.body for r in build_requests(s, "shuffled_keys")]
+    for good in trace_bodies("shuffle"):
+        # each turn re-serializes every call's arguments in its own random key order
+        bodies = [
+            {**b, "messages": shuffled_arguments(b["messages"], random.Random(f"{k}"))}
+            for k, b in enumerate(good)
+        ]
         prompts = [prompt(tokenizer, b["messages"], b["tools"]) for b in bodies]
         for prev, cur in zip(prompts, prompts[1:], strict=False):
             d = run(prev, cur)
@@ -72,6 +68,21 @@ def test_shuffled_argument_keys_are_named_as_a_key_reordering(tokenizer, traces)
 
 # -- injections ------------------------------------------------------------------------------
 Body = dict[str, Any]
+
+
+def shuffled_arguments(messages: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """The messages with every call's JSON arguments re-serialized in a shuffled key order."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = copy.deepcopy(m)
+            for c in m["tool_calls"]:
+                args = json.loads(c["function"]["arguments"])
+                keys = list(args)
+                rng.shuffle(keys)
+                c["function"]["arguments"] = json.dumps({k: args[k] for k in keys})
+        out.append(m)
+    return out
 
 
 def _with(body: Body, **kw: Any) -> Body:

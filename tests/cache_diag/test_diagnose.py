@@ -6,7 +6,7 @@ import dataclasses
 
 from server.cache_diag import CacheState, Prompt, diagnose
 from server.cache_diag.fingerprint import BLOCK, common_prefix, hashed_common_prefix
-from tests.cache.helpers import SETTINGS, hashed, prompt, run, tool
+from tests.cache_diag.helpers import SETTINGS, hashed, prompt, run, tool
 
 LONG = "Rules: be precise, cite files, run the tests before you answer. " * 12
 SYSTEM = {"role": "system", "content": "Time: 10:41:07. You are an agent. " + LONG}

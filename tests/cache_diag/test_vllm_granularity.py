@@ -7,10 +7,8 @@ unit is vLLM's, not the hf engine's setting. Simulated here with vLLM's reuse ru
 
 from __future__ import annotations
 
-from benchmarks.trace_gen import generate_sessions
-from benchmarks.variants import build_requests
 from server.cache_diag.fingerprint import common_prefix
-from tests.cache.helpers import prompt, run
+from tests.cache_diag.helpers import prompt, run, trace_bodies
 
 
 def vllm_cached(prev_ids, cur_ids, block):
@@ -19,8 +17,7 @@ def vllm_cached(prev_ids, cur_ids, block):
 
 
 def test_vllm_block_size_gives_no_false_alarm_and_evictions_are_named(tokenizer):
-    session = generate_sessions(23, 1, context=8192, steps=16)[0]
-    bodies = [r.body for r in build_requests(session, "good")]
+    (bodies,) = trace_bodies("vllm")
     prompts = [prompt(tokenizer, b["messages"], b["tools"]) for b in bodies]
     wrong_unit = 0
     for prev, cur in zip(prompts, prompts[1:], strict=False):

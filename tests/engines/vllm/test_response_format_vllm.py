@@ -24,7 +24,7 @@ from server.constrain.spec import ToolSpec  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
 from server.engines.vllm.logits_processor import AgentserveLogitsProcessor  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
-from tests.vllm.helpers import allowed_sets, fake_vllm_config  # noqa: E402
+from tests.engines.vllm.helpers import allowed_sets, fake_vllm_config  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

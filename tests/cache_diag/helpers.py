@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from array import array
+from pathlib import Path
 from typing import Any
 
 from server.cache_diag import CacheState, Prompt, diagnose, fingerprint
@@ -10,6 +12,7 @@ from server.chat.template import render_chat
 from server.families.envelope import load_envelope
 from server.protocol import ChatMessage
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ENV = load_envelope("hermes")
 SETTINGS = {"cache_namespace": "", "tool_state_machine": "agent", "envelope": "hermes"}
 
@@ -70,3 +73,17 @@ def tool(name: str, desc: str = "") -> dict[str, Any]:
     if desc:
         fn["description"] = desc
     return {"type": "function", "function": fn}
+
+
+def trace_bodies(name: str) -> list[list[dict[str, Any]]]:
+    """Per session of a set in tests/fixtures/agent_traces.json: the request bodies of its turns
+    (append-only, tools fixed: the good practice)."""
+    out = []
+    for s in json.loads((FIXTURES / "agent_traces.json").read_text())[name]:
+        tools = s["tools"]
+        if isinstance(tools, str):
+            tools = json.loads((FIXTURES / tools).read_text())
+        out.append(
+            [{"messages": [dict(m) for m in s["messages"][:end]], "tools": tools} for end in s["ends"]]
+        )
+    return out
