@@ -22,13 +22,14 @@ MODEL = "smollm2-135m-instruct"  # the test model's served name, which the clien
 PROMPT = "Read the file a.py."
 
 
-def ends_early(model_dir: Path, p_end: float = 0.2) -> None:
+def ends_early(model_dir: Path, p_end: float = 0.2, p_eos: float = 0.02) -> None:
     """Make a random-weight model end a text reply (and a JSON string or object) in a few tokens.
 
     A random model hardly ever samples its end-of-sequence token, so its text replies run to
     ``max_tokens`` (Claude Code then stops with "exceeded the output token maximum"). A constant
-    direction in the residual stream (a bias on the last MLP) and lm_head rows for ``<|im_end|>``,
-    ``"`` and ``}`` along it give each a high probability at every step.
+    direction in the residual stream (a bias on the last MLP) and lm_head rows for ``"`` and ``}``
+    (``p_end``) and ``<|im_end|>`` (``p_eos``) along it give each that probability at every step.
+    The end of a text reply is kept rarer: at 0.2 one reply in seven was empty (nothing to print).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -38,17 +39,16 @@ def ends_early(model_dir: Path, p_end: float = 0.2) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir, config=cfg)
     eos = cfg.eos_token_id[0] if isinstance(cfg.eos_token_id, list) else cfg.eos_token_id
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ends = [eos, *tok.convert_tokens_to_ids(['"', "}"])]
-    logit = math.log(p_end / (1 - p_end) * cfg.vocab_size)
+    ends = {eos: p_eos, **{t: p_end for t in tok.convert_tokens_to_ids(['"', "}"])}}
     with torch.no_grad():
         for layer in model.model.layers:
             for proj in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
                 proj.bias.zero_()
         model.model.layers[-1].mlp.down_proj.bias[0] = 1000.0  # the residual stream points along axis 0
         scale = math.sqrt(cfg.hidden_size) * float(model.model.norm.weight[0])
-        for token in ends:
+        for token, p in ends.items():
             model.lm_head.weight[token].zero_()
-            model.lm_head.weight[token, 0] = logit / scale
+            model.lm_head.weight[token, 0] = math.log(p / (1 - p) * cfg.vocab_size) / scale
     model.save_pretrained(model_dir)
 
 
