@@ -13,6 +13,8 @@ Comparisons (one module each in benchmarks/compare/; each writes benchmarks/resu
   gpu-ttft   no HTTP: TTFT vs context (2k-32k) cached vs uncached, RANDOM-WEIGHT --shapes
   peers      agentserve (hf and vLLM engines) vs stock vLLM (and any --url NAME=URL): agent
              sessions, SWE-agent replays, cache-breaking variants, BFCL tool calling
+  agents     captured Codex CLI / Claude Code sessions replayed (benchmarks/agent_capture.py):
+             hit rate per turn (the billing-header line), TTFT, tool-call validity, protocol errors
   all        cache, variants, tools, swe (+ routing when available)
 
 Servers: in-process on a loopback port by default (the embedded model, or --model /
@@ -53,6 +55,7 @@ MODULES = {
     "inproc": "inproc",
     "gpu-ttft": "gpu_ttft",
     "peers": "peers",
+    "agents": "agents",
 }
 
 
@@ -120,6 +123,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--variants", help=f"variants: comma list of {', '.join(VARIANTS)}")
     t.add_argument(
         "--off-turns", default="1,10,20,30,40", help="cache / inproc: turns measured with the cache off"
+    )
+    t.add_argument(
+        "--captures", help="agents: folder of captured sessions (default ~/.cache/agentserve/captures)"
     )
     t.add_argument("--tokenizer", help="tokenizer folder for budgets (default: the embedded model's)")
     t.add_argument(

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server.admission import Admission
 from server.api.messages import router as messages_router
 from server.api.responses import router as responses_router
+from server.api.responses_ws import router as responses_ws_router
 from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
 from server.auth import authenticate, check_worker_auth, needs_key
@@ -103,6 +104,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(tokenize_router)
     app.include_router(messages_router)
     app.include_router(responses_router)
+    app.include_router(responses_ws_router)
     max_body = settings.limits.max_request_bytes
     app.add_middleware(
         BodyLimit, max_bytes=max_body, timeout_s=settings.limits.body_timeout_s

@@ -4,8 +4,13 @@ Unknown top-level fields are kept in ``model_extra``: those that would change th
 output but are not implemented are 400s naming them (``UNSUPPORTED_NEUTRAL``), the rest are
 accepted and logged once per name; wrong types and out-of-range values are 400s.
 ``tool_choice`` is parsed into types here, at the edge (``parse_tool_choice``; a malformed
-one is a 400 that lists the accepted forms). Extensions: ``tool_state_machine`` and
-``cache_compare_with``. The response types are in server/response_types.py.
+one is a 400 that lists the accepted forms). Extensions: ``tool_state_machine``,
+``cache_compare_with`` and ``cache_retention_s``. The response types are in server/response_types.py.
+
+Retention hints: OpenAI's ``prompt_cache_retention`` (``"in-memory"``: the default policy; ``"24h"``)
+and our ``cache_retention_s`` (seconds; what Anthropic's ``cache_control`` ttl becomes) ask the
+session-aware KV policy to keep the session's blocks at least that long after a reply
+(``retention_hint_s``; capped by ``prefix_cache.session_cap_s``). They never change the prompt.
 """
 
 from __future__ import annotations
@@ -179,6 +184,7 @@ UNSUPPORTED_NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 # Unknown fields accepted without a log line: they never change a reply (OpenAI bookkeeping).
 ACCEPTED_QUIETLY = frozenset({"metadata", "store", "service_tier", "safety_identifier"})
+RETENTION_S = {"in-memory": 0.0, "in_memory": 0.0, "24h": 86400.0}  # prompt_cache_retention → seconds
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (vLLM's default max_logprobs too)
 
 
@@ -198,6 +204,8 @@ class SamplingFields(_Loose):
     prompt_cache_key: str | None = None
     prompt_cache_options: PromptCacheOptions | None = None  # OpenAI's comparison_response_id
     cache_compare_with: str | None = Field(None, max_length=256)  # extension: a response id
+    prompt_cache_retention: Literal["in-memory", "in_memory", "24h"] | None = None  # OpenAI's hint
+    cache_retention_s: float | None = Field(None, ge=0.0, le=86400.0 * 7)  # extension: a hint, seconds
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)  # vLLM extension
@@ -231,6 +239,12 @@ class SamplingFields(_Loose):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def retention_hint_s(self) -> float:
+        """Seconds the client asks the KV policy to keep this session after a reply (0: no hint)."""
+        if self.cache_retention_s is not None:
+            return self.cache_retention_s
+        return RETENTION_S.get(self.prompt_cache_retention or "", 0.0)
 
     def comparison_response_id(self) -> str | None:
         """The response to diagnose the cache against (extension spelling first, then OpenAI's)."""

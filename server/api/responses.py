@@ -7,7 +7,7 @@ the chat result comes back as a ``response`` object or as Responses stream event
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -31,12 +31,15 @@ PARAM_NAMES = {"max_tokens": "max_output_tokens", "messages": "input", "response
 
 
 def _store(request: Request) -> ResponseStore:
-    store: ResponseStore | None = getattr(request.app.state, "responses_store", None)
+    return response_store(request.app.state)
+
+
+def response_store(state: Any) -> ResponseStore:
+    """The app's bounded store of responses (``store: true``), made on first use."""
+    store: ResponseStore | None = getattr(state, "responses_store", None)
     if store is None:
-        cfg = request.app.state.settings.responses
-        store = request.app.state.responses_store = ResponseStore(
-            cfg.store_max_responses, cfg.store_max_bytes
-        )
+        cfg = state.settings.responses
+        store = state.responses_store = ResponseStore(cfg.store_max_responses, cfg.store_max_bytes)
     return store
 
 
@@ -67,7 +70,7 @@ def _chat_request(chat: dict[str, Any]) -> ChatCompletionRequest:
         ) from None
 
 
-def _history(store: ResponseStore, tenant: str, body: dict[str, Any]) -> list[Any] | None:
+def stored_history(store: ResponseStore, tenant: str, body: dict[str, Any]) -> list[Any] | None:
     prev = body.get("previous_response_id")
     if prev is None:
         return None
@@ -81,43 +84,64 @@ def _history(store: ResponseStore, tenant: str, body: dict[str, Any]) -> list[An
     return found.items
 
 
+class ResponseJob:
+    """One Responses request, transport aside: the chat request, how to prepare it, and how the
+    chat reply becomes a ``response`` object or Responses events (HTTP and WebSocket share it)."""
+
+    def __init__(
+        self,
+        service: ChatService,
+        headers: Mapping[str, str],
+        tenant: str,
+        body: dict[str, Any],
+        history: list[Any] | None,
+    ) -> None:
+        self.service, self.headers, self.tenant, self.body = service, headers, tenant, body
+        self.conv = to_chat(body, history)
+        self.req = _chat_request(self.conv.chat)
+        compare = self.req.comparison_response_id()
+        found = compare is not None and service.cache_report.responses.get(tenant, compare) is not None
+        self.ctx = ResponseContext(
+            id="", created_at=0, body=body, names=self.conv.names, compare_id=compare, compare_found=found
+        )
+        self.events = ResponsesStream(self.ctx)
+
+    def prepare(self) -> Prepared:
+        p = self.service.prepare_chat(self.req, self.headers, self.tenant, self.conv.chat)
+        p.request_id = self.ctx.id = response_id(p.session)  # the cache report keeps it under this id
+        self.ctx.created_at = p.created
+        return p
+
+    def to_json(self, p: Prepared, chat: dict[str, Any]) -> dict[str, Any]:
+        return from_chat(self.ctx, chat)
+
+    def to_stream(self, p: Prepared, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        return self.events.events(chunks)
+
+
 @router.post("/v1/responses")
 async def create_response(request: Request) -> Response:
     service: ChatService = request.app.state.service
     tenant: str = request.state.tenant
     store = _store(request)
     body = await _body(request)
-    conv = to_chat(body, _history(store, tenant, body))
-    req = _chat_request(conv.chat)
-    compare = req.comparison_response_id()
-    found = compare is not None and service.cache_report.responses.get(tenant, compare) is not None
-    ctx = ResponseContext(
-        id="", created_at=0, body=body, names=conv.names, compare_id=compare, compare_found=found
-    )
+    job = ResponseJob(service, request.headers, tenant, body, stored_history(store, tenant, body))
     keep = body.get("store", True) is not False
 
-    def prepare() -> Prepared:
-        p = service.prepare_chat(req, request.headers, tenant, conv.chat)
-        p.request_id = ctx.id = response_id(p.session)  # the cache report keeps it under this id
-        ctx.created_at = p.created
-        return p
-
     def to_json(p: Prepared, chat: dict[str, Any]) -> dict[str, Any]:
-        response = from_chat(ctx, chat)
+        response = job.to_json(p, chat)
         if keep:
-            store.put(tenant, conv.input_items, response)
+            store.put(tenant, job.conv.input_items, response)
         return response
 
-    events = ResponsesStream(ctx)
-
     async def to_stream(p: Prepared, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        async for ev in events.events(chunks):
+        async for ev in job.to_stream(p, chunks):
             yield ev
-        if keep and events.final is not None:
-            store.put(tenant, conv.input_items, events.final)
+        if keep and job.events.final is not None:
+            store.put(tenant, job.conv.input_items, job.events.final)
 
-    framing = Framing(named_events=True, done=False, error_event=events.failed_event)
-    return await serve_prepared(request, prepare, to_json, to_stream, framing)
+    framing = Framing(named_events=True, done=False, error_event=job.events.failed_event)
+    return await serve_prepared(request, job.prepare, to_json, to_stream, framing)
 
 
 @router.get("/v1/responses/{response_id}")

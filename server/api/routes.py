@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from server.admission import Ticket
 from server.api.sse import Framing, sse_stream
 from server.chat.prepare import Prepared
 from server.chat.service import ChatService
@@ -45,6 +46,27 @@ async def _await_unless_gone(
             await asyncio.gather(task, return_exceptions=True)
 
 
+async def admit(state: Any, prepare: Callable[[], Prepared]) -> tuple[Prepared, Ticket, float]:
+    """Prepare (in a thread) and wait for an admission slot: (prepared, held ticket, deadline).
+
+    ``state`` is the app's state (HTTP routes and the Responses WebSocket share it). The caller
+    releases the ticket once the request is served."""
+    limits = state.settings.limits
+    deadline = time.monotonic() + limits.request_timeout_s
+    ticket = state.admission.reserve()
+    try:
+        prepared = await asyncio.to_thread(prepare)
+        remaining = max(0.0, deadline - time.monotonic())
+        try:
+            await asyncio.wait_for(ticket.acquire(), remaining)
+        except TimeoutError:
+            raise Timeout(f"request waited {limits.request_timeout_s:g} s in the queue") from None
+    except BaseException:
+        ticket.release()
+        raise
+    return prepared, ticket, deadline
+
+
 ToJson = Callable[[Prepared, dict[str, Any]], dict[str, Any]]
 ToStream = Callable[[Prepared, AsyncIterator[dict[str, Any]]], AsyncIterator[dict[str, Any]]]
 
@@ -64,18 +86,7 @@ async def serve_prepared(
     """
     service = _service(request)
     limits = request.app.state.settings.limits
-    deadline = time.monotonic() + limits.request_timeout_s
-    ticket = request.app.state.admission.reserve()
-    try:
-        prepared = await asyncio.to_thread(prepare)
-        remaining = max(0.0, deadline - time.monotonic())
-        try:
-            await asyncio.wait_for(ticket.acquire(), remaining)
-        except TimeoutError:
-            raise Timeout(f"request waited {limits.request_timeout_s:g} s in the queue") from None
-    except BaseException:
-        ticket.release()
-        raise
+    prepared, ticket, deadline = await admit(request.app.state, prepare)
     if prepared.stream:
         remaining = max(0.001, deadline - time.monotonic())
         chunks = service.stream(prepared)

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ async def sse_stream(
     ticket: Ticket | None = None,
     timeout_s: float | None = None,
     framing: Framing | None = None,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """Frame chunks as SSE; an error after the stream began becomes an error event, then [DONE].
 
     A client disconnect cancels this generator at its current await; closing ``chunks``

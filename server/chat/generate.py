@@ -99,6 +99,7 @@ async def generate_text(
         p.tool_spec,
         p.cache_salt,
         p.session.key,
+        retain_s=p.retain_s,
         constraint=p.take_constraint(),  # compiled at prepare time: the engine does not compile it again
     )
     metrics.running.inc()

@@ -68,6 +68,7 @@ class Prepared:
     model: str = ""  # the served name the request used (an alias or served_model_name): echoed back
     # max_tokens lowered to fit the window (limits.max_tokens_over_window: clamp): every dialect reports it
     max_tokens_clamped: MaxTokensClamped | None = None
+    retain_s: float = 0.0  # the client's retention hint for the session's KV (seconds; 0: none)
 
     def take_constraint(self) -> TokenConstraint | None:
         """The compiled constraint, once: a matcher is stateful, so a second generation compiles anew."""
@@ -310,6 +311,7 @@ class Preparer:
             tenant=tenant,
             model=req.model,
             max_tokens_clamped=clamped,
+            retain_s=req.retention_hint_s(),
         )
 
     @constraint_errors_as_400()
@@ -361,4 +363,5 @@ class Preparer:
             tenant=tenant,
             model=req.model,
             max_tokens_clamped=clamped,
+            retain_s=req.retention_hint_s(),
         )

@@ -83,6 +83,7 @@ class GenerationRequest:
     tool_spec: ToolSpec | None = None  # None: unconstrained
     cache_salt: str = ""  # namespace of the prefix cache (tenant); "" = shared
     session_key: str = ""  # the session (prefix-cache retention, cache reports); "" = none
+    retain_s: float = 0.0  # client's hint: keep the session's KV this long after a reply (0: none)
     # ``tool_spec`` already compiled by this engine's ``constraints`` (chat compiles it at prepare
     # time, where a bad schema is a 400): the engine uses it and compiles nothing. A fresh,
     # unused matcher, used by one generation only. None: the engine compiles ``tool_spec`` itself.

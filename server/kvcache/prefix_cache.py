@@ -175,8 +175,10 @@ class PrefixCache:
         *,
         max_tokens: int | None = None,
         session: str = "",
+        retain_s: float = 0.0,
     ) -> MatchResult:
-        """The longest cached prefix of ``token_ids`` (at most ``max_tokens`` / ``max_blocks`` blocks)."""
+        """The longest cached prefix of ``token_ids`` (at most ``max_tokens`` / ``max_blocks`` blocks).
+        ``retain_s``: the client's retention hint for ``session`` (``SessionState.keep_s``)."""
         if not self.enabled:
             return MatchResult((), (), self.block_size)
         limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
@@ -185,7 +187,7 @@ class PrefixCache:
         bs = self.block_size
         with self._lock:
             hashes = partial(self.block_hashes, salt=salt)
-            pre = self.book.begin(session, token_ids, hashes, self.clock()) if session else None
+            pre = self.book.begin(session, token_ids, hashes, self.clock(), retain_s) if session else None
             keys: list[bytes] = []
             lengths: list[int] = []
             payloads: list[Any] = []

@@ -25,8 +25,9 @@ far away, and the policy did no better than LRU: benchmarks/results/kv_pressure.
 Pauses are learned from what the server sees (the time between a reply and the
 session's next request), capped at ``cap_s``: an exponential moving average per tool (for
 expiry) and the last ``PAUSE_SAMPLES`` pauses per tool (for the time to return). A session
-idle for longer than ``min(cap_s, EXPIRE_FACTOR x its expected pause)`` counts as done:
-no session holds memory forever.
+idle for longer than ``min(cap_s, max(EXPIRE_FACTOR x its expected pause, keep_s))`` counts as
+done: no session holds memory forever. ``keep_s`` is the client's retention hint of its latest
+request (Anthropic ``cache_control`` ttl, OpenAI ``prompt_cache_retention``; 0 without one).
 
 Time comes from an injected clock (virtual in tests and benchmarks); nothing here
 touches the prompt.
@@ -105,6 +106,7 @@ class SessionState:
     state: str = "running"  # running | tool | person | done
     waiting_on: tuple[str, ...] = ()
     since: float = 0.0  # when the last reply ended (or the request began, while running)
+    keep_s: float = 0.0  # the client's retention hint (cache_control ttl, prompt_cache_retention), seconds
 
 
 class Sessions:
@@ -138,7 +140,7 @@ class Sessions:
             return True
         if s.state == "running":
             return False
-        limit = min(self.cap_s, EXPIRE_FACTOR * max(self.pauses.expected(s.waiting_on), 1e-3))
+        limit = min(self.cap_s, max(EXPIRE_FACTOR * max(self.pauses.expected(s.waiting_on), 1e-3), s.keep_s))
         return now - s.since > limit
 
     def time_to_return(self, s: SessionState, now: float) -> float:

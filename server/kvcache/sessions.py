@@ -102,8 +102,10 @@ class SessionBook:
         token_ids: Sequence[int],
         hashes: Callable[[Sequence[int]], list[bytes]],
         now: float,
+        retain_s: float = 0.0,
     ) -> _Before:
-        """What the session was doing before this request (learns its pause); marks it running."""
+        """What the session was doing before this request (learns its pause); marks it running,
+        with this request's retention hint (``retain_s``) for the pause after its reply."""
         s = self.sessions.get(session)
         if s is None:
             before = _Before("new", (), None, 0)
@@ -114,7 +116,7 @@ class SessionBook:
             if s.state in ("tool", "person"):
                 self.sessions.pauses.observe(s.waiting_on, now - s.since)
         s, _ = self.sessions.touch(session)
-        s.state, s.waiting_on, s.since = "running", (), now
+        s.state, s.waiting_on, s.since, s.keep_s = "running", (), now, retain_s
         return before
 
     def report(

@@ -11,108 +11,29 @@ no 4xx/5xx in the server log. Install the client with ``scripts/install_agent_cl
 from __future__ import annotations
 
 import json
-import math
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from server.ports import free_port, wait_for_health
+from tests.dialects.agent_server import CLAUDE, agent_server, run_claude, served_statuses
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-NPM = Path(os.environ.get("AGENTSERVE_NPM_PREFIX", Path.home() / ".cache/agentserve/npm"))
-CLAUDE = NPM / "node_modules/.bin/claude"
 VERSION = "2.1.328"
-MODEL = "smollm2-135m-instruct"  # the served name Claude Code is told to use (ANTHROPIC_MODEL)
-
-
-def ends_early(model_dir: Path, p_end: float = 0.2) -> None:
-    """Make a random-weight model end a text reply (and a JSON string or object) in a few tokens.
-
-    A random model hardly ever samples its end-of-sequence token, so its text replies run to
-    ``max_tokens`` (Claude Code then stops with "exceeded the output token maximum"). A constant
-    direction in the residual stream (a bias on the last MLP) and lm_head rows for ``<|im_end|>``,
-    ``"`` and ``}`` along it give each a high probability at every step.
-    """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    cfg = AutoConfig.from_pretrained(model_dir)
-    cfg.mlp_bias = True
-    model = AutoModelForCausalLM.from_pretrained(model_dir, config=cfg)
-    eos = cfg.eos_token_id[0] if isinstance(cfg.eos_token_id, list) else cfg.eos_token_id
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    ends = [eos, *tok.convert_tokens_to_ids(['"', "}"])]
-    logit = math.log(p_end / (1 - p_end) * cfg.vocab_size)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for proj in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-                proj.bias.zero_()
-        model.model.layers[-1].mlp.down_proj.bias[0] = 1000.0  # the residual stream points along axis 0
-        scale = math.sqrt(cfg.hidden_size) * float(model.model.norm.weight[0])
-        for token in ends:
-            model.lm_head.weight[token].zero_()
-            model.lm_head.weight[token, 0] = logit / scale
-    model.save_pretrained(model_dir)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     if not CLAUDE.exists():
         pytest.skip(f"Claude Code is not installed at {CLAUDE}: run scripts/install_agent_clients.sh")
-    out = tmp_path_factory.mktemp("cc") / "model"
-    make = [sys.executable, "-m", "server.cli", "make-test-model", "--family", "hermes"]
-    subprocess.run([*make, "--max-positions", "32768", str(out)], check=True, cwd=ROOT, capture_output=True)
-    ends_early(out)
-    port = free_port()
-    env = {**os.environ, "AGENTSERVE_TOOL_STATE_MACHINE": "read_then_answer", "AGENTSERVE_THREADS": "1"}
-    log = out.parent / "server.log"
-    with log.open("w") as sink:
-        cmd = [sys.executable, "-m", "server.cli", "serve", "--model", str(out), "--port", str(port)]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            wait_for_health(f"http://127.0.0.1:{port}", 120)
-            yield f"http://127.0.0.1:{port}", log
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with agent_server(tmp_path_factory.mktemp("cc")) as (url, log):
+        yield url, log
 
 
 def test_claude_code_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp_path):
     url, log = server
     version = subprocess.run([str(CLAUDE), "--version"], capture_output=True, text=True, timeout=60).stdout
     assert version.startswith(VERSION), version
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "a.py").write_text("print('hi')\n")
-    env = {
-        **os.environ,
-        "HOME": str(tmp_path),  # a fresh ~/.claude
-        "ANTHROPIC_BASE_URL": url,
-        "ANTHROPIC_API_KEY": "dummy",
-        "ANTHROPIC_MODEL": MODEL,
-        "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-    cmd = [
-        str(CLAUDE),
-        "-p",
-        "Read the file a.py.",
-        "--allowedTools",
-        "Read",
-        "--output-format",
-        "stream-json",
-    ]
-    run = subprocess.run(
-        [*cmd, "--verbose"], cwd=tmp_path / "work", env=env, capture_output=True, text=True, timeout=600
-    )
+    run = run_claude(tmp_path, url)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     turns = [e["message"] for e in events if e.get("type") == "assistant"]
@@ -132,5 +53,5 @@ def test_claude_code_runs_a_tool_and_answers_with_turn_two_from_cache(server, tm
     # message_start reports a turn's whole prompt as input_tokens; the totals are the final usages
     prompt1 = turns[0]["usage"]["input_tokens"]
     assert result["usage"]["cache_read_input_tokens"] >= 0.99 * prompt1, (result["usage"], prompt1)
-    served = [line for line in log.read_text().splitlines() if "/v1/" in line and "HTTP/1.1" in line]
+    served = served_statuses(log.read_text().splitlines())
     assert served and all('" 200' in line for line in served), served

@@ -5,9 +5,12 @@ Field by field (README "Anthropic Messages"): ``model``, ``max_tokens``, ``tempe
 ``tool_choice`` (``blocks.py``), ``output_config.format`` (a JSON schema: enforced like
 ``response_format``) are used. Accepted and not used: ``thinking`` (no reasoning is produced),
 ``output_config.effort``, ``context_management`` (the server never edits the context),
-``service_tier``, ``speed``, ``inference_geo``, ``container``, ``cache_control`` (prefix caching is
-always on), ``metadata`` (its ``user_id`` may name the session: kept in the raw body for the
-session key). ``mcp_servers`` are dropped like server tools. Extensions ``tool_state_machine``,
+``service_tier``, ``speed``, ``inference_geo``, ``container``, ``metadata`` (its ``user_id`` may name
+the session: kept in the raw body for the session key). ``cache_control`` (on system, message and
+tool blocks, or top level) places no breakpoint (prefix caching is always on, never rendered): its
+longest ``ttl`` (``"5m"``, the default, or ``"1h"``) becomes a retention hint for the session's KV
+(``cache_retention_s``: kept at least that long after a reply, up to ``prefix_cache.session_cap_s``).
+``mcp_servers`` are dropped like server tools. Extensions ``tool_state_machine``,
 ``cache_compare_with`` and ``prompt_cache_key`` pass through. Other fields: accepted, logged once.
 ``max_tokens`` larger than what is left of the context window follows ``limits.max_tokens_over_window``
 as in every dialect (default ``clamp``: lowered to fit, as Anthropic's newer models do); a reply that
@@ -32,16 +35,17 @@ USED = frozenset(
     {
         "model", "max_tokens", "messages", "system", "tools", "tool_choice", "temperature", "top_p",
         "top_k", "stop_sequences", "stream", "metadata", "diagnostics", "output_config",
-        "tool_state_machine", "cache_compare_with", "prompt_cache_key",
+        "tool_state_machine", "cache_compare_with", "prompt_cache_key", "cache_control",
     }
 )  # fmt: skip
 ACCEPTED_UNUSED = frozenset(
     {
         "thinking", "context_management", "service_tier", "speed", "inference_geo", "container",
-        "cache_control", "mcp_servers", "user_profile_id", "workspace_id",
+        "mcp_servers", "user_profile_id", "workspace_id",
     }
 )  # fmt: skip
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
+CACHE_TTL_S = {"5m": 300.0, "1h": 3600.0}  # cache_control ttl → seconds (no ttl: "5m")
 _logged: set[str] = set()
 
 
@@ -104,6 +108,37 @@ def _check_thinking(thinking: dict[str, Any] | None) -> None:
         )
 
 
+def _cache_controls(raw_body: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every ``cache_control`` of the request, with where it was (for a 400 that names it)."""
+    found = (
+        [("cache_control", raw_body["cache_control"])] if raw_body.get("cache_control") is not None else []
+    )
+    system = raw_body.get("system")
+    blocks_at: list[tuple[str, Any]] = (
+        [(f"system.{i}", b) for i, b in enumerate(system or [])] if isinstance(system, list) else []
+    )
+    for i, m in enumerate(raw_body.get("messages") or []):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            blocks_at += [(f"messages.{i}.content.{j}", b) for j, b in enumerate(content)]
+    blocks_at += [(f"tools.{i}", t) for i, t in enumerate(raw_body.get("tools") or [])]
+    for where, block in blocks_at:
+        if isinstance(block, dict) and block.get("cache_control") is not None:
+            found.append((f"{where}.cache_control", block["cache_control"]))
+    return found
+
+
+def _retention_s(raw_body: dict[str, Any]) -> float | None:
+    """The longest ``cache_control`` ttl in seconds (None: no cache_control at all)."""
+    longest = None
+    for where, control in _cache_controls(raw_body):
+        ttl = control.get("ttl", "5m") if isinstance(control, dict) else None
+        if not isinstance(control, dict) or control.get("type") != "ephemeral" or ttl not in CACHE_TTL_S:
+            raise blocks.bad(where, 'use {"type": "ephemeral"} with an optional "ttl": "5m" or "1h"')
+        longest = max(longest or 0.0, CACHE_TTL_S[ttl])
+    return longest
+
+
 def _response_format(output_config: dict[str, Any] | None) -> dict[str, Any] | None:
     fmt = (output_config or {}).get("format")
     if fmt is None:
@@ -137,6 +172,9 @@ def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:
     sampling = {k: raw_body[k] for k in ("temperature", "top_p", "top_k") if raw_body.get(k) is not None}
     stops = list(raw_body.get("stop_sequences") or [])
     extensions = {k: raw_body[k] for k in ("tool_state_machine", "prompt_cache_key") if raw_body.get(k)}
+    retention = _retention_s(raw_body)
+    if retention is not None:
+        extensions["cache_retention_s"] = retention
     diagnostics = raw_body.get("diagnostics")
     compare = raw_body.get("cache_compare_with")
     previous = diagnostics.get("previous_message_id") if isinstance(diagnostics, dict) else None

