@@ -250,7 +250,8 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     tool_state_machine: str | None = None  # extension: a state machine in grammars/, or "off"
     # reasoning models (a family with ``reasoning``): "none" turns it off; else a budget by effort
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # (checked against the family's effort names only where the family reasons: other families ignore it)
+    reasoning_effort: str | None = Field(None, max_length=32)
     max_reasoning_tokens: int | None = Field(None, ge=0)  # extension: the reasoning budget in tokens
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)

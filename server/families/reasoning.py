@@ -24,7 +24,9 @@ append-only.
 
 Effort → budget (tokens of reasoning before the close is forced), the same for every
 family unless its file sets ``efforts``: ``minimal`` 64, ``low`` 512, ``medium`` 2048,
-``high`` 8192; ``none`` turns reasoning off (the ``disabled`` tail is rendered).
+``high`` 8192, ``xhigh`` 16384; ``none`` turns reasoning off (the ``disabled`` tail is rendered).
+The Messages API's ``thinking.budget_tokens`` and the ``max_reasoning_tokens`` extension give
+the budget in tokens directly.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HISTORY_MODES = ("after_last_user", "all", "none")
-DEFAULT_EFFORTS: dict[str, int] = {"minimal": 64, "low": 512, "medium": 2048, "high": 8192}
+DEFAULT_EFFORTS: dict[str, int] = {"minimal": 64, "low": 512, "medium": 2048, "high": 8192, "xhigh": 16384}
 
 
 @dataclass(frozen=True)
