@@ -17,7 +17,9 @@ constraint (or none, without tools) and runs these phases:
   budget is reduced by the tokens already written), or free text and end of sequence.
 
 Forced text is the tokenizer's encoding of the string (``</think>`` is one token in Qwen's
-vocabulary); every forced row allows exactly one token. ``accept_token`` never raises.
+vocabulary); every forced row allows exactly one token. A close tag that is a single special
+token (Mistral's ``[/THINK]``) is allowed in THINK by its id and ends the reasoning there.
+``accept_token`` never raises.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class ReasoningMasks:
         self.tag = close_text.strip()
         self.after_tag = close_text[close_text.index(self.tag) + len(self.tag) :]  # "\n\n"
         self.watch = TagWatch(vocab, self.tag.encode())
+        # a close tag that is one special token (Mistral's [/THINK]): no text spells it, the id ends it
+        ids = self.encode(self.tag)
+        self.tag_id = ids[0] if len(ids) == 1 and not vocab.token_bytes[ids[0]] else None
         self._rows: dict[tuple[int, bytes], np.ndarray] = {}
 
     def encode(self, text: str) -> list[int]:
@@ -65,7 +70,10 @@ class ReasoningMasks:
                 for tid, off in self.watch.complete[q].items()
                 if not forced_after.startswith(self.vocab.token_bytes[tid][off:])
             ]
-            row = self.vocab.pack(self.vocab.text_ids) & ~self.vocab.pack(banned)
+            allowed = self.vocab.text_ids
+            if self.tag_id is not None:
+                allowed = np.append(allowed, self.tag_id)
+            row = self.vocab.pack(allowed) & ~self.vocab.pack(banned)
             if len(self._rows) < 256:
                 self._rows[key] = row
         return row
@@ -170,6 +178,10 @@ class ReasoningGate:
             return True
         if ph == Gate.THINK:
             text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
+            if tid == self.m.tag_id:  # the special-token close tag
+                self.q = 0
+                self._force(self.m.encode(self.after_text), then=Gate.INNER)
+                return True
             if not text:
                 return self._reject(
                     f"token {vocab.describe(tid) if 0 <= tid < vocab.vocab_size else tid} is not text: "

@@ -152,3 +152,19 @@ def test_a_plain_plan_builds_no_gate(qwen) -> None:
 def test_the_plan_round_trips_through_json() -> None:
     plan = _plan("required", ("shell_ls",), 9, HERMES.opening)
     assert ToolPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+def test_a_special_token_close_tag_ends_the_reasoning(qwen) -> None:
+    """Tags that are special tokens (Mistral's [THINK] / [/THINK]; here two of Qwen's specials)."""
+    from server.constrain.reasoning_gate import ReasoningGate
+
+    tok, eos = qwen.tokenizer, qwen.eos("hermes")
+    open_id, close_id = tok.convert_tokens_to_ids(["<|box_start|>", "<|box_end|>"])
+    assert not qwen.vocab.token_bytes[close_id]  # opaque: no text spells it
+    masks = qwen.factory("hermes").reasoning_masks("<|box_start|>", "<|box_end|>")
+    gate = ReasoningGate(masks, None, "", eos)
+    ids = walk(gate, qwen, seed=0, steps=2, prefer=close_id)  # the model closes as soon as it may
+    assert ids[:2] == [open_id, close_id] and gate.phase.name == "INNER"
+    budgeted = ReasoningGate(masks, None, "", eos, budget=3)
+    ids = walk(budgeted, qwen, seed=1, steps=5)
+    assert ids[0] == open_id and ids[4] == close_id  # three reasoning tokens, then the forced close
