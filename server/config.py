@@ -309,6 +309,12 @@ class Settings(BaseSettings):
         description="Prompt format (grammars/families/NAME.yaml, or NAME:VERSION, e.g. mistral:v13); "
         "auto = detected from the model folder at start. The family names its tool-call envelope.",
     )
+    keep_reasoning: bool = Field(
+        False,
+        description="Reasoning families: render the reasoning of every past assistant turn (the session "
+        "stays append-only, so the prefix cache keeps it) instead of what the vendor's template keeps "
+        "(Qwen3: only after the last user message; the cache report names that rewrite).",
+    )
     tool_state_machine: str | None = Field(
         "agent",
         description="Tool state machine used when a request has no tool_choice (grammars/NAME.yaml, or a "

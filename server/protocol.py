@@ -61,6 +61,9 @@ class ChatMessage(_Loose):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # an assistant turn's reasoning as our replies return it (either name; vLLM's and OpenRouter's)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     def text(self) -> str:
         """The message's text; list content is joined in order (non-text parts are refused earlier)."""
@@ -260,6 +263,10 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     tool_state_machine: str | None = None  # extension: a state machine in grammars/, or "off"
+    # reasoning models (a family with ``reasoning``): "none" turns it off; else a budget by effort
+    # (checked against the family's effort names only where the family reasons: other families ignore it)
+    reasoning_effort: str | None = Field(None, max_length=32)
+    max_reasoning_tokens: int | None = Field(None, ge=0)  # extension: the reasoning budget in tokens
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 

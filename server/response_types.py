@@ -76,6 +76,9 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda v: v is None)
+    # a reasoning family's reasoning, under both names clients read (vLLM / DeepSeek, OpenRouter)
+    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)
+    reasoning: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class IncompleteToolCall(BaseModel):
@@ -135,6 +138,8 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)
     content: str | None = Field(None, exclude_if=lambda v: v is None)
     tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=lambda v: v is None)
+    reasoning_content: str | None = Field(None, exclude_if=lambda v: v is None)
+    reasoning: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ChatChunkChoice(BaseModel):

@@ -36,7 +36,7 @@ def envelope_name(settings: Settings, selection: Selection) -> str:
 def make_renderer(settings: Settings, selection: Selection, tokenizer: Any) -> Any:
     """The renderer of the chosen family (``model``: the model folder's own chat template)."""
     if selection.family.name != MODEL_TEMPLATE:
-        return FamilyRenderer(selection.family)
+        return FamilyRenderer(selection.family, keep_reasoning=settings.keep_reasoning)
     folder = None if settings.model == EMBEDDED else resolve_model(settings.model, progress=False)
     template = (chat_template_of(folder) if folder else "") or str(
         getattr(tokenizer, "chat_template", "") or ""

@@ -22,6 +22,7 @@ from server.auth import cache_salt, namespaced_session
 from server.cache_diag import Prompt, fingerprint
 from server.chat.limits import MACHINE_NAME as _MACHINE_NAME
 from server.chat.limits import check_request_limits
+from server.chat.reasoning import with_reasoning
 from server.chat.sampling import check_fields, sampling_params
 from server.chat.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.chat.template import render_chat
@@ -245,7 +246,7 @@ class Preparer:
         compiles the spec again in this process. ``json_text``: the schema of the reply's
         text (response_format), None for free text.
         """
-        if not tools and json_text is None:
+        if not tools and json_text is None and plan.reasoning is None:
             return None, None
         spec = ToolSpec(
             tools,
@@ -283,10 +284,11 @@ class Preparer:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         machine = self._machine(req.tool_state_machine)
         plan = plan_tools(tools, req.tool_choice, messages, req.parallel_tool_calls, machine, self.envelope)
+        family = getattr(self.renderer, "family", None)
+        plan = with_reasoning(plan, getattr(family, "reasoning", None), req, json_text is not None)
         ids, offsets = self._tokenize(rendered)
-        prefill_ids = (
-            self.engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"] if plan.prefill else []
-        )
+        prefill = plan.prompt_prefill  # with reasoning: the masks force the call's opening later
+        prefill_ids = self.engine.tokenizer(prefill, add_special_tokens=False)["input_ids"] if prefill else []
         prompt_ids = ids + list(prefill_ids)
         sampling, clamped = self._sampling(req, len(prompt_ids))
         spec, constraint = self._tool_spec(tools, plan, sampling.max_tokens, json_text)
@@ -301,7 +303,7 @@ class Preparer:
             stops=req.stop_list(),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
-            prefill=plan.prefill,
+            prefill=prefill,
             plan=plan,
             tool_spec=spec,
             constraint=constraint,

@@ -17,6 +17,7 @@ from typing import Any
 
 from server.chat.generate import GenerationResult
 from server.chat.prepare import Prepared
+from server.chat.reasoning import ReasoningSplitter
 from server.chat.toolcalls import CallDelta, ContentDelta, Events, ParsedCall, StreamingToolCallParser
 from server.custom_tools import custom_input, custom_names
 from server.families.envelope import Envelope
@@ -138,7 +139,11 @@ def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: 
         text = TextChoice(text=out.text, logprobs=lp, finish_reason=out.finish_reason)
         return CompletionResponse(**head, choices=[text], usage=usage(p, out)).model_dump()
     parser = StreamingToolCallParser(envelope, _tools(p))
-    parser.feed(p.prefill + out.text)
+    splitter = _splitter(p)
+    reply = _prefill(p) + out.text
+    if splitter is not None:
+        reply = splitter.feed(reply)[1] + splitter.finish()[1]
+    parser.feed(reply)
     _, cut = finish_parser(parser, out.finish_reason, envelope)
     parsed = parser.result()
     finish = out.finish_reason
@@ -147,7 +152,10 @@ def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: 
         calls = [_call(p, i, c) for i, c in enumerate(parsed.tool_calls)]
         if finish == "stop":
             finish = "tool_calls"
-    message = AssistantMessage(content=parsed.content, tool_calls=calls)
+    thought = splitter.reasoning if splitter is not None else None
+    message = AssistantMessage(
+        content=parsed.content, tool_calls=calls, reasoning_content=thought, reasoning=thought
+    )
     choice = ChatChoice(
         message=message,
         logprobs=chat_logprobs(out.logprobs),
@@ -156,6 +164,17 @@ def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: 
         stop_reason=out.stop_string,
     )
     return ChatCompletionResponse(**head, choices=[choice], usage=usage(p, out)).model_dump()
+
+
+def _prefill(p: Prepared) -> str:
+    """The prompt's prefill as the reply's first text (less a "reasoning off" tail, not the reply's)."""
+    lead = p.plan.lead if p.plan is not None else ""
+    return p.prefill[len(lead) :] if lead and p.prefill.startswith(lead) else p.prefill
+
+
+def _splitter(p: Prepared) -> ReasoningSplitter | None:
+    plan = p.plan.reasoning if p.plan is not None else None
+    return ReasoningSplitter(plan) if plan is not None and p.kind == "chat" else None
 
 
 class StreamChunks:
@@ -167,6 +186,7 @@ class StreamChunks:
         self.head = {"id": p.request_id, "created": p.created, "model": model}
         self.envelope = envelope
         self.parser = StreamingToolCallParser(envelope, _tools(p)) if self.chat else None
+        self.splitter = _splitter(p)
         self.finish_reason = "stop"
         self.incomplete: IncompleteToolCall | None = None
         self.pending: list[TokenLogprobOut] = []  # logprobs not yet sent (no chunk carried them yet)
@@ -212,7 +232,17 @@ class StreamChunks:
         if self.parser is None:
             return []
         first = [self._chunk(ChatDelta(role="assistant", content=""))]
-        return first + (self._deltas(self.parser.feed(self.p.prefill)) if self.p.prefill else [])
+        prefill = _prefill(self.p)
+        return first + (self._split(prefill) if prefill else [])
+
+    def _split(self, text: str, final: bool = False) -> list[dict[str, Any]]:
+        """Chunks of a reasoning delta (when the family reasons), then of the answer's deltas."""
+        assert self.parser is not None
+        if self.splitter is None:
+            return self._deltas(self.parser.feed(text))
+        thought, answer = self.splitter.feed(text) if not final else self.splitter.finish()
+        res = [self._chunk(ChatDelta(reasoning_content=thought, reasoning=thought))] if thought else []
+        return res + (self._deltas(self.parser.feed(answer)) if answer else [])
 
     def text(self, text: str, out: GenerationResult | None = None) -> list[dict[str, Any]]:
         """Chunks for a text delta; ``out``: the generation, whose released logprobs ride along."""
@@ -220,7 +250,7 @@ class StreamChunks:
             self.pending += out.take_logprobs()
         if self.parser is None:
             return [self._chunk(text)]
-        return self._deltas(self.parser.feed(text))
+        return self._split(text)
 
     def close(self, out: GenerationResult) -> list[dict[str, Any]]:
         """What the parser still holds; sets the finish reason ("tool_calls" when calls were made)."""
@@ -228,8 +258,9 @@ class StreamChunks:
         self.pending += out.take_logprobs(final=True)
         if self.parser is None:
             return []
+        res = self._split("", final=True) if self.splitter is not None else []
         events, self.incomplete = finish_parser(self.parser, out.finish_reason, self.envelope)
-        res = self._deltas(events)
+        res += self._deltas(events)
         if self.parser.calls and self.finish_reason == "stop":
             self.finish_reason = "tool_calls"
         return res

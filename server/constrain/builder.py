@@ -16,6 +16,7 @@ from typing import Any
 
 from server.constrain.constraint import ConstraintFactory, ToolConstraint
 from server.constrain.interface import TokenConstraint
+from server.constrain.reasoning_gate import ReasoningGate
 from server.constrain.response_format import json_text_constraint
 from server.constrain.spec import ToolSpec
 from server.constrain.vocab import TokenVocab
@@ -57,7 +58,8 @@ class ConstraintBuilder:
         """
         eos = tuple(spec.eos_token_ids or self.eos_token_ids)
         factory = self.factory(spec.envelope, spec.backend)
-        built: ToolConstraint | None = factory.build(spec.tools, spec.plan, eos, budget=spec.budget)
+        built: ToolConstraint | ReasoningGate | None
+        built = factory.build(spec.tools, spec.plan, eos, budget=spec.budget)
         if spec.text_schema is None:
             return built
         text: TokenConstraint = json_text_constraint(

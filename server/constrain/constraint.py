@@ -19,6 +19,7 @@ from server.constrain.custom_grammar import compile_custom, custom_format
 from server.constrain.envelope_masks import EnvelopeMasks
 from server.constrain.min_call import minimal_call_tokens
 from server.constrain.plan import ToolPlan, tool_names
+from server.constrain.reasoning_gate import ReasoningGate, ReasoningMasks
 from server.constrain.tool_constraint import Phase as Phase  # re-exported: callers name phases from here
 from server.constrain.tool_constraint import ToolConstraint as ToolConstraint  # re-exported too
 from server.constrain.trie import NameTrie
@@ -46,6 +47,7 @@ class ConstraintFactory:
         self.masks = EnvelopeMasks(self.vocab, envelope, tokenizer)
         self.close_rest = self.masks.close_rest
         self.backend = make_backend(backend, self.vocab, any_whitespace=any_whitespace)
+        self._reasoning: dict[tuple[str, str], ReasoningMasks] = {}
 
     def trie(self, names: tuple[str, ...]) -> NameTrie:
         """The trie of further (parallel) calls; ``masks.first_trie`` is the first call's."""
@@ -57,11 +59,35 @@ class ConstraintFactory:
         plan: ToolPlan,
         eos_token_ids: tuple[int, ...] | list[int],
         budget: int | None = None,
-    ) -> ToolConstraint | None:
+    ) -> ToolConstraint | ReasoningGate | None:
         """The constraint for one request, or None when no tools were given (nothing to enforce).
 
-        ``budget``: the tokens the reply may have (max_tokens), None = unlimited.
+        ``budget``: the tokens the reply may have (max_tokens), None = unlimited. With
+        ``plan.reasoning`` the tool constraint applies after the reasoning (``ReasoningGate``).
         """
+        inner = self._tools(tools, plan, eos_token_ids, budget)
+        r = plan.reasoning
+        if r is None:
+            return inner
+        eos = tuple(sorted(set(eos_token_ids)))
+        return ReasoningGate(self.reasoning_masks(r.open, r.close), inner, plan.prefill, eos, r.budget)
+
+    def reasoning_masks(self, open_text: str, close_text: str) -> ReasoningMasks:
+        key = (open_text, close_text)
+        found = self._reasoning.get(key)
+        if found is None:
+            found = self._reasoning.setdefault(
+                key, ReasoningMasks(self.vocab, self.tokenizer, open_text, close_text)
+            )
+        return found
+
+    def _tools(
+        self,
+        tools: list[dict[str, Any]] | None,
+        plan: ToolPlan,
+        eos_token_ids: tuple[int, ...] | list[int],
+        budget: int | None,
+    ) -> ToolConstraint | None:
         names = tool_names(tools)
         if not names:
             return None

@@ -18,12 +18,30 @@ MODES: tuple[Mode, ...] = ("none", "auto", "required")
 
 
 @dataclass(frozen=True)
+class ReasoningPlan:
+    """A reasoning family's reply: reasoning first (``server/constrain/reasoning_gate.py``)."""
+
+    open: str  # forced at the start of the reply ("<think>\n")
+    close: str  # its stripped form ends the reasoning; forced whole when the budget is spent
+    budget: int | None = None  # reasoning tokens before the close is forced (None: no limit)
+
+
+@dataclass(frozen=True)
 class ToolPlan:
     mode: Mode
     allowed: tuple[str, ...]  # allowed tool names, in the order of `tools`
     parallel: bool  # parallel_tool_calls
-    prefill: str  # text appended right after the assistant header; may be ""
+    # the call's opening for required / named modes: appended right after the assistant header,
+    # or, with ``reasoning``, forced by the masks once the reasoning closes; may be ""
+    prefill: str
     state: str | None = None  # state-machine state that chose this plan (None: explicit tool_choice)
+    reasoning: ReasoningPlan | None = None  # the model reasons first, then this plan applies
+    lead: str = ""  # text appended to the prompt before the prefill (a family's "reasoning off" tail)
+
+    @property
+    def prompt_prefill(self) -> str:
+        """What the prompt gets after the assistant header (the masks force the rest)."""
+        return self.lead + ("" if self.reasoning is not None else self.prefill)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -32,7 +50,19 @@ class ToolPlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ToolPlan:
-        return cls(d["mode"], tuple(d["allowed"]), bool(d["parallel"]), d["prefill"], d.get("state"))
+        r = d.get("reasoning")
+        reasoning = ReasoningPlan(str(r["open"]), str(r["close"]), r.get("budget")) if r else None
+        if reasoning is not None and reasoning.budget is not None and not isinstance(reasoning.budget, int):
+            raise ValueError(f"reasoning.budget must be a token count, got {reasoning.budget!r}")
+        return cls(
+            d["mode"],
+            tuple(d["allowed"]),
+            bool(d["parallel"]),
+            d["prefill"],
+            d.get("state"),
+            reasoning,
+            str(d.get("lead", "")),
+        )
 
 
 def tool_names(tools: list[dict[str, Any]] | None) -> tuple[str, ...]:

@@ -53,6 +53,7 @@ class Msg:
     calls: list[Call] = field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None  # for tool results: the called function's name
+    reasoning: str | None = None  # an assistant turn's reasoning (a family with ``reasoning``)
 
     @property
     def label(self) -> str:
@@ -108,9 +109,14 @@ def read_messages(family: Family, messages: Sequence[Any]) -> list[Msg]:
         calls = [
             _call(family, c, j, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m.tool_calls or [])
         ]
-        out.append(
-            Msg(i, role, message_text(m, i), calls if role == "assistant" else [], m.tool_call_id, m.name)
-        )
+        msg = Msg(i, role, message_text(m, i), calls if role == "assistant" else [], m.tool_call_id, m.name)
+        if role == "assistant" and family.reasoning is not None:
+            given = getattr(m, "reasoning_content", None) or getattr(m, "reasoning", None)
+            if given is not None:  # as the vendor template reads it: the field wins over the text
+                msg.reasoning = given
+            else:
+                msg.reasoning, msg.content = family.reasoning.split(msg.content)
+        out.append(msg)
     return out
 
 

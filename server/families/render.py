@@ -18,6 +18,7 @@ import hashlib
 import json
 import string
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -27,6 +28,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from server.families.conversation import Msg, check_rules, dump_json, normalise, read_messages
 from server.families.conversation import template_arguments as template_arguments  # re-exported
 from server.families.markers import extract, seg
+from server.families.model_template import REWROTE_HISTORY
+from server.families.reasoning import Reasoning
 from server.families.rendered import RenderedPrompt
 from server.families.spec import Family, load_family
 
@@ -61,9 +64,10 @@ def _template(source: str) -> jinja2.Template:
 class FamilyRenderer:
     """Renders conversations for one family (``render``), with the family's pinned date."""
 
-    def __init__(self, family: Family | str, date: str | None = None) -> None:
+    def __init__(self, family: Family | str, date: str | None = None, keep_reasoning: bool = False) -> None:
         self.family = load_family(family) if isinstance(family, str) else family
         self.date = date or self.family.date or ""
+        self.keep_reasoning = keep_reasoning  # render every past turn's reasoning (append-only)
 
     # -- input -> normalised messages --------------------------------------------------
     def _tools(self, tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -104,6 +108,7 @@ class FamilyRenderer:
         users = [i for i, t in enumerate(turns) if t.role == "user"]
         first_user, last_user = (users[0], users[-1]) if users else (-1, -1)
         first_system = next((i for i, t in enumerate(turns) if t.role == "system"), -1)
+        shows = reasoning_shown(fam.reasoning, turns, last_user, self.keep_reasoning)
         place = layout.tools_placement
         tools_at = {
             "first_system": first_system if first_system >= 0 and turns[first_system].index <= 0 else -2,
@@ -146,9 +151,17 @@ class FamilyRenderer:
                     )
                     for c in t.calls
                 ]
+                think, content = "", t.content
+                if fam.reasoning is not None and shows[i]:
+                    think = fam.reasoning.render(t.reasoning or "", "")
+                    content = content.lstrip("\n")
                 parts.append(
                     _template(layout.assistant).render(
-                        **ctx, calls=calls, calls_text=layout.call_separator.join(calls), call_list=t.calls
+                        **{**ctx, "content": content},
+                        think=think,
+                        calls=calls,
+                        calls_text=layout.call_separator.join(calls),
+                        call_list=t.calls,
                     )
                 )
             else:
@@ -163,7 +176,35 @@ class FamilyRenderer:
         if add_generation_prompt:
             parts.append(layout.generation_prompt)
         names = tuple(str(t.get("function", {}).get("name", "")) for t in tools or [])
-        return extract("".join(parts), names)
+        out = extract("".join(parts), names)
+        dropped = [t.index for t, shown in zip(turns, shows, strict=True) if t.reasoning and not shown]
+        if fam.reasoning is not None and dropped:  # the history is rewritten: the cache report names it
+            rule = fam.reasoning.history
+            note = f"reasoning of messages {dropped} not rendered ({rule}; keep_reasoning keeps it)"
+            out = replace(out, notes=(*out.notes, REWROTE_HISTORY, note))
+        return out
+
+
+def reasoning_shown(
+    reasoning: Reasoning | None, turns: Sequence[Msg], last_user: int, keep: bool
+) -> list[bool]:
+    """Per turn: is its reasoning rendered? The family's ``history`` rule, or every turn with ``keep``.
+
+    ``after_last_user`` is Qwen3's template: an assistant turn after the last user message shows
+    its reasoning when it has some (or when it is the conversation's last message).
+    """
+    if reasoning is None:
+        return [False] * len(turns)
+    out = []
+    for i, t in enumerate(turns):
+        has = bool(t.reasoning) or i == len(turns) - 1
+        if keep or reasoning.history == "all":
+            out.append(t.role == "assistant" and t.reasoning is not None)
+        elif reasoning.history == "after_last_user":
+            out.append(t.role == "assistant" and i > last_user and has)
+        else:
+            out.append(False)
+    return out
 
 
 def _own_tools_turn(tools_block: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from server.families.envelope import GRAMMARS_DIR
+from server.families.reasoning import Reasoning, parse_reasoning
 
 FAMILIES_DIR = GRAMMARS_DIR / "families"
 
@@ -101,6 +102,7 @@ class Family:
     call_id: dict[str, Any] = field(default_factory=dict)  # how our replies' call ids look
     version_detect: tuple[dict[str, Any], ...] = ()  # [{version, special_tokens, template_contains}]
     test_model: dict[str, Any] = field(default_factory=dict)  # make-test-model: {vocab: llama3|tekken|qwen}
+    reasoning: Reasoning | None = None  # how the model reasons before answering (reasoning.py)
 
     @property
     def ref(self) -> str:
@@ -188,4 +190,12 @@ def load_family(ref: str) -> Family:
         call_id=dict(data.get("call_id") or {}),
         version_detect=tuple(data.get("version_detect") or ()),
         test_model=dict(data.get("test_model") or {}),
+        reasoning=_reasoning(data.get("reasoning"), where),
     )
+
+
+def _reasoning(data: Any, where: str) -> Reasoning | None:
+    try:
+        return parse_reasoning(data, where)
+    except ValueError as exc:
+        raise FamilyError(str(exc)) from None

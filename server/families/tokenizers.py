@@ -118,7 +118,7 @@ def _tiktoken(vocab: Path, pattern: str, specials: list[str], not_special: Set[s
     tok = converter.converted()
     base = tok.get_vocab_size()
     added = [AddedToken(s, normalized=False, special=s not in not_special) for s in specials]
-    tok.add_special_tokens(added)
+    tok.add_tokens(added)  # keeps each token's own special flag (add_special_tokens would force it)
     assert tok.token_to_id(specials[0]) == base, "special tokens must follow the BPE ranks"
     return tok
 

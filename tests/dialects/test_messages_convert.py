@@ -126,6 +126,7 @@ def test_claude_code_turn_two_is_append_only():
                     "function": {"name": "Glob", "arguments": '{"pattern": "*"}'},
                 }
             ],
+            "reasoning_content": "let me look",  # a thinking block: the turn's reasoning
         },
         {"role": "tool", "content": "a.py", "tool_call_id": "call_x_0"},
     ]

@@ -28,7 +28,9 @@ def _template(name: str) -> str:
         (ModelFacts(special_tokens=CHATML, chat_template="{{ '<tool_call>' }}"), "hermes"),
         (ModelFacts(special_tokens=CHATML, chat_template="<function=x>\n<parameter=k>"), "qwen3_coder"),
         (ModelFacts(special_tokens=CHATML, chat_template=_template("qwen2.5-instruct")), "hermes:qwen2.5"),
-        (ModelFacts(special_tokens=CHATML, chat_template=_template("qwen3")), "hermes:qwen3"),
+        # Qwen3's template thinks unless enable_thinking is false: the reasoning version
+        (ModelFacts(special_tokens=CHATML, chat_template=_template("qwen3")), "hermes:qwen3_thinking"),
+        (ModelFacts(special_tokens=CHATML, chat_template="<tool_call></think>"), "hermes:qwen3"),
         (ModelFacts(special_tokens=MISTRAL), "mistral:v3"),
         (ModelFacts(special_tokens=MISTRAL | {"[SYSTEM_PROMPT]"}), "mistral:v3"),  # Nemo's vocab has it too
         (ModelFacts(special_tokens=MISTRAL, chat_template="[SYSTEM_PROMPT]{{ m }}"), "mistral:v7"),

@@ -6,7 +6,8 @@ Rendering rules (see README "Anthropic Messages"):
 - Claude Code's ``x-anthropic-billing-header: …`` line in ``system`` is billing metadata for
   Anthropic's API, not an instruction: it is not rendered (as vLLM does), so a header that changes
   per request or per version never costs the prefix cache;
-- ``thinking`` / ``redacted_thinking`` blocks in the history are accepted and not rendered;
+- ``thinking`` blocks in the history become the turn's ``reasoning_content`` (a reasoning family
+  renders it as its template does; other families do not); ``redacted_thinking`` is not rendered;
 - a ``tool_result`` becomes a chat ``tool`` message (``is_error`` is not rendered: the result's
   text is what the model reads); ``tool_use`` becomes an assistant tool call;
 - a ``role: "system"`` message inside ``messages`` is a system message at that position;
@@ -168,6 +169,7 @@ def user_messages(content: Any, where: str, open_calls: dict[str, str]) -> list[
 def assistant_message(content: Any, where: str) -> tuple[dict[str, Any], dict[str, str]]:
     """An assistant message -> a chat assistant message, and its tool_use ids -> names."""
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     names: dict[str, str] = {}
     for i, block in enumerate(_blocks(content, where)):
@@ -189,8 +191,10 @@ def assistant_message(content: Any, where: str) -> tuple[dict[str, Any], dict[st
                 "function": {"name": name, "arguments": arguments},
             }
             calls.append(call)
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            thoughts.append(block["thinking"])  # the turn's reasoning (a reasoning family renders it)
         elif kind in HISTORY_ONLY:
-            continue  # reasoning in the history: accepted, not rendered
+            continue  # redacted reasoning: accepted, not rendered
         elif kind == "tool_result":
             raise bad(at, "tool_result blocks belong in a user message, right after the assistant's tool_use")
         else:
@@ -198,6 +202,8 @@ def assistant_message(content: Any, where: str) -> tuple[dict[str, Any], dict[st
     msg: dict[str, Any] = {"role": "assistant", "content": TEXT_JOIN.join(texts) if texts else None}
     if calls:
         msg["tool_calls"] = calls
+    if thoughts:
+        msg["reasoning_content"] = TEXT_JOIN.join(thoughts)
     return msg, names
 
 

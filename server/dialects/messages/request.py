@@ -3,7 +3,9 @@
 Field by field (README "Anthropic Messages"): ``model``, ``max_tokens``, ``temperature``,
 ``top_p``, ``top_k``, ``stop_sequences``, ``stream``, ``system``/``messages``/``tools``/
 ``tool_choice`` (``blocks.py``), ``output_config.format`` (a JSON schema: enforced like
-``response_format``) are used. Accepted and not used: ``thinking`` (no reasoning is produced),
+``response_format``) and ``thinking`` (a reasoning family: ``budget_tokens`` is the reasoning
+budget, ``disabled`` turns it off; the reply's reasoning is a ``thinking`` block) are used.
+Accepted and not used:
 ``output_config.effort``, ``context_management`` (the server never edits the context),
 ``service_tier``, ``speed``, ``inference_geo``, ``container``, ``metadata`` (its ``user_id`` may name
 the session: kept in the raw body for the session key). ``cache_control`` (on system, message and
@@ -11,7 +13,7 @@ tool blocks, or top level) places no breakpoint (prefix caching is always on, ne
 longest ``ttl`` (``"5m"``, the default, or ``"1h"``) becomes a retention hint for the session's KV
 (``cache_retention_s``: kept at least that long after a reply, up to ``prefix_cache.session_cap_s``).
 ``mcp_servers`` are dropped like server tools. Extensions ``tool_state_machine``,
-``cache_compare_with`` and ``prompt_cache_key`` pass through. Other fields: accepted, logged once.
+``cache_compare_with``, ``prompt_cache_key`` and ``seed`` pass through. Other fields: accepted, logged once.
 ``max_tokens`` larger than what is left of the context window follows ``limits.max_tokens_over_window``
 as in every dialect (default ``clamp``: lowered to fit, as Anthropic's newer models do); a reply that
 reaches a lowered limit ends with ``model_context_window_exceeded``.
@@ -35,12 +37,13 @@ USED = frozenset(
     {
         "model", "max_tokens", "messages", "system", "tools", "tool_choice", "temperature", "top_p",
         "top_k", "stop_sequences", "stream", "metadata", "diagnostics", "output_config",
-        "tool_state_machine", "cache_compare_with", "prompt_cache_key", "cache_control",
+        "tool_state_machine", "cache_compare_with", "prompt_cache_key", "cache_control", "thinking",
+        "seed",
     }
 )  # fmt: skip
 ACCEPTED_UNUSED = frozenset(
     {
-        "thinking", "context_management", "service_tier", "speed", "inference_geo", "container",
+        "context_management", "service_tier", "speed", "inference_geo", "container",
         "mcp_servers", "user_profile_id", "workspace_id",
     }
 )  # fmt: skip
@@ -171,7 +174,8 @@ def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:
     tool_choice, parallel = blocks.chat_tool_choice(body.tool_choice)
     sampling = {k: raw_body[k] for k in ("temperature", "top_p", "top_k") if raw_body.get(k) is not None}
     stops = list(raw_body.get("stop_sequences") or [])
-    extensions = {k: raw_body[k] for k in ("tool_state_machine", "prompt_cache_key") if raw_body.get(k)}
+    passed = ("tool_state_machine", "prompt_cache_key", "seed")  # extensions (seed: as in chat)
+    extensions = {k: raw_body[k] for k in passed if raw_body.get(k) not in (None, "")}
     retention = _retention_s(raw_body)
     if retention is not None:
         extensions["cache_retention_s"] = retention
@@ -180,6 +184,12 @@ def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:
     previous = diagnostics.get("previous_message_id") if isinstance(diagnostics, dict) else None
     if not compare and isinstance(previous, str) and previous:
         compare = ids.chat_id(previous)
+    thinking = body.thinking or {}
+    reasoning: dict[str, Any] = {}
+    if thinking.get("type") == "enabled":  # a reasoning family's budget; other families ignore it
+        reasoning["max_reasoning_tokens"] = thinking["budget_tokens"]
+    elif thinking.get("type") == "disabled":
+        reasoning["reasoning_effort"] = "none"
     chat: dict[str, Any] = {
         "model": body.model,
         "messages": messages,
@@ -192,6 +202,7 @@ def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:
         "stream": bool(raw_body.get("stream", False)),
         "stream_options": {"include_usage": True},
         **extensions,
+        **reasoning,
         **({"cache_compare_with": compare} if compare else {}),
     }
     response_format = _response_format(body.output_config)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -124,11 +125,23 @@ def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def signature(thinking: str) -> str:
+    """A thinking block's ``signature`` (the SDK requires one): a digest of its text, nothing secret.
+    Sent back, it is accepted and not checked; the thinking text is what renders."""
+    return "agentserve-sha256:" + hashlib.sha256(thinking.encode()).hexdigest()
+
+
+def thinking_block(thinking: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": thinking, "signature": signature(thinking)}
+
+
 def message(p: Prepared, reply: Reply, chat: dict[str, Any]) -> dict[str, Any]:
     """The Message for a (non-streamed) chat completion."""
     choice = chat["choices"][0]
     msg = choice.get("message") or {}
     content: list[dict[str, Any]] = []
+    if msg.get("reasoning_content"):
+        content.append(thinking_block(msg["reasoning_content"]))
     if msg.get("content"):
         content.append({"type": "text", "text": msg["content"]})
     content += [tool_use_block(c) for c in msg.get("tool_calls") or []]

@@ -1,7 +1,8 @@
 """Chat stream chunks -> Anthropic stream events.
 
 ``message_start`` (usage: the prompt's tokens; the cache split comes with ``message_delta``),
-``ping``, then per block ``content_block_start`` / ``content_block_delta`` (``text_delta``,
+``ping``, then per block ``content_block_start`` / ``content_block_delta`` (``thinking_delta``
+then one ``signature_delta`` for a reasoning family's thinking block, ``text_delta``,
 ``input_json_delta`` with a call's whole arguments once the call is complete) /
 ``content_block_stop``, then ``message_delta`` (``stop_reason``, ``stop_sequence``, the final
 usage, and our extensions: ``cache``, ``tool_state``, ``incomplete_tool_call``, ``diagnostics``),
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from server.dialects.messages import ids
-from server.dialects.messages.response import Prepared, Reply, extensions, stop_reason, usage
+from server.dialects.messages.response import Prepared, Reply, extensions, signature, stop_reason, usage
 
 
 class _Blocks:
@@ -23,8 +24,9 @@ class _Blocks:
     def __init__(self) -> None:
         self.count = 0
         self.open: str | None = None  # the type of the open block
+        self.thought = ""  # the open thinking block's text (for its signature)
 
-    def close(self) -> list[dict[str, Any]]:
+    def _stop(self) -> list[dict[str, Any]]:
         if self.open is None:
             return []
         self.open = None
@@ -35,6 +37,22 @@ class _Blocks:
         self.open = block["type"]
         self.count += 1
         return [*events, {"type": "content_block_start", "index": self.count - 1, "content_block": block}]
+
+    def thinking(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if self.open != "thinking":
+            events = self.start({"type": "thinking", "thinking": "", "signature": ""})
+            self.thought = ""
+        self.thought += text
+        delta = {"type": "thinking_delta", "thinking": text}
+        return [*events, {"type": "content_block_delta", "index": self.count - 1, "delta": delta}]
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.open == "thinking":  # the signature comes last, as Anthropic sends it
+            delta = {"type": "signature_delta", "signature": signature(self.thought)}
+            sig = [{"type": "content_block_delta", "index": self.count - 1, "delta": delta}]
+            return sig + self._stop()
+        return self._stop()
 
     def text(self, text: str) -> list[dict[str, Any]]:
         events = [] if self.open == "text" else self.start({"type": "text", "text": ""})
@@ -106,6 +124,9 @@ async def _events(
     async for chunk in chunks:
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                for event in blocks.thinking(delta["reasoning_content"]):
+                    yield event
             if delta.get("content"):
                 for event in blocks.text(delta["content"]):
                     yield event

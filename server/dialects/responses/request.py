@@ -9,7 +9,8 @@ cache report read it). Mapping (what is accepted, and where it goes):
   ``input_text`` / ``output_text`` / ``text`` / ``refusal`` parts, joined in order),
   ``function_call`` / ``custom_tool_call`` (→ the preceding assistant message's ``tool_calls``),
   ``function_call_output`` / ``custom_tool_call_output`` (→ ``tool`` messages), ``reasoning``
-  (an opaque carrier: kept in the store, not rendered into the prompt). Anything else is a 400.
+  (ours carry the reasoning text: it becomes the next assistant turn's ``reasoning_content``;
+  others are opaque carriers kept in the store, not rendered). Anything else is a 400.
 - ``tool_choice: "auto"`` is the Responses default (Codex always sends it): it is treated as
   no choice, so the deployment's tool state machine applies (``agent``, the default, allows
   what ``auto`` allows on a new user message); any other tool_choice is explicit and wins.
@@ -20,7 +21,8 @@ cache report read it). Mapping (what is accepted, and where it goes):
   ``"24h"`` keeps it up to ``prefix_cache.session_cap_s`` after a reply), ``stream``,
   ``tool_state_machine``, ``cache_compare_with``, ``top_logprobs`` pass through.
 - Accepted, no effect on the tokens: ``store`` and ``previous_response_id`` (used here),
-  ``metadata`` (echoed), ``reasoning`` and ``include`` (reasoning is not produced yet),
+  ``metadata`` (echoed), ``include``; ``reasoning.effort`` → ``reasoning_effort`` (a reasoning
+  family's budget, see server/chat/reasoning.py; no effect on other families),
   ``client_metadata``, ``service_tier``, ``safety_identifier``,
   ``background: false``, ``truncation`` ("auto" never truncates here: a prompt over the
   window stays a 400).
@@ -69,7 +71,6 @@ NO_EFFECT = (
     "store",
     "previous_response_id",
     "metadata",
-    "reasoning",
     "include",
     "client_metadata",
     "service_tier",
@@ -136,6 +137,16 @@ def _call_holder(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return calls
 
 
+def _reasoning_only(message: dict[str, Any]) -> bool:
+    """An assistant message made from a reasoning item, with no answer or calls yet."""
+    return (
+        message["role"] == "assistant"
+        and "reasoning_content" in message
+        and message.get("content") is None
+        and not message.get("tool_calls")
+    )
+
+
 def items_to_messages(items: list[Any], names: ToolNames) -> list[dict[str, Any]]:
     """Responses input items → chat messages (400 naming the item on anything malformed)."""
     messages: list[dict[str, Any]] = []
@@ -150,7 +161,12 @@ def items_to_messages(items: list[Any], names: ToolNames) -> list[dict[str, Any]
                 raise InvalidRequest(
                     f"{where}.role {role!r} is not one of {list(ROLES)}", param=f"{where}.role"
                 )
-            messages.append({"role": role, "content": _text(item.get("content"), where)})
+            text = _text(item.get("content"), where)
+            last = messages[-1] if messages else None
+            if role == "assistant" and last is not None and _reasoning_only(last):
+                last["content"] = text  # the answer after its reasoning item: one assistant turn
+            else:
+                messages.append({"role": role, "content": text})
         elif kind == "function_call":
             name = _need(item, "name", where)
             ns = item.get("namespace")
@@ -173,7 +189,13 @@ def items_to_messages(items: list[Any], names: ToolNames) -> list[dict[str, Any]
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "reasoning":
-            continue  # opaque (encrypted_content): kept in the store, not rendered
+            # our reasoning items carry the text (reasoning_text content): the next assistant turn's
+            # reasoning; others (encrypted_content, summaries only) are kept in the store, not rendered
+            found = item.get("content")
+            parts: list[Any] = found if isinstance(found, list) else []
+            text = "".join(p.get("text") or "" for p in parts if isinstance(p, dict))
+            if text:
+                messages.append({"role": "assistant", "content": None, "reasoning_content": text})
         else:
             raise InvalidRequest(
                 f"{where} has type {kind!r}, which this server does not take: send one of {list(ITEM_TYPES)} "
@@ -248,6 +270,10 @@ def to_chat(body: dict[str, Any], history: list[Any] | None = None) -> Converted
                 chat["tool_choice"] = convert_tool_choice(value, names)
         elif key == "max_output_tokens":
             chat["max_tokens"] = value
+        elif key == "reasoning":  # effort → the chat's reasoning_effort (a family that reasons uses it)
+            effort = value.get("effort") if isinstance(value, dict) else None
+            if effort is not None:
+                chat["reasoning_effort"] = effort
         elif key == "text":
             fmt = _response_format(value)
             if fmt is not None:

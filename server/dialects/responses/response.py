@@ -82,6 +82,19 @@ def message_item(rid: str, text: str, status: str = "completed") -> dict[str, An
     }
 
 
+def reasoning_item(rid: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """A reasoning family's reasoning: the text itself as ``reasoning_text`` content (no summary is
+    made; nothing is encrypted). Sent back in ``input``, it renders as the turn's reasoning."""
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {
+        "id": item_id("rs", rid),
+        "type": "reasoning",
+        "status": status,
+        "summary": [],
+        "content": content,
+    }
+
+
 def call_item(
     rid: str, index: int, call: dict[str, Any], names: ToolNames, status: str = "completed"
 ) -> dict[str, Any]:
@@ -187,6 +200,8 @@ def from_chat(ctx: ResponseContext, chat: dict[str, Any]) -> dict[str, Any]:
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     output: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        output.append(reasoning_item(ctx.id, message["reasoning_content"]))
     if message.get("content"):
         output.append(message_item(ctx.id, message["content"]))
     for i, call in enumerate(message.get("tool_calls") or []):

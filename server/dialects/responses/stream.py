@@ -1,9 +1,11 @@
 """Chat stream chunks → Responses stream events (each with its ``sequence_number``).
 
 Order: ``response.created``, ``response.in_progress``; per output item ``output_item.added``,
-then for a message ``content_part.added``, ``output_text.delta``…, ``output_text.done``,
-``content_part.done``; for a function call ``function_call_arguments.delta``…, ``.done``; for a
-custom tool call ``custom_tool_call_input.delta``…, ``.done``; then ``output_item.done``. Last:
+then for a reasoning item (a reasoning family) ``content_part.added``, ``reasoning_text.delta``…,
+``reasoning_text.done``, ``content_part.done``; for a message ``content_part.added``,
+``output_text.delta``…, ``output_text.done``, ``content_part.done``; for a function call
+``function_call_arguments.delta``…, ``.done``; for a custom tool call
+``custom_tool_call_input.delta``…, ``.done``; then ``output_item.done``. Last:
 ``response.completed``, or ``response.incomplete`` when the reply was cut by max_output_tokens
 (a call cut inside its envelope never reaches the text: it is the ``agentserve.incomplete_tool_call``
 extension), or ``response.failed`` (``failed_event``) when generation fails mid-stream.
@@ -19,6 +21,7 @@ from server.dialects.responses.response import (
     call_item,
     item_id,
     message_item,
+    reasoning_item,
     response_object,
     status_of,
 )
@@ -66,6 +69,18 @@ class ResponsesStream:
             ),
         ]
 
+    def _open_reasoning(self) -> list[dict[str, Any]]:
+        n = self._index()
+        item = reasoning_item(self.ctx.id, "", status="in_progress")
+        self.open, self.open_chat_index, self.text = item, None, ""
+        part = {"type": "reasoning_text", "text": ""}
+        return [
+            self._event("response.output_item.added", output_index=n, item=dict(item)),
+            self._event(
+                "response.content_part.added", item_id=item["id"], output_index=n, content_index=0, part=part
+            ),
+        ]
+
     def _open_call(self, index: int, call: dict[str, Any]) -> list[dict[str, Any]]:
         empty = dict(call)
         if call.get("type") == "custom":
@@ -88,6 +103,12 @@ class ResponsesStream:
             item["content"] = [part]
             ids = {"item_id": item["id"], "output_index": n, "content_index": 0}
             events.append(self._event("response.output_text.done", **ids, text=self.text, logprobs=[]))
+            events.append(self._event("response.content_part.done", **ids, part=part))
+        elif item["type"] == "reasoning":
+            part = {"type": "reasoning_text", "text": self.text}
+            item["content"] = [part]
+            ids = {"item_id": item["id"], "output_index": n, "content_index": 0}
+            events.append(self._event("response.reasoning_text.done", **ids, text=self.text))
             events.append(self._event("response.content_part.done", **ids, part=part))
         elif item["type"] == "function_call":
             done = {
@@ -113,6 +134,15 @@ class ResponsesStream:
         self.text += text
         ids = {"item_id": self.open["id"], "output_index": self._index(), "content_index": 0}
         return events + [self._event("response.output_text.delta", **ids, delta=text, logprobs=[])]
+
+    def _reasoning(self, text: str) -> list[dict[str, Any]]:
+        events = []
+        if self.open is None or self.open["type"] != "reasoning":
+            events += self._close() + self._open_reasoning()
+        assert self.open is not None
+        self.text += text
+        ids = {"item_id": self.open["id"], "output_index": self._index(), "content_index": 0}
+        return events + [self._event("response.reasoning_text.delta", **ids, delta=text)]
 
     def _call(self, delta: dict[str, Any]) -> list[dict[str, Any]]:
         index = delta.get("index", 0)
@@ -144,6 +174,8 @@ class ResponsesStream:
             self.final_chunk["usage"] = chunk["usage"]
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                events += self._reasoning(delta["reasoning_content"])
             if delta.get("content"):
                 events += self._content(delta["content"])
             for call in delta.get("tool_calls") or []:

@@ -1,0 +1,139 @@
+"""A reasoning family's reply: the request's reasoning settings, and the reply split into reasoning + answer.
+
+Settings (every dialect maps onto the chat fields): ``max_reasoning_tokens`` (extension; the
+Messages API's ``thinking.budget_tokens``) wins over ``reasoning_effort`` (Chat Completions;
+the Responses API's ``reasoning.effort``), whose names map to budgets by the family's
+``efforts`` table (server/families/reasoning.py). ``reasoning_effort: "none"`` turns reasoning
+off where the family can (its ``disabled`` tail ends the prompt); neither field: the model
+reasons with no budget but ``max_tokens``.
+
+``ReasoningSplitter`` splits the reply's text, whole or streamed, the same way: everything
+before the close tag (less the open tag and the newlines around it) is the reasoning, the rest
+(less its leading newlines) goes to the tool-call parser. A ``<tool_call>`` inside the
+reasoning is reasoning text, never a call. A reply cut inside its reasoning has reasoning only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from server.constrain.plan import ReasoningPlan, ToolPlan
+from server.errors import InvalidRequest
+from server.families.reasoning import Reasoning
+from server.protocol import ChatCompletionRequest
+
+
+@dataclass(frozen=True)
+class ReasoningChoice:
+    plan: ReasoningPlan | None  # the masks' reasoning phase (None: no reasoning)
+    lead: str = ""  # appended to the prompt (reasoning turned off)
+
+
+def choose_reasoning(
+    family: Reasoning | None, effort: str | None, max_tokens: int | None, param: str = "reasoning_effort"
+) -> ReasoningChoice:
+    """The request's reasoning: on (with a budget when asked), or off; nothing for a plain family."""
+    if family is None:
+        return ReasoningChoice(None)
+    if effort == "none" and max_tokens is None:
+        if not family.disabled:
+            raise InvalidRequest(
+                f"{param} 'none': this model's family cannot turn its reasoning off; "
+                f"ask for a small budget instead (reasoning_effort 'minimal' or max_reasoning_tokens)",
+                param=param,
+            )
+        return ReasoningChoice(None, family.disabled)
+    budget = max_tokens
+    if budget is None and effort is not None:
+        try:
+            budget = family.budget_for(effort)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param=param) from None
+    return ReasoningChoice(ReasoningPlan(family.open, family.close, budget))
+
+
+class ReasoningSplitter:
+    """Feed the reply's text; get (reasoning delta, answer delta) pairs that add up to the whole."""
+
+    def __init__(self, plan: ReasoningPlan) -> None:
+        self.open_tag, self.close_tag = plan.open.strip(), plan.close.strip()
+        self._buf = ""
+        self._thinking = True
+        self._opened = False  # the open tag (if any) is behind us
+        self._said = False  # some reasoning text was emitted (leading newlines are dropped before)
+        self._answer_started = False
+        self.reasoning_parts: list[str] = []
+
+    @property
+    def reasoning(self) -> str | None:
+        return "".join(self.reasoning_parts) or None
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self._buf += text
+        if not self._thinking:
+            return "", self._answer(self._take())
+        if not self._opened:
+            if len(self._buf) < len(self.open_tag) and self.open_tag.startswith(self._buf):
+                return "", ""
+            if self._buf.startswith(self.open_tag):
+                self._buf = self._buf[len(self.open_tag) :]
+            self._opened = True
+        at = self._buf.find(self.close_tag)
+        if at >= 0:
+            head, rest = self._buf[:at].rstrip("\n"), self._buf[at + len(self.close_tag) :]
+            self._buf, self._thinking = "", False
+            return self._say(head), self._answer(rest)
+        keep = _partial_suffix(self._buf, self.close_tag)
+        head = self._buf[: len(self._buf) - keep]
+        out = head.rstrip("\n")  # trailing newlines wait: they may precede the close tag
+        self._buf = self._buf[len(out) :]
+        return self._say(out), ""
+
+    def finish(self) -> tuple[str, str]:
+        """The rest: a reply cut inside its reasoning keeps that text as reasoning."""
+        if self._thinking:
+            rest, self._buf = self._buf, ""
+            if not self._opened and self.open_tag.startswith(rest):
+                rest = ""
+            return self._say(rest.rstrip("\n")), ""
+        return "", self._answer(self._take())
+
+    def _take(self) -> str:
+        out, self._buf = self._buf, ""
+        return out
+
+    def _say(self, text: str) -> str:
+        if not self._said:
+            text = text.lstrip("\n")
+        if text:
+            self._said = True
+            self.reasoning_parts.append(text)
+        return text
+
+    def _answer(self, text: str) -> str:
+        if not self._answer_started:
+            text = text.lstrip("\n")
+            self._answer_started = bool(text)
+        return text
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def with_reasoning(
+    plan: ToolPlan, family: Reasoning | None, req: ChatCompletionRequest, json_text: bool = False
+) -> ToolPlan:
+    """The tool plan with the request's reasoning (the masks let the model reason first)."""
+    param = "max_reasoning_tokens" if req.max_reasoning_tokens is not None else "reasoning_effort"
+    choice = choose_reasoning(family, req.reasoning_effort, req.max_reasoning_tokens, param)
+    if choice.plan is not None and json_text:
+        raise InvalidRequest(
+            "response_format with a reasoning model is not supported yet: send reasoning_effort 'none' "
+            "(the reply is then JSON from its first token)",
+            param="response_format",
+        )
+    return replace(plan, reasoning=choice.plan, lead=choice.lead)

@@ -1,0 +1,261 @@
+"""Reasoning families end to end over HTTP: a tiny random-weight model with the family's real
+tokenizer (agentserve make-test-model), served by the real app.
+
+Per family that declares ``reasoning`` (grammars/families/*.yaml): ``required`` gives reasoning
+then a valid call; the reasoning budget closes the reasoning; a ``<tool_call>`` written inside
+the reasoning is never a call; stream equals non-stream (reasoning deltas included); past
+reasoning is dropped as the vendor's template does (the cache report names the rewrite) or kept
+with ``keep_reasoning`` (the session stays append-only). Replies are read with the official
+``openai`` SDK types.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from server.config import load_settings
+from server.families.spec import family_choices, load_family
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _tool(name: str, props: dict) -> dict:
+    params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": params}}
+
+
+TOOLS = [
+    _tool("shell_ls", {"path": {"type": "string", "enum": ["/", "/tmp"]}}),
+    _tool("shell_exit", {"code": {"type": "integer", "enum": [0, 1]}}),
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+FAMILIES = [ref for ref in family_choices() if load_family(ref).reasoning is not None]
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def served(request, tmp_path_factory):
+    """(family ref, {keep_reasoning: url}, tokenizer): one server per history setting."""
+    from contextlib import ExitStack
+
+    from transformers import AutoTokenizer
+
+    from server.app import build_app
+    from server.engines.hf.engine import HFEngine
+    from server.families.test_model import make_test_model
+    from tests.conftest import running_server
+
+    ref = request.param
+    folder = make_test_model(ref, tmp_path_factory.mktemp("models") / ref.replace(":", "_"))
+    with ExitStack() as stack:
+        urls = {}
+        for keep in (False, True):
+            settings = load_settings(
+                model=str(folder),
+                device="cpu",
+                served_model_name=MODEL,
+                tool_state_machine=None,
+                keep_reasoning=keep,
+            )
+            urls[keep] = stack.enter_context(running_server(build_app(settings, engine=HFEngine(settings))))
+        yield ref, urls, AutoTokenizer.from_pretrained(folder)
+
+
+def chat(url: str, messages: list[dict], **extra) -> dict:
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 120,
+        "parallel_tool_calls": False,
+        **extra,
+    }
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    ChatCompletion.model_validate(r.json())  # the official SDK reads it
+    return r.json()
+
+
+def _close_at(body: dict, close_tag: str) -> int:
+    """The index of the generated token that closes the reasoning (from logprobs)."""
+    tokens = [e["token"] for e in body["choices"][0]["logprobs"]["content"]]
+    text = ""
+    for i, tok in enumerate(tokens):
+        text += tok
+        if close_tag in text:
+            return i
+    raise AssertionError(f"the reasoning never closed: {text!r}")
+
+
+def test_required_reasons_then_calls(served) -> None:
+    ref, urls, _ = served
+    msgs = [{"role": "user", "content": "List the root folder."}]
+    for seed in range(3):
+        body = chat(
+            urls[False], msgs, tool_choice="required", seed=seed, temperature=1.0, max_reasoning_tokens=12
+        )
+        msg = body["choices"][0]["message"]
+        assert msg["reasoning_content"] and msg["reasoning"] == msg["reasoning_content"], msg
+        assert body["choices"][0]["finish_reason"] == "tool_calls", body
+        for call in msg["tool_calls"]:
+            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+    named = {"type": "function", "function": {"name": "shell_exit"}}
+    body = chat(urls[False], msgs, tool_choice=named, max_reasoning_tokens=5, seed=1, temperature=1.0)
+    msg = body["choices"][0]["message"]
+    assert msg["reasoning_content"] and [c["function"]["name"] for c in msg["tool_calls"]] == ["shell_exit"]
+
+
+@pytest.mark.parametrize("budget", [0, 3, 10])
+def test_budget_closes_the_reasoning(served, budget: int) -> None:
+    ref, urls, _ = served
+    close = load_family(ref).reasoning.close_tag
+    opened = len(_tok_ids(served, load_family(ref).reasoning.open))
+    body = chat(
+        urls[False],
+        [{"role": "user", "content": "Think, then act."}],
+        tool_choice="required",
+        max_reasoning_tokens=budget,
+        logprobs=True,
+    )
+    # open text, at most `budget` reasoning tokens, then the close (its leading newline forced first)
+    assert _close_at(body, close) <= opened + budget + 1
+    assert body["choices"][0]["message"]["tool_calls"]
+
+
+def test_effort_maps_to_a_budget_and_none_turns_it_off(served) -> None:
+    ref, urls, _ = served
+    family = load_family(ref).reasoning
+    msgs = [{"role": "user", "content": "Go."}]
+    opened = len(_tok_ids(served, family.open))
+    body = chat(
+        urls[False], msgs, tool_choice="required", reasoning_effort="minimal", logprobs=True, max_tokens=200
+    )
+    assert _close_at(body, family.close_tag) <= opened + family.efforts["minimal"] + 1
+    off = chat(urls[False], msgs, tool_choice="required", reasoning_effort="none")["choices"][0]["message"]
+    assert off.get("reasoning_content") is None and off["tool_calls"]
+
+
+def test_no_budget_runs_into_max_tokens_as_reasoning(served) -> None:
+    _, urls, _ = served
+    body = chat(
+        urls[False],
+        [{"role": "user", "content": "Hm."}],
+        tool_choice="required",
+        max_tokens=15,
+        seed=0,
+        temperature=1.0,
+    )
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["reasoning_content"]
+    assert not choice["message"].get("tool_calls") and choice["message"]["content"] is None
+
+
+def _tok_ids(served, text: str) -> list[int]:
+    return served[2](text, add_special_tokens=False)["input_ids"]
+
+
+def test_a_call_inside_the_reasoning_is_not_a_call(served) -> None:
+    ref, urls, _ = served
+    tag = _tok_ids(served, "<tool_call>")
+    assert len(tag) == 1, "the tag is one token in this vocabulary (the bias below writes it)"
+    msgs = [{"role": "user", "content": "Do not call anything."}]
+    body = chat(urls[False], msgs, tool_choice="none", max_reasoning_tokens=6, logit_bias={str(tag[0]): 100})
+    msg = body["choices"][0]["message"]
+    assert "<tool_call>" in msg["reasoning_content"], msg  # the model wrote the tag while thinking
+    assert not msg.get("tool_calls") and "<tool_call>" not in (msg["content"] or "")
+
+
+def test_stream_equals_non_stream(served) -> None:
+    _, urls, _ = served
+    msgs = [{"role": "user", "content": "Look around."}]
+    extra = {"tool_choice": "required", "max_reasoning_tokens": 9, "seed": 3, "temperature": 1.0}
+    whole = chat(urls[False], msgs, **extra)["choices"][0]["message"]
+    body = {"model": MODEL, "messages": msgs, "tools": TOOLS, "max_tokens": 120}
+    body |= {"parallel_tool_calls": False, "stream": True, **extra}
+    calls: dict[int, dict] = {}
+    reasoning, reasoning2, content = "", "", ""
+    with httpx.stream("POST", urls[False] + "/v1/chat/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = ChatCompletionChunk.model_validate_json(line[6:])
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            extra_fields = delta.model_extra or {}
+            reasoning += extra_fields.get("reasoning_content") or ""
+            reasoning2 += extra_fields.get("reasoning") or ""
+            content += delta.content or ""
+            for tc in delta.tool_calls or []:
+                c = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                c["name"] += (tc.function.name if tc.function else None) or ""
+                c["arguments"] += (tc.function.arguments if tc.function else None) or ""
+    assert whole["reasoning_content"] and reasoning == reasoning2 == whole["reasoning_content"]
+    assert content == (whole["content"] or "")
+    assert [calls[i] for i in sorted(calls)] == [
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in whole["tool_calls"]
+    ]
+
+
+def session(url: str, key: str) -> tuple[int, int, int, list[dict]]:
+    """A 10-turn agent session (tool loops, a new user message every third turn), sent back as an
+    SDK does (reasoning_content with each assistant turn): (cached, ideal, prompt tokens, cache
+    reports) over turns 2-10; ideal = the previous turn's prompt in whole cache blocks."""
+    msgs: list[dict] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Start."},
+    ]
+    block = load_settings().prefix_cache.block_size
+    cached, ideal, total, prev, reports = 0, 0, 0, None, []
+    for turn in range(10):
+        body = chat(
+            url,
+            msgs,
+            tool_choice="required",
+            prompt_cache_key=key,
+            max_reasoning_tokens=24,
+            seed=turn,
+            temperature=1.0,
+        )
+        usage = body["usage"]
+        if prev is not None:
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+            ideal += prev // block * block
+            total += usage["prompt_tokens"]
+            reports.append(body["cache"])
+        prev = usage["prompt_tokens"]
+        msg = body["choices"][0]["message"]
+        msgs.append(
+            {k: v for k, v in msg.items() if k in ("role", "content", "tool_calls", "reasoning_content")}
+        )
+        for call in msg.get("tool_calls") or []:
+            msgs.append({"role": "tool", "tool_call_id": call["id"], "content": f"result {turn}"})
+        if turn % 3 == 2:
+            msgs.append({"role": "user", "content": f"Next step {turn}."})
+    return cached, ideal, total, reports
+
+
+def test_past_reasoning_dropped_or_kept(served) -> None:
+    """Prints both hit rates (run with -s). The cache also keeps each reply's own tokens, so
+    cached/ideal can pass 100% when the history renders the reply back as it was written."""
+    ref, urls, _ = served
+    dropped = session(urls[False], f"drop-{ref}")
+    kept = session(urls[True], f"keep-{ref}")
+    for name, (c, i, t, _) in (("vendor history (drop)", dropped), ("keep_reasoning", kept)):
+        print(
+            f"\n{ref} {name}: cached {c} of ideal {i} ({c / i:.2%}); of all prompt tokens {t} ({c / t:.2%})"
+        )
+    # the vendor's history drops reasoning before a new user message: named in the cache report
+    rewrites = [r for r in dropped[3] if r.get("type") == "template_rewrote_history"]
+    assert rewrites, dropped[3]
+    assert "reasoning" in json.dumps(rewrites[0]) and "keep_reasoning" in json.dumps(rewrites[0])
+    assert dropped[0] < dropped[1]  # each rewrite loses tokens the previous prompt had
+    # kept: append-only, every turn's prompt starts with the previous one
+    assert all(r.get("diverged_at_token") is None for r in kept[3]), kept[3]
+    assert kept[0] >= 0.99 * kept[1] and kept[0] > dropped[0]
