@@ -1,6 +1,6 @@
 """The chat service: request → prepared prompt + tool spec → engine → OpenAI response.
 
-Lifecycle of one request (see README "Request lifecycle"); one module per step:
+Lifecycle of one request (docs/architecture.md, "Request lifecycle"); one module per step:
   1. prepare (``prepare.py``): validate (model, n, limits), render the messages
      deterministically, plan tools (explicit tool_choice, else the state machine) into a
      mode, allowed tools and a prefill appended after the unchanged prompt, tokenize,

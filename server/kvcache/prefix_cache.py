@@ -308,13 +308,13 @@ class PrefixCache:
             self.book.end(session)
 
     def last_lookup(self, session: str) -> LookupReport | None:
-        """The report of the session's latest lookup (see kv_sessions; diagnostics read it)."""
+        """The report of the session's latest lookup (see sessions.py; diagnostics read it)."""
         with self._lock:
             return self.book.last(session)
 
     # -- introspection ----------------------------------------------------------
     def stats(self) -> dict[str, float]:
-        """Counters and gauges for /metrics (``agentserve_engine_prefix_cache_*``; see kv_sessions)."""
+        """Counters and gauges for /metrics (``agentserve_engine_prefix_cache_*``; see sessions.py)."""
         with self._lock:
             return cache_metrics(
                 self.counters,

@@ -1,7 +1,7 @@
 """What the prefix cache knows per session, and what it reports (for /metrics and cache-miss reasons).
 
 ``SessionBook`` keeps, per session key, the chain of blocks of its latest prompt + reply
-and what it is doing (``kv_retention.Sessions``), learns pauses when a session comes
+and what it is doing (``retention.Sessions``), learns pauses when a session comes
 back, and writes one ``LookupReport`` per lookup. This is the API the cache-miss
 diagnostics read (``PrefixCache.last_lookup(session_key)``, ``HFEngine.lookup_report``):
 
