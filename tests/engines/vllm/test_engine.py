@@ -33,7 +33,7 @@ from server.protocol import ChatMessage  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-TOOLS = json.loads((Path(__file__).resolve().parents[1] / "fixtures/prefixed_agent_tools.json").read_text())
+TOOLS = json.loads((Path(__file__).resolve().parents[2] / "fixtures/prefixed_agent_tools.json").read_text())
 FILE_OPEN = {"type": "function", "function": {"name": "file_open"}}
 MEASURED: dict[str, float] = {}
 

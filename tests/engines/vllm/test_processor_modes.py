@@ -29,7 +29,7 @@ from tests.engines.vllm.helpers import allowed_sets, fake_vllm_config  # noqa: E
 
 pytestmark = pytest.mark.vllm
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 TOOLS = json.loads((FIXTURES / "prefixed_agent_tools.json").read_text())
 EOS = (2, 0)
 PREFIX = {"type": "function", "function": {"name_prefix": "browser_"}}

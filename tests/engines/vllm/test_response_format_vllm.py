@@ -29,7 +29,7 @@ from tests.engines.vllm.helpers import allowed_sets, fake_vllm_config  # noqa: E
 pytestmark = pytest.mark.vllm
 
 TOOLS = json.loads(
-    (Path(__file__).resolve().parents[1] / "fixtures" / "prefixed_agent_tools.json").read_text()
+    (Path(__file__).resolve().parents[2] / "fixtures" / "prefixed_agent_tools.json").read_text()
 )
 EOS = (2, 0)
 SCHEMA = {
