@@ -226,7 +226,9 @@ def compile_custom(
     cached per (vocabulary, format, envelope strings)."""
     key = (id(vocab), json.dumps(fmt, sort_keys=True), prefix, suffix, style, tails)
     found: CustomCompiled = _COMPILED.get_or_make(
-        key, lambda: _compile(vocab, tool, fmt, prefix, suffix, style, tails)
+        key,
+        lambda: _compile(vocab, tool, fmt, prefix, suffix, style, tails),
+        f"the grammar of custom tool {tool!r}",
     )
     return found
 
