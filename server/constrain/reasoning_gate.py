@@ -107,7 +107,9 @@ class ReasoningGate:
         self.m, self.inner, self.eos, self.budget = masks, inner, eos, budget
         # Harmony: a plain answer begins with answer_open, a call with the envelope's opening: the
         # model picks one right after the close (PICK); none of this when a prefill is forced
-        self.ways = [masks.encode(t) for t in (answer_open, call_open) if t] if answer_open and not prefill else []
+        self.ways = (
+            [masks.encode(t) for t in (answer_open, call_open) if t] if answer_open and not prefill else []
+        )
         self.k = 0  # tokens written in PICK
         self.answer_way = self.ways[0] if self.ways else None
         self.error: str | None = None
@@ -244,7 +246,6 @@ class ReasoningGate:
                 return True
             return self._reject(f"special token {tid} is not allowed in the text of a reply")
         return self._reject(f"token {tid} came after the end of the reply")
-
 
     # --- PICK: the answer's header (ways[0]) or a call's opening (ways[1]), token by token ----------
     def _fill_pick(self, bitmask: Any, index: int) -> None:

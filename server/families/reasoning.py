@@ -17,8 +17,9 @@ fields: ``open`` / ``close`` may be special-token text.
 
 ``history``: ``after_last_user`` (Qwen3: the reasoning of assistant turns before the last
 user message is dropped), ``until_answer`` (gpt-oss: a tool-call turn keeps its reasoning
-until a later assistant turn answers without calls; a plain answer never shows it), ``all`` (every turn keeps its reasoning) or ``none`` (dropped
-everywhere). Dropping is a rewrite of the history: the previous turn's prompt is no longer
+until a later assistant turn answers without calls; a plain answer never shows it), ``all``
+(every turn keeps its reasoning) or ``none`` (dropped everywhere). Dropping is a rewrite of
+the history: the previous turn's prompt is no longer
 a prefix of this one, and the cache report names it (``template_rewrote_history``); the
 setting ``keep_reasoning`` renders every turn's reasoning instead so a session stays
 append-only.

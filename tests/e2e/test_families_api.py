@@ -44,6 +44,7 @@ FAMILIES = [
     "mistral:v13",
     "qwen3_coder",
     "hermes:qwen3",
+    "harmony",
 ]
 MODEL = "tiny"
 
