@@ -122,3 +122,15 @@ def test_real_mistral_vocabularies_are_told_apart_from_a_model_folder(vocab_file
     tok = AutoTokenizer.from_pretrained(tmp_path)
     found = select_family("auto", tmp_path, tok)
     assert found.family.ref == want, found.how
+
+
+def test_model_template_gets_the_detected_family_masks(tmp_path) -> None:
+    """``model_family: model`` renders with the model's own template; the masks and the parser are
+    the detected family's (gpt-oss: harmony and its reasoning, not hermes)."""
+    from server.families.test_model import family_test_tokenizer
+
+    (tmp_path / "config.json").write_text('{"model_type": "gpt_oss"}')
+    found = select_family("model", tmp_path, family_test_tokenizer("harmony")).family
+    assert found.name == "model" and found.envelope == "harmony"
+    assert found.reasoning == load_family("harmony").reasoning
+    assert select_family("model", None, None).family.envelope == "hermes"  # nothing to detect from
