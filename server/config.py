@@ -313,7 +313,8 @@ class Settings(BaseSettings):
         False,
         description="Reasoning families: render the reasoning of every past assistant turn (the session "
         "stays append-only, so the prefix cache keeps it) instead of what the vendor's template keeps "
-        "(Qwen3: only after the last user message; the cache report names that rewrite).",
+        "(Qwen3: only after the last user message; gpt-oss: a tool loop's until it answers, and past "
+        "calls in the template's form, not the model's; the cache report names that rewrite).",
     )
     tool_state_machine: str | None = Field(
         "agent",

@@ -9,7 +9,8 @@ reasons with no budget but ``max_tokens``.
 
 ``ReasoningSplitter`` splits the reply's text, whole or streamed, the same way: everything
 before the close tag (less the open tag and the newlines around it) is the reasoning, the rest
-(less its leading newlines) goes to the tool-call parser. A ``<tool_call>`` inside the
+(less its leading newlines and, for Harmony, the final channel's header ``answer_open``) goes to
+the tool-call parser. A ``<tool_call>`` inside the
 reasoning is reasoning text, never a call. A reply cut inside its reasoning has reasoning only.
 """
 
@@ -49,7 +50,7 @@ def choose_reasoning(
             budget = family.budget_for(effort)
         except ValueError as exc:
             raise InvalidRequest(str(exc), param=param) from None
-    return ReasoningChoice(ReasoningPlan(family.open, family.close, budget))
+    return ReasoningChoice(ReasoningPlan(family.open, family.close, budget, family.answer_open))
 
 
 class ReasoningSplitter:
@@ -57,6 +58,8 @@ class ReasoningSplitter:
 
     def __init__(self, plan: ReasoningPlan) -> None:
         self.open_tag, self.close_tag = plan.open.strip(), plan.close.strip()
+        self.answer_open = plan.answer_open  # Harmony's final-channel header: not part of the content
+        self._head = ""  # the answer's start while it may still be (a prefix of) answer_open
         self._buf = ""
         self._thinking = True
         self._opened = False  # the open tag (if any) is behind us
@@ -96,7 +99,10 @@ class ReasoningSplitter:
             if not self._opened and self.open_tag.startswith(rest):
                 rest = ""
             return self._say(rest.rstrip("\n")), ""
-        return "", self._answer(self._take())
+        out = self._answer(self._take())
+        if self._head:  # a cut reply that began like the header: its text stays
+            out, self._head = out + self._head, ""
+        return "", out
 
     def _take(self) -> str:
         out, self._buf = self._buf, ""
@@ -113,6 +119,16 @@ class ReasoningSplitter:
     def _answer(self, text: str) -> str:
         if not self._answer_started:
             text = text.lstrip("\n")
+            if self.answer_open:
+                head = self._head + text
+                if len(head) < len(self.answer_open) and self.answer_open.startswith(head):
+                    self._head = head  # could still be the header: wait
+                    return ""
+                self._head = ""
+                if head.startswith(self.answer_open):
+                    self._answer_started = True  # the content is exactly what follows the header
+                    return head[len(self.answer_open) :]
+                text = head
             self._answer_started = bool(text)
         return text
 

@@ -9,7 +9,9 @@ decoded reply *with* special tokens (``[TOOL_CALLS]``, ``[ARGS]`` appear as text
   text ``</tool_call>``), so a block that never parses stays open until ``finish``;
 * trigger ``token`` (Mistral): after ``[TOOL_CALLS]`` either one JSON array of calls
   (v3, ``calls_open`` ``[TOOL_CALLS][``) or ``NAME[ARGS]{…}`` (v13; v11 ``NAME[CALL_ID]ID[ARGS]{…}``,
-  the id returned as the call's), one per trigger;
+  the id returned as the call's), one per trigger; Harmony
+  ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}`` the same way (the
+  name follows the whole opening and ends at the whole ``name_close``);
 * trigger ``start`` (Llama 3): the reply is a call when it begins with the opening
   (``{"name": "``), and is then one JSON object; any other reply is content.
 
@@ -67,15 +69,21 @@ class StreamingToolCallParser:
         self.envelope = envelope
         self.body = BodyParser(envelope, tools)
         self.trigger = envelope.trigger
+        # the name ends with a special token ("[ARGS]", "[CALL_ID]") or with name_close whole when it
+        # holds one after a text byte (Harmony's " <|constrain|>json<|message|>")
+        self.args_token = envelope.name_close_token or (
+            envelope.name_close if any(t in envelope.name_close for t in envelope.special_tokens) else None
+        )
         if self.trigger == "token":
-            self.open_tag = envelope.trigger_token or ""
+            # NAME[ARGS] calls: the name follows the whole opening (Harmony's "<|channel|>commentary
+            # to=functions."; Mistral's is the trigger token alone)
+            self.open_tag = envelope.opening if self.args_token else envelope.trigger_token or ""
         elif self.trigger == "start":
             self.open_tag = envelope.opening
         else:
             self.open_tag = envelope.call_tag
         self.close_tag = envelope.call_close_tag
-        self.args_token = envelope.name_close_token  # "[ARGS]" (Mistral v13), "[CALL_ID]" (v11) or None
-        self.close_rest = _close_rest_pattern(envelope)  # v11: "ID[ARGS]" after [CALL_ID], the id captured
+        self.close_rest = _close_rest_pattern(envelope, self.args_token or "")  # v11: "ID[ARGS]", id captured
         self._buf = ""
         self._in_call = False
         self._start_decided = False  # trigger "start": the reply is known to be text or a call
@@ -257,9 +265,8 @@ def _find_outside_strings(text: str, tag: str, at: int) -> int:
     return -1
 
 
-def _close_rest_pattern(envelope: Envelope) -> re.Pattern[str]:
-    """What follows a name's closing special token: nothing (v13), or ``ID[ARGS]`` (v11; group 1 = id)."""
-    tok = envelope.name_close_token or ""
+def _close_rest_pattern(envelope: Envelope, tok: str) -> re.Pattern[str]:
+    """What follows a name's closing ``tok``: nothing (v13, Harmony), or ``ID[ARGS]`` (v11; group 1 = id)."""
     rest = envelope.name_close[len(tok) :]
     if envelope.call_id is None or "{call_id}" not in rest:
         return re.compile(re.escape(rest))

@@ -1,4 +1,5 @@
-"""A call id the model writes between its name and its arguments (Mistral v11's ``[CALL_ID]``).
+"""What a model writes between a call's name and its arguments: an id (Mistral v11's ``[CALL_ID]``)
+or a fixed literal holding special tokens (Harmony's `` <|constrain|>json<|message|>``).
 
 Mistral tokenizer v11 writes a call as ``[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}``: the name
 ends with the special token ``[CALL_ID]`` (the name trie's ``term_token``), then come the id
@@ -15,6 +16,9 @@ before it:
   ``IdThenArgsMatcher``: the id, exactly its length, then the special token, then the
   arguments matcher. ``takes_special`` tells the tool constraint that this matcher accepts a
   special token (the arguments phase rejects them otherwise).
+* ``LiteralGate``: a fixed text holding special tokens (the rest of the envelope's ``name_close``
+  after the byte that ends the name: Harmony's ``<|constrain|>json<|message|>``), forced as the
+  tokenizer encodes it, one token per step, then the arguments matcher.
 """
 
 from __future__ import annotations
@@ -136,3 +140,65 @@ class IdThenArgsMatcher:
 
     def is_terminated(self) -> bool:
         return self.opened and bool(self.inner.is_terminated())
+
+
+class LiteralGate:
+    """A fixed token sequence between the name and the arguments (see the module doc)."""
+
+    def __init__(self, vocab: TokenVocab, ids: list[int]) -> None:
+        self.ids = list(ids)
+        self.rows = [vocab.pack([t]) for t in self.ids]
+
+    def wrap(self, compiled: Any, backend: Any) -> LiteralThenArgs:
+        return LiteralThenArgs(self, compiled, backend)
+
+
+@dataclass(eq=False)
+class LiteralThenArgs:
+    gate: LiteralGate
+    compiled: Any
+    backend: Any
+
+    def matcher(self) -> LiteralThenArgsMatcher:
+        custom = getattr(self.compiled, "matcher", None)  # a custom tool's grammar
+        inner = custom() if custom is not None else self.backend.matcher(self.compiled)
+        return LiteralThenArgsMatcher(self.gate, inner)
+
+
+class LiteralThenArgsMatcher:
+    """The literal's tokens (``at``: how many are written), then the arguments matcher."""
+
+    takes_special = True
+
+    def __init__(self, gate: LiteralGate, inner: Any) -> None:
+        self.gate, self.inner, self.at = gate, inner, 0
+
+    def fill(self, bitmask: Any, index: int) -> None:
+        if self.at >= len(self.gate.ids):
+            self.inner.fill(bitmask, index)
+            return
+        row = self.gate.rows[self.at]
+        if isinstance(bitmask, np.ndarray):
+            bitmask[index] = row
+        elif bitmask.device.type == "cpu":
+            bitmask[index].numpy()[:] = row
+        else:
+            import torch
+
+            bitmask[index].copy_(torch.from_numpy(row))
+
+    def accept_token(self, token_id: int) -> bool:
+        if self.at >= len(self.gate.ids):
+            return bool(self.inner.accept_token(token_id))
+        if token_id != self.gate.ids[self.at]:
+            return False
+        self.at += 1
+        return True
+
+    def accept_bytes(self, data: bytes) -> bool:
+        if self.at >= len(self.gate.ids):
+            return bool(self.inner.accept_bytes(data))
+        return not data  # a name's token never runs on into the literal
+
+    def is_terminated(self) -> bool:
+        return self.at >= len(self.gate.ids) and bool(self.inner.is_terminated())

@@ -70,7 +70,16 @@ class ConstraintFactory:
         if r is None:
             return inner
         eos = tuple(sorted(set(eos_token_ids)))
-        return ReasoningGate(self.reasoning_masks(r.open, r.close), inner, plan.prefill, eos, r.budget)
+        can_call = inner is not None and plan.mode != "none" and bool(plan.allowed)
+        return ReasoningGate(
+            self.reasoning_masks(r.open, r.close),
+            inner,
+            plan.prefill,
+            eos,
+            r.budget,
+            answer_open=r.answer_open,
+            call_open=self.envelope.opening if can_call else "",
+        )
 
     def reasoning_masks(self, open_text: str, close_text: str) -> ReasoningMasks:
         key = (open_text, close_text)
@@ -124,7 +133,8 @@ class ConstraintFactory:
                     call_id=env.call_id,
                     tails=tails,
                 )
-        gate = self.masks.id_gate  # an id between the name and the arguments (Mistral v11)
+        # an id (Mistral v11) or a literal with special tokens (Harmony) between name and arguments
+        gate = self.masks.id_gate or self.masks.literal_gate
         if gate is not None:
             compiled = {i: gate.wrap(g, self.backend) for i, g in compiled.items()}
         c = ToolConstraint(self, plan, tries, subset, compiled, eos)

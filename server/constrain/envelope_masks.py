@@ -15,7 +15,9 @@ The phases of ``ToolConstraint`` read everything envelope-specific from here:
 * **Name end**: a byte (the first of ``name_close``; the rest, ``close_rest``, opens the
   arguments grammar) or a special token (``term_token``, Mistral's ``[ARGS]``). Mistral
   v11's ``[CALL_ID]{call_id}[ARGS]``: the name ends with ``[CALL_ID]``, then ``id_gate``
-  (``call_id_gate.py``) masks the id and ``[ARGS]`` before the arguments grammar.
+  (``call_id_gate.py``) masks the id and ``[ARGS]`` before the arguments grammar; a rest
+  holding special tokens (Harmony's name ends with a space, then ``<|constrain|>json<|message|>``)
+  is forced by ``literal_gate`` (``LiteralGate``) there.
 * **Trigger**: ``text`` — a KMP watch for the call tag (``TagWatch``); ``token`` — the
   trigger token id; ``start`` — the reply must begin with the opening to be a call:
   the first token either enters the trie, or is text that *diverges* from the opening
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from server.constrain.call_id_gate import CallIdGate
+from server.constrain.call_id_gate import CallIdGate, LiteralGate
 from server.constrain.row_cache import ROWS, owner_token
 from server.constrain.tag_watch import TagWatch
 from server.constrain.trie import NameTrie, compile_trie
@@ -59,6 +61,11 @@ class EnvelopeMasks:
             after_tok = env.leading_special(after) or ""  # Envelope checks it is there
             self.id_gate = CallIdGate(vocab, env.call_id, self.special_ids[after_tok])
             self.close_rest = after[len(after_tok) :]
+        self.literal_gate: LiteralGate | None = None  # Harmony: " <|constrain|>json<|message|>"
+        if self.id_gate is None and any(t in self.close_rest for t in env.special_tokens):
+            ids = list(tokenizer(self.close_rest, add_special_tokens=False)["input_ids"])
+            self.literal_gate = LiteralGate(vocab, ids)
+            self.close_rest = ""
         next_tok, next_text = env.strip_special(env.next_opening)
         self.next_token = self.special_ids[next_tok] if next_tok else None
         self.lead = next_text.encode()

@@ -13,6 +13,12 @@ constraint (or none, without tools) and runs these phases:
 * FORCE: the rest after the close tag (``\\n\\n``) and the tool plan's prefill (``<tool_call>\\n
   {"name": "`` for required / named) are forced. When the reasoning budget is spent, FORCE
   writes the whole close text (``\\n</think>\\n\\n``, or the rest of a half-written tag) first;
+* PICK (a family with ``answer_open``, Harmony, when no prefill is forced): the answer's header
+  (``<|channel|>final<|message|>``) or, when a call may start, the envelope's opening
+  (``<|channel|>commentary to=functions.``), each the tokenizer's encoding, token by token:
+  the tokens both share, then the one the model's token follows. The header written whole: free
+  text and end of sequence (a plain answer holds no call); the opening: fed to the tool
+  constraint (its trigger, then its name trie), which goes on;
 * INNER: the tool constraint from its prefill on (a ``ToolConstraint`` whose ``max_tokens``
   budget is reduced by the tokens already written), or free text and end of sequence.
 
@@ -38,9 +44,10 @@ class Gate(IntEnum):
     OPEN = 0
     THINK = 1
     FORCE = 2
-    INNER = 3
-    DONE = 4
-    ERROR = 5
+    PICK = 3
+    INNER = 4
+    DONE = 5
+    ERROR = 6
 
 
 class ReasoningMasks:
@@ -50,11 +57,15 @@ class ReasoningMasks:
         self.vocab, self.tokenizer = vocab, tokenizer
         self.open_text, self.close_text = open_text, close_text
         self.tag = close_text.strip()
+        # a close that begins with a special token (Mistral's [/THINK], Harmony's <|end|>): no text
+        # spells it, the id ends the reasoning and the rest of the close is forced after it
+        ids = self.encode(self.tag)
+        self.tag_id = ids[0] if ids and not vocab.token_bytes[ids[0]] else None
+        if self.tag_id is not None and len(ids) > 1:
+            self.tag = str(tokenizer.decode(ids[:1], skip_special_tokens=False))
         self.after_tag = close_text[close_text.index(self.tag) + len(self.tag) :]  # "\n\n"
         self.watch = TagWatch(vocab, self.tag.encode())
-        # a close tag that is one special token (Mistral's [/THINK]): no text spells it, the id ends it
-        ids = self.encode(self.tag)
-        self.tag_id = ids[0] if len(ids) == 1 and not vocab.token_bytes[ids[0]] else None
+        self.answer_ids: dict[str, list[int]] = {}
         self._rows: dict[tuple[int, bytes], np.ndarray] = {}
 
     def encode(self, text: str) -> list[int]:
@@ -90,8 +101,17 @@ class ReasoningGate:
         eos: tuple[int, ...],
         budget: int | None = None,
         open_forced: bool = True,
+        answer_open: str = "",
+        call_open: str = "",
     ) -> None:
         self.m, self.inner, self.eos, self.budget = masks, inner, eos, budget
+        # Harmony: a plain answer begins with answer_open, a call with the envelope's opening: the
+        # model picks one right after the close (PICK); none of this when a prefill is forced
+        self.ways = (
+            [masks.encode(t) for t in (answer_open, call_open) if t] if answer_open and not prefill else []
+        )
+        self.k = 0  # tokens written in PICK
+        self.answer_way = self.ways[0] if self.ways else None
         self.error: str | None = None
         self.forced_after = (masks.after_tag + prefill).encode()  # what follows the close tag
         self.after_text = masks.after_tag + prefill
@@ -111,6 +131,9 @@ class ReasoningGate:
         ph, vocab = self.phase, self.m.vocab
         if ph == Gate.INNER and self.inner is not None:
             self.inner.fill_next_token_bitmask(bitmask, index)
+            return
+        if ph == Gate.PICK:
+            self._fill_pick(bitmask, index)
             return
         if ph in (Gate.OPEN, Gate.FORCE):
             row = vocab.pack([self.forced[0]])
@@ -151,7 +174,14 @@ class ReasoningGate:
 
     def _enter(self, phase: Gate) -> None:
         self.phase = phase
-        if phase == Gate.INNER and self.inner is not None:
+        if phase != Gate.INNER:
+            return
+        self._start_inner()
+        if self.ways and self.k == 0:  # the answer's header, or a call's opening
+            self.phase = Gate.PICK
+
+    def _start_inner(self) -> None:
+        if self.inner is not None:
             budget = getattr(self.inner, "budget", None)
             if budget is not None:  # the reply's max_tokens: what the reasoning wrote is spent
                 self.inner.budget = max(0, budget - self.used - 1)  # type: ignore[attr-defined]
@@ -201,6 +231,8 @@ class ReasoningGate:
             if self.budget is not None and self.thought >= self.budget:
                 self._force_close()
             return True
+        if ph == Gate.PICK:
+            return self._accept_pick(tid)
         if ph == Gate.INNER:
             if self.inner is not None:
                 ok = self.inner.accept_token(tid)
@@ -214,6 +246,32 @@ class ReasoningGate:
                 return True
             return self._reject(f"special token {tid} is not allowed in the text of a reply")
         return self._reject(f"token {tid} came after the end of the reply")
+
+    # --- PICK: the answer's header (ways[0]) or a call's opening (ways[1]), token by token ----------
+    def _fill_pick(self, bitmask: Any, index: int) -> None:
+        nxt = sorted({w[self.k] for w in self.ways})
+        _write(bitmask, index, self.m.vocab.pack(nxt))
+
+    def _accept_pick(self, tid: int) -> bool:
+        ways = [w for w in self.ways if w[self.k] == tid]
+        if not ways:
+            return self._reject(
+                f"token {self.m.vocab.describe(tid)} begins neither the answer nor a tool call"
+            )
+        self.ways, self.k = ways, self.k + 1
+        done = next((w for w in ways if len(w) == self.k), None)
+        if done is None:
+            return True
+        self.phase = Gate.INNER
+        if done is self.answer_way:  # a plain answer: free text, no call inside it
+            self.inner = None
+            return True
+        assert self.inner is not None  # a call's way exists only with a tool constraint
+        for t in done:  # the opening, into the tool constraint (its trigger, then its trie)
+            if not self.inner.accept_token(t):
+                self.error = self.inner.error
+                return False
+        return True
 
 
 def _write(bitmask: Any, index: int, row: np.ndarray) -> None:

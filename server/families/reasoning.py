@@ -16,8 +16,10 @@ analysis channel) or whose tags are special tokens (Mistral's ``[THINK]``) fits 
 fields: ``open`` / ``close`` may be special-token text.
 
 ``history``: ``after_last_user`` (Qwen3: the reasoning of assistant turns before the last
-user message is dropped), ``all`` (every turn keeps its reasoning) or ``none`` (dropped
-everywhere). Dropping is a rewrite of the history: the previous turn's prompt is no longer
+user message is dropped), ``until_answer`` (gpt-oss: a tool-call turn keeps its reasoning
+until a later assistant turn answers without calls; a plain answer never shows it), ``all``
+(every turn keeps its reasoning) or ``none`` (dropped everywhere). Dropping is a rewrite of
+the history: the previous turn's prompt is no longer
 a prefix of this one, and the cache report names it (``template_rewrote_history``); the
 setting ``keep_reasoning`` renders every turn's reasoning instead so a session stays
 append-only.
@@ -25,6 +27,11 @@ append-only.
 Effort → budget (tokens of reasoning before the close is forced), the same for every
 family unless its file sets ``efforts``: ``minimal`` 64, ``low`` 512, ``medium`` 2048,
 ``high`` 8192, ``xhigh`` 16384; ``none`` turns reasoning off (the ``disabled`` tail is rendered).
+``answer_open`` (Harmony: ``<|channel|>final<|message|>``): the header the masks force before a
+plain-text answer (the model picks it or a call's opening right after the close); the reply
+parser drops it from the content. A close that begins with a special token (Harmony's
+``<|end|><|start|>assistant``) ends at that token; the masks force the rest.
+
 The Messages API's ``thinking.budget_tokens`` and the ``max_reasoning_tokens`` extension give
 the budget in tokens directly.
 """
@@ -34,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-HISTORY_MODES = ("after_last_user", "all", "none")
+HISTORY_MODES = ("after_last_user", "until_answer", "all", "none")
 DEFAULT_EFFORTS: dict[str, int] = {"minimal": 64, "low": 512, "medium": 2048, "high": 8192, "xhigh": 16384}
 
 
@@ -44,6 +51,7 @@ class Reasoning:
     close: str
     history: str = "after_last_user"
     disabled: str = ""  # the generation prompt's tail with reasoning off ("" : cannot be turned off)
+    answer_open: str = ""  # the header a plain-text answer begins with after the reasoning (Harmony's)
     efforts: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_EFFORTS))
 
     def __post_init__(self) -> None:

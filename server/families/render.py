@@ -159,6 +159,9 @@ class FamilyRenderer:
                     _template(layout.assistant).render(
                         **{**ctx, "content": content},
                         think=think,
+                        reasoning=t.reasoning or "",
+                        shown=shows[i],
+                        keep=self.keep_reasoning,
                         calls=calls,
                         calls_text=layout.call_separator.join(calls),
                         call_list=t.calls,
@@ -178,10 +181,15 @@ class FamilyRenderer:
         names = tuple(str(t.get("function", {}).get("name", "")) for t in tools or [])
         out = extract("".join(parts), names)
         dropped = [t.index for t, shown in zip(turns, shows, strict=True) if t.reasoning and not shown]
+        notes: list[str] = []
         if fam.reasoning is not None and dropped:  # the history is rewritten: the cache report names it
             rule = fam.reasoning.history
-            note = f"reasoning of messages {dropped} not rendered ({rule}; keep_reasoning keeps it)"
-            out = replace(out, notes=(*out.notes, REWROTE_HISTORY, note))
+            notes.append(f"reasoning of messages {dropped} not rendered ({rule}; keep_reasoning keeps it)")
+        past = [t.index for t in turns if t.role == "assistant"]
+        if layout.history_note and past and not self.keep_reasoning:  # e.g. Harmony's call headers
+            notes.append(f"messages {past}: {layout.history_note} (keep_reasoning renders them as written)")
+        if notes:
+            out = replace(out, notes=(*out.notes, REWROTE_HISTORY, *notes))
         return out
 
 
@@ -192,6 +200,7 @@ def reasoning_shown(
 
     ``after_last_user`` is Qwen3's template: an assistant turn after the last user message shows
     its reasoning when it has some (or when it is the conversation's last message).
+    ``until_answer`` is gpt-oss's: a turn with calls shows it until a later turn answers without calls.
     """
     if reasoning is None:
         return [False] * len(turns)
@@ -202,6 +211,9 @@ def reasoning_shown(
             out.append(t.role == "assistant" and t.reasoning is not None)
         elif reasoning.history == "after_last_user":
             out.append(t.role == "assistant" and i > last_user and has)
+        elif reasoning.history == "until_answer":  # gpt-oss: until a later turn answers without calls
+            answered = any(u.role == "assistant" and not u.calls for u in turns[i + 1 :])
+            out.append(t.role == "assistant" and bool(t.calls) and not answered)
         else:
             out.append(False)
     return out

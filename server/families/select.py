@@ -12,7 +12,7 @@ a message that names the choices.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,16 @@ def detect_family(facts: ModelFacts) -> Selection | None:
 def select_family(model_family: str, folder: Path | None, tokenizer: Any = None) -> Selection:
     """The family for this deployment; FamilyError (names the choices) when none fits."""
     if model_family == MODEL_TEMPLATE:
-        return Selection(MODEL_FAMILY, "config model_family: the model's own chat template")
+        # the model's own template renders; the masks and the parser are the detected family's
+        # (gpt-oss: the harmony envelope and its reasoning, not hermes)
+        found = detect_family(model_facts(folder, tokenizer)) if folder is not None else None
+        if found is None:
+            return Selection(MODEL_FAMILY, "config model_family: the model's own chat template")
+        fam = found.family
+        masks = replace(
+            MODEL_FAMILY, envelope=fam.envelope, reasoning=fam.reasoning, test_model=fam.test_model
+        )
+        return Selection(masks, f"config model_family: the model's own chat template; masks of {fam.ref}")
     if model_family and model_family != "auto":
         return Selection(load_family(model_family), "config model_family")
     facts = model_facts(folder, tokenizer)

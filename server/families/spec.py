@@ -84,6 +84,7 @@ class Layout:
     tool_result_content: str = "text"  # "text" | "json_or_text" (parse JSON, dump it again)
     chunk_prefix: str = ""  # `sp` in the snippets: text before each separately encoded chunk
     arguments_json: str = "canonical"  # "canonical" | "ascii" (json.dumps default escaping)
+    history_note: str = ""  # past assistant turns render otherwise than the model wrote them: why
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 The folder holds a small Llama-architecture model with RANDOM weights (it writes nonsense,
 which the masks turn into valid tool calls) and the family's REAL tokenizer, built offline
 from the official vocabulary (server/families/tokenizers.py; ``hermes`` uses the embedded
-SmolLM2 tokenizer). config.json records ``agentserve_family`` so the server picks the family
-without guessing. Serve it with ``agentserve serve --model OUT``: every family runs on a
-laptop CPU, end to end.
+SmolLM2 tokenizer; ``harmony`` the same plus the Harmony special tokens). config.json records
+``agentserve_family`` so the server picks the family without guessing. Serve it with
+``agentserve serve --model OUT``: every family runs on a laptop CPU, end to end.
 """
 
 from __future__ import annotations
@@ -33,6 +33,19 @@ def _tokenizer(vocab: str, version: str | None, tmp: Path) -> Any:
     return build_tokenizer(vocab)
 
 
+def family_test_tokenizer(family_ref: str, tmp: Path | None = None) -> Any:
+    """The tokenizer a test model of the family gets: its ``test_model.vocab``, plus the special
+    tokens listed in ``test_model.add_special`` (Harmony's, on the SmolLM2 vocabulary: the o200k
+    vocabulary cannot be fetched here)."""
+    family = load_family(family_ref)
+    spec = family.test_model
+    tok = _tokenizer(str(spec.get("vocab", "embedded")), family.version, tmp or Path("."))
+    added = [str(t) for t in spec.get("add_special") or ()]
+    if added:
+        tok.add_tokens(added, special_tokens=True)
+    return tok
+
+
 def make_test_model(
     family_ref: str,
     out: str | Path,
@@ -51,11 +64,10 @@ def make_test_model(
 
     family = load_family(family_ref)
     spec = family.test_model
-    vocab = str(spec.get("vocab", "embedded"))
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tok = _tokenizer(vocab, family.version, tmp)
+    tok = family_test_tokenizer(family_ref, tmp)
     eos = [tok.convert_tokens_to_ids(t) for t in spec.get("eos", [tok.eos_token])]
     cfg = LlamaConfig(
         vocab_size=len(tok),

@@ -44,6 +44,7 @@ FAMILIES = [
     "mistral:v13",
     "qwen3_coder",
     "hermes:qwen3",
+    "harmony",
 ]
 MODEL = "tiny"
 
@@ -65,6 +66,11 @@ def family_url(request, tmp_path_factory):
     engine = HFEngine(settings)
     with running_server(build_app(settings, engine=engine)) as url:
         yield ref, url
+
+
+def _think(ref: str) -> dict:
+    """A reasoning family (Harmony) reasons first: a small budget, so the call fits max_tokens."""
+    return {"max_reasoning_tokens": 8} if load_family(ref).reasoning is not None else {}
 
 
 def chat(url: str, messages: list[dict], **extra) -> dict:
@@ -95,12 +101,13 @@ def test_required_prefix_gives_valid_calls_and_none_gives_none(family_url) -> No
         },
     }
     for seed in range(3):
-        msg = chat(url, msgs, tool_choice=choice, seed=seed, temperature=1.0)["choices"][0]["message"]
+        msg = chat(url, msgs, tool_choice=choice, seed=seed, temperature=1.0, **_think(ref))
+        msg = msg["choices"][0]["message"]
         assert msg.get("tool_calls"), msg
         for call in msg["tool_calls"]:
             assert call["function"]["name"].startswith("browser_")
             jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
-    none = chat(url, msgs, tool_choice="none")["choices"][0]["message"]
+    none = chat(url, msgs, tool_choice="none", **_think(ref))["choices"][0]["message"]
     assert not none.get("tool_calls")
 
 
@@ -116,7 +123,7 @@ def test_ten_turn_session_keeps_the_cache(family_url) -> None:
     block = load_settings().prefix_cache.block_size
     cached, ideal, prev = 0, 0, None
     for turn in range(10):
-        body = chat(url, msgs, tool_choice="required", prompt_cache_key=f"fam-{ref}")
+        body = chat(url, msgs, tool_choice="required", prompt_cache_key=f"fam-{ref}", **_think(ref))
         usage = body["usage"]
         if prev is not None:
             cached += usage["prompt_tokens_details"]["cached_tokens"]
@@ -131,9 +138,9 @@ def test_ten_turn_session_keeps_the_cache(family_url) -> None:
 
 
 def test_stream_equals_non_stream(family_url) -> None:
-    _, url = family_url
+    ref, url = family_url
     msgs = [{"role": "user", "content": "Look around."}]
-    whole = chat(url, msgs, tool_choice="required")["choices"][0]["message"]
+    whole = chat(url, msgs, tool_choice="required", **_think(ref))["choices"][0]["message"]
     body = {
         "model": MODEL,
         "messages": msgs,
@@ -143,6 +150,7 @@ def test_stream_equals_non_stream(family_url) -> None:
         "tool_choice": "required",
         "parallel_tool_calls": False,
         "stream": True,
+        **_think(ref),
     }
     calls: dict[int, dict] = {}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:

@@ -53,3 +53,24 @@ def test_history_call_text_is_what_the_envelope_writes(ref: str, n_calls: int) -
     assert history.startswith(prompt + reply), (prompt + reply, history)
     rest = history[len(prompt + reply) :]
     assert any(rest.startswith(eos) for eos in family.test_model["eos"]), rest
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_harmony_history_is_what_the_model_wrote_only_with_keep_reasoning(keep: bool) -> None:
+    """gpt-oss's template renders a past call in another form than the model writes it: with
+    keep_reasoning the history is the reply as written (append-only), else the template's form."""
+    family = load_family("harmony")
+    envelope = load_envelope(family.envelope)
+    args = json.dumps(ARGS[0])
+    head = [ChatMessage(role="system", content="s"), ChatMessage(role="user", content="go")]
+    call = {"id": "c1", "type": "function", "function": {"name": "tool_0", "arguments": args}}
+    turn = ChatMessage(role="assistant", content=None, tool_calls=[call])
+    renderer = FamilyRenderer(family, keep_reasoning=keep)
+    prompt = renderer.render(head, [], add_generation_prompt=True).text
+    history = renderer.render([*head, turn], [], add_generation_prompt=False).text
+    reply = envelope.render_calls([("tool_0", template_arguments(args), "c1")])
+    assert history.startswith(prompt + reply) == keep, (prompt + reply, history)
+    if keep:
+        assert history[len(prompt + reply) :].startswith("<|call|>")
+    else:
+        assert "<|start|>assistant to=functions.tool_0<|channel|>commentary json<|message|>" in history

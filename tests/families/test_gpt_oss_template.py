@@ -4,8 +4,10 @@ writes with the official gpt-oss template (tests/fixtures/templates/gpt-oss.jinj
 on the corpus as an SDK sends it (vLLM's message preparation), with the same pinned date.
 
 What this does not cover: vLLM renders gpt-oss with the openai-harmony library, not with this
-template (not installed here, and its o200k_harmony vocabulary cannot be fetched), and there is
-no Harmony envelope yet (masks, parser: ``model_family: model`` masks the hermes envelope).
+template (not installed here, and its o200k_harmony vocabulary cannot be fetched).
+``model_family: model`` takes the masks and the parser of the family detected from the vocabulary
+(``harmony`` for gpt-oss: server/families/select.py); the ``harmony`` family renders the same
+prompt itself (tests/families/test_harmony_parity.py).
 The template renders only the first call of an assistant message (it says "We assume max 1 tool
 call per message"): conversations with several calls in one message are left out.
 """

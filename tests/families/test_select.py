@@ -15,6 +15,9 @@ LLAMA = frozenset(
 CHATML = frozenset({"<|im_start|>", "<|im_end|>", "<tool_call>"})
 MISTRAL = frozenset({"[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"})
 SPM_V7 = MISTRAL | {"<0x0A>", "[SYSTEM_PROMPT]"}  # Mistral Large 2411's SentencePiece vocabulary
+HARMONY = frozenset(
+    {"<|start|>", "<|end|>", "<|channel|>", "<|message|>", "<|call|>", "<|return|>", "<|constrain|>"}
+)
 
 
 def _template(name: str) -> str:
@@ -31,6 +34,12 @@ def _template(name: str) -> str:
         # Qwen3's template thinks unless enable_thinking is false: the reasoning version
         (ModelFacts(special_tokens=CHATML, chat_template=_template("qwen3")), "hermes:qwen3_thinking"),
         (ModelFacts(special_tokens=CHATML, chat_template="<tool_call></think>"), "hermes:qwen3"),
+        (ModelFacts(special_tokens=HARMONY, chat_template=_template("gpt-oss")), "harmony"),
+        (
+            ModelFacts(special_tokens=CHATML | HARMONY),
+            "harmony",
+        ),  # our test vocabulary: SmolLM2's + Harmony's
+        (ModelFacts(special_tokens=HARMONY - {"<|constrain|>"}), None),  # not all of them: not Harmony
         (ModelFacts(special_tokens=MISTRAL), "mistral:v3"),
         (ModelFacts(special_tokens=MISTRAL | {"[SYSTEM_PROMPT]"}), "mistral:v3"),  # Nemo's vocab has it too
         (ModelFacts(special_tokens=MISTRAL, chat_template="[SYSTEM_PROMPT]{{ m }}"), "mistral:v7"),
@@ -48,9 +57,9 @@ def _template(name: str) -> str:
         ),
     ],
 )
-def test_detection(facts: ModelFacts, want: str) -> None:
+def test_detection(facts: ModelFacts, want: str | None) -> None:
     found = detect_family(facts)
-    assert found is not None and found.family.ref == want
+    assert (found.family.ref if found is not None else None) == want
 
 
 def test_unknown_model_stops_with_the_choices(tmp_path) -> None:
@@ -82,6 +91,7 @@ def test_every_family_names_an_envelope_and_test_vocab() -> None:
             "mistral_name_args",
             "mistral_call_id",
             "qwen3_coder",
+            "harmony",
         }
         assert fam.test_model.get("vocab") in {"embedded", "llama3", "tekken", "qwen", "mistral_spm"}
 
@@ -112,3 +122,15 @@ def test_real_mistral_vocabularies_are_told_apart_from_a_model_folder(vocab_file
     tok = AutoTokenizer.from_pretrained(tmp_path)
     found = select_family("auto", tmp_path, tok)
     assert found.family.ref == want, found.how
+
+
+def test_model_template_gets_the_detected_family_masks(tmp_path) -> None:
+    """``model_family: model`` renders with the model's own template; the masks and the parser are
+    the detected family's (gpt-oss: harmony and its reasoning, not hermes)."""
+    from server.families.test_model import family_test_tokenizer
+
+    (tmp_path / "config.json").write_text('{"model_type": "gpt_oss"}')
+    found = select_family("model", tmp_path, family_test_tokenizer("harmony")).family
+    assert found.name == "model" and found.envelope == "harmony"
+    assert found.reasoning == load_family("harmony").reasoning
+    assert select_family("model", None, None).family.envelope == "hermes"  # nothing to detect from
