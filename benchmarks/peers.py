@@ -59,8 +59,11 @@ def cpu_bind(threads: int) -> str:
     return f"{cores[0]}-{cores[0] + threads - 1}"
 
 
-def builtin_peer(name: str, model_dir: Path, threads: int, max_model_len: int) -> Peer:
-    """The exact command of a built-in peer (its port is filled in at start)."""
+def builtin_peer(
+    name: str, model_dir: Path, threads: int, max_model_len: int, template: Path | None = TEMPLATE
+) -> Peer:
+    """The exact command of a built-in peer (its port is filled in at start). ``template``: stock
+    vLLM's chat template (None: the model folder's own)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": cpu_bind(threads)}
     serve = ["-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", PORT, "--model", "embedded"]
     vpy = vllm_python()
@@ -85,8 +88,7 @@ def builtin_peer(name: str, model_dir: Path, threads: int, max_model_len: int) -
                 "--enable-auto-tool-choice",
                 "--tool-call-parser",
                 "hermes",
-                "--chat-template",
-                str(TEMPLATE),
+                *(["--chat-template", str(template)] if template else []),
                 "--host",
                 "127.0.0.1",
                 "--port",
