@@ -59,11 +59,8 @@ def cpu_bind(threads: int) -> str:
     return f"{cores[0]}-{cores[0] + threads - 1}"
 
 
-def builtin_peer(
-    name: str, model_dir: Path, threads: int, max_model_len: int, template: Path | None = TEMPLATE
-) -> Peer:
-    """The exact command of a built-in peer (its port is filled in at start). ``template``: stock
-    vLLM's chat template (None: the model folder's own)."""
+def builtin_peer(name: str, model_dir: Path, threads: int, max_model_len: int) -> Peer:
+    """The exact command of a built-in peer (its port is filled in at start)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": cpu_bind(threads)}
     serve = ["-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", PORT, "--model", "embedded"]
     vpy = vllm_python()
@@ -88,7 +85,8 @@ def builtin_peer(
                 "--enable-auto-tool-choice",
                 "--tool-call-parser",
                 "hermes",
-                *(["--chat-template", str(template)] if template else []),
+                "--chat-template",
+                str(TEMPLATE),
                 "--host",
                 "127.0.0.1",
                 "--port",

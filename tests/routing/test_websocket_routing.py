@@ -16,6 +16,7 @@ from server.config import AuthSettings, RoutingSettings, Settings
 from tests.routing.conftest import RouterThread
 
 pytestmark = pytest.mark.timeout(60)
+TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
 
 
 def ws_url(r: RouterThread) -> str:
@@ -29,9 +30,9 @@ def create(**fields: Any) -> str:
 def turn(ws: ClientConnection, message: str) -> list[dict[str, Any]]:
     """Send a message; the events up to the terminal one."""
     ws.send(message)
-    events = [json.loads(ws.recv(timeout=10))]
-    while events[-1]["type"] not in ("response.completed", "error"):
-        events.append(json.loads(ws.recv(timeout=10)))
+    events = [json.loads(ws.recv(timeout=60))]
+    while events[-1]["type"] not in TERMINAL:
+        events.append(json.loads(ws.recv(timeout=60)))
     return events
 
 
@@ -111,3 +112,44 @@ def test_a_bad_key_is_refused_before_the_upgrade(workers):
         assert [(rec["tenant"], rec["router_token"]) for rec in logged] == [("team-a", "rt")] * 2
     finally:
         r.stop()
+
+
+RULES = "You are a careful coding agent. " + " ".join(f"Rule {i}: check your work." for i in range(40))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_real_workers_a_socket_reuses_its_sessions_cache_and_continues(embedded_model_dir):
+    """`agentserve serve --workers 2`: a socket placed by its prompt_cache_key lands where the session's
+    HTTP request did (its prompt is read from that worker's cache), and a previous_response_id turn
+    sending only its new item succeeds on the same worker (the socket's own memory is there)."""
+    from tests.routing.conftest import real_cluster
+
+    def body(key: str, *items: str, **kw: Any) -> dict[str, Any]:
+        user = [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": t}]} for t in items
+        ]
+        return {
+            "model": "smollm2-135m-instruct",
+            "instructions": RULES,
+            "input": user,
+            "prompt_cache_key": key,
+            "max_output_tokens": 3,
+            "temperature": 0,
+            "store": False,
+            **kw,
+        }
+
+    with real_cluster(2, health_interval_s=2) as (url, _):
+        for key in ("ws-real-a", "ws-real-b", "ws-real-c"):
+            resp = httpx.post(url + "/v1/responses", json=body(key, "Say hello."), timeout=120)
+            assert resp.status_code == 200, resp.text
+            with connect(url.replace("http://", "ws://") + "/v1/responses") as ws:
+                first = turn(ws, json.dumps({"type": "response.create", **body(key, "Say hello.")}))[-1]
+                assert first["type"] in ("response.completed", "response.incomplete"), first
+                usage = first["response"]["usage"]
+                assert usage["input_tokens_details"]["cached_tokens"] >= usage["input_tokens"] - 32, usage
+                more = body(key, "Now say goodbye.", previous_response_id=first["response"]["id"])
+                second = turn(ws, json.dumps({"type": "response.create", **more}))[-1]
+                assert second["type"] in ("response.completed", "response.incomplete"), second
+                assert second["response"]["usage"]["input_tokens"] > usage["input_tokens"]
