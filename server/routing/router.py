@@ -4,7 +4,8 @@
 stack (its error, telemetry and body-limit layers cost more per request than the proxy's own
 Python did); everything else, lifespan included, is the FastAPI app.
 
-Endpoints: /v1/* (proxied, see proxy.py for the request lifecycle), /health (ok while >= 1
+Endpoints: /v1/* (proxied, see proxy.py for the request lifecycle), the /v1/responses WebSocket
+(relayed to the session's worker, see websocket.py), /health (ok while >= 1
 worker is healthy; always open), /workers (JSON), /metrics (the router's own) and
 /metrics/worker/{index or id} (a worker's). With ``auth.protect_metrics`` the last three
 need an API key, as a worker's /metrics does.
@@ -32,6 +33,8 @@ from server.routing.proxy import proxy_request
 from server.routing.request import RouteRequest
 from server.routing.suspects import SuspectTable
 from server.routing.upstream import UpstreamError, make_upstream
+from server.routing.websocket import PATH as WS_PATH
+from server.routing.websocket import proxy_websocket
 from server.routing.workers import Worker, WorkerPool, WorkerSpec, parse_worker_specs
 
 log = logging.getLogger("agentserve.routing")
@@ -96,7 +99,16 @@ class RouterApp(FastAPI):
     lean_router: Router
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "websocket" and scope["path"] == WS_PATH:
+            try:
+                await proxy_websocket(self.lean_router, scope, receive, send)
+            except Exception:  # a bug: the client's socket ends with 1011 (internal error)
+                log.exception("router: unexpected error on the %s WebSocket", WS_PATH)
+                try:
+                    await send({"type": "websocket.close", "code": 1011})
+                except Exception:
+                    log.debug("router: could not close the WebSocket", exc_info=True)
+        elif scope["type"] == "http" and scope["path"].startswith("/v1/"):
             try:
                 await proxy_request(self.lean_router, scope, receive, send)
             except Exception:  # a bug: still an OpenAI-shaped answer (FastAPI's error layer is skipped)

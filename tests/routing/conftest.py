@@ -38,7 +38,9 @@ class FakeWorker:
 
     def reset(self) -> None:
         httpx.post(self.url + "/fake/reset", timeout=5).raise_for_status()
-        self.configure(delay_s=0.0, chunks=3, chunk_delay_s=0.0, die_after_chunks=None, healthy=True)
+        self.configure(
+            delay_s=0.0, chunks=3, chunk_delay_s=0.0, die_after_chunks=None, healthy=True, ws_close_after=None
+        )
 
     def kill(self) -> None:
         if self.proc.poll() is None:

