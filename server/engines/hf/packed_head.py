@@ -28,7 +28,7 @@ def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
     return (
         device.type == "cpu"
         and dtype == torch.float32
-        and torch.backends.mkl.is_available()
+        and torch.backends.mkl.is_available()  # type: ignore[no-untyped-call]
         and hasattr(torch.ops.mkl, "_mkl_linear")
     )
 
