@@ -5,7 +5,7 @@ The LM head is the one big matmul of a small model's decode step (SmolLM2-135M: 
 sgemm on the plain weight; MKL's packed format (``torch.ops.mkl._mkl_reorder_linear_weight``,
 once at load) halves a single-row head on this 2-core EPYC and takes ~18 % off an 8-row
 batched one (CPU time, 1 thread: 9.6 -> 5.2 ms at 1 row, 20.2 -> 16.6 ms at 8 rows; measured
-by the script in benchmarks/results/concurrent_sessions.md). The other linear layers (576 to
+in benchmarks/results/concurrent_sessions.md). The other linear layers (576 to
 1536 wide) showed no gain from packing and keep the stock path.
 
 Logits differ from the stock path by fp32 rounding only (~1e-4 absolute, a different
