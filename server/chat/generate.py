@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from server.cache_diag import CacheReport
 from server.chat.detokenize import ReplyText
-from server.chat.prepare import Prepared
+from server.chat.prepared import Prepared
 from server.engines.base import Engine, GenerationRequest, TokenLogprob
 from server.errors import GenerationError
 from server.metrics import Metrics

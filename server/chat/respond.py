@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.chat.generate import GenerationResult
-from server.chat.prepare import Prepared
+from server.chat.prepared import Prepared
 from server.chat.reasoning import ReasoningSplitter
 from server.chat.toolcalls import CallDelta, ContentDelta, Events, ParsedCall, StreamingToolCallParser
 from server.custom_tools import custom_input, custom_names
