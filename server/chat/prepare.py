@@ -135,7 +135,7 @@ class Preparer:
         self.tools.check_tools(tools)
         rendered = render_chat(req.messages, prompt_tools(tools), self.renderer)  # custom tools: as functions
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        plan = self.tools.plan(req, tools, messages, json_text)
+        plan = self.tools.plan(req, tools, messages)
         ids, offsets = self._tokenize(rendered)
         prefill = plan.prompt_prefill  # with reasoning: the masks force the call's opening later
         prefill_ids = self.engine.tokenizer(prefill, add_special_tokens=False)["input_ids"] if prefill else []

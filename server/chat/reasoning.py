@@ -124,16 +124,9 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def with_reasoning(
-    plan: ToolPlan, family: Reasoning | None, req: ChatCompletionRequest, json_text: bool = False
-) -> ToolPlan:
-    """The tool plan with the request's reasoning (the masks let the model reason first)."""
+def with_reasoning(plan: ToolPlan, family: Reasoning | None, req: ChatCompletionRequest) -> ToolPlan:
+    """The tool plan with the request's reasoning (the masks let the model reason first; the tool
+    constraint, or response_format's, applies once the reasoning closes)."""
     param = "max_reasoning_tokens" if req.max_reasoning_tokens is not None else "reasoning_effort"
     choice = choose_reasoning(family, req.reasoning_effort, req.max_reasoning_tokens, param)
-    if choice.plan is not None and json_text:
-        raise InvalidRequest(
-            "response_format with a reasoning model is not supported yet: send reasoning_effort 'none' "
-            "(the reply is then JSON from its first token)",
-            param="response_format",
-        )
     return replace(plan, reasoning=choice.plan, lead=choice.lead)

@@ -102,12 +102,11 @@ class ToolSetup:
         req: ChatCompletionRequest,
         tools: list[dict[str, Any]],
         messages: list[dict[str, Any]],
-        json_text: dict[str, Any] | None,
     ) -> ToolPlan:
         """The tool plan with the request's reasoning (the masks let the model reason first)."""
         machine = self.machine(req.tool_state_machine)
         plan = plan_tools(tools, req.tool_choice, messages, req.parallel_tool_calls, machine, self.envelope)
-        return with_reasoning(plan, self.renderer.reasoning, req, json_text is not None)
+        return with_reasoning(plan, self.renderer.reasoning, req)
 
     def build(
         self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int, json_text: dict[str, Any] | None

@@ -17,8 +17,9 @@ import numpy as np
 from server.constrain.arguments import make_backend, sorted_properties, tool_schema
 from server.constrain.custom_grammar import compile_custom, custom_format
 from server.constrain.envelope_masks import EnvelopeMasks
+from server.constrain.interface import TokenConstraint
 from server.constrain.min_call import minimal_call_tokens
-from server.constrain.plan import ToolPlan, tool_names
+from server.constrain.plan import ReasoningPlan, ToolPlan, tool_names
 from server.constrain.reasoning_gate import ReasoningGate, ReasoningMasks
 from server.constrain.tool_constraint import Phase as Phase  # re-exported: callers name phases from here
 from server.constrain.tool_constraint import ToolConstraint as ToolConstraint  # re-exported too
@@ -66,11 +67,21 @@ class ConstraintFactory:
         ``plan.reasoning`` the tool constraint applies after the reasoning (``ReasoningGate``).
         """
         inner = self._tools(tools, plan, eos_token_ids, budget)
-        r = plan.reasoning
-        if r is None:
+        if plan.reasoning is None:
             return inner
+        return self.gate(plan.reasoning, inner, plan.prefill, eos_token_ids)
+
+    def gate(
+        self,
+        reasoning: ReasoningPlan,
+        inner: TokenConstraint | None,
+        prefill: str,
+        eos_token_ids: tuple[int, ...] | list[int],
+    ) -> ReasoningGate:
+        """``inner`` (the tool or response_format constraint; None: free text) after the reasoning."""
         eos = tuple(sorted(set(eos_token_ids)))
-        return ReasoningGate(self.reasoning_masks(r.open, r.close), inner, plan.prefill, eos, r.budget)
+        masks = self.reasoning_masks(reasoning.open, reasoning.close)
+        return ReasoningGate(masks, inner, prefill, eos, reasoning.budget)
 
     def reasoning_masks(self, open_text: str, close_text: str) -> ReasoningMasks:
         key = (open_text, close_text)

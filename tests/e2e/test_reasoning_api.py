@@ -259,3 +259,62 @@ def test_past_reasoning_dropped_or_kept(served) -> None:
     # kept: append-only, every turn's prompt starts with the previous one
     assert all(r.get("diverged_at_token") is None for r in kept[3]), kept[3]
     assert kept[0] >= 0.99 * kept[1] and kept[0] > dropped[0]
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {
+        "verdict": {"type": "string", "enum": ["yes", "no"]},
+        "count": {"type": "integer", "enum": [1, 2, 3]},
+    },
+    "required": ["verdict", "count"],
+    "additionalProperties": False,
+}
+ANSWER_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+
+
+def _structured(url: str, stream: bool, **extra) -> tuple[str, str, str | None]:
+    """(reasoning, content, finish_reason) of a response_format request without tools."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Think, then answer in JSON."}],
+        "response_format": ANSWER_FORMAT,
+        "max_tokens": 120,
+        "stream": stream,
+        **extra,
+    }
+    if not stream:
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        choice = ChatCompletion.model_validate(r.json()).choices[0]
+        msg = r.json()["choices"][0]["message"]
+        assert msg.get("reasoning") == msg.get("reasoning_content")
+        return msg.get("reasoning_content") or "", choice.message.content or "", choice.finish_reason
+    reasoning, content, finish = "", "", None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = ChatCompletionChunk.model_validate_json(line[6:])
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+            content += delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    return reasoning, content, finish
+
+
+def test_response_format_applies_after_the_reasoning(served) -> None:
+    """response_format with a reasoning family: free reasoning, returned apart; then JSON that
+    follows the schema (it was a 400 before); stream equals non-stream."""
+    ref, urls, _ = served
+    close = load_family(ref).reasoning.close_tag
+    for seed in range(3):
+        extra = {"seed": seed, "temperature": 1.0, "max_reasoning_tokens": 10}
+        reasoning, content, finish = _structured(urls[False], False, **extra)
+        assert reasoning and close not in reasoning and close not in content, (reasoning, content)
+        assert finish == "stop", (finish, content)
+        jsonschema.validate(json.loads(content), ANSWER)
+        assert _structured(urls[False], True, **extra) == (reasoning, content, finish)
