@@ -126,6 +126,10 @@ def test_budget_closes_the_reasoning(served, budget: int) -> None:
     # open text, at most `budget` reasoning tokens, then the close (its leading newline forced first)
     assert _close_at(body, close) <= opened + budget + 1
     assert body["choices"][0]["message"]["tool_calls"]
+    # usage counts the reasoning: every token up to the one that closed it (the call's are not)
+    usage = body["usage"]
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == _close_at(body, close) + 1
+    assert usage["completion_tokens_details"]["reasoning_tokens"] < usage["completion_tokens"]
 
 
 def test_effort_maps_to_a_budget_and_none_turns_it_off(served) -> None:
@@ -137,8 +141,10 @@ def test_effort_maps_to_a_budget_and_none_turns_it_off(served) -> None:
         urls[False], msgs, tool_choice="required", reasoning_effort="minimal", logprobs=True, max_tokens=200
     )
     assert _close_at(body, family.close_tag) <= opened + family.efforts["minimal"] + 1
-    off = chat(urls[False], msgs, tool_choice="required", reasoning_effort="none")["choices"][0]["message"]
+    off_body = chat(urls[False], msgs, tool_choice="required", reasoning_effort="none")
+    off = off_body["choices"][0]["message"]
     assert off.get("reasoning_content") is None and off["tool_calls"]
+    assert off_body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
 
 
 def test_no_budget_runs_into_max_tokens_as_reasoning(served) -> None:
@@ -153,6 +159,9 @@ def test_no_budget_runs_into_max_tokens_as_reasoning(served) -> None:
     )
     choice = body["choices"][0]
     assert choice["finish_reason"] == "length" and choice["message"]["reasoning_content"]
+    assert (
+        body["usage"]["completion_tokens_details"]["reasoning_tokens"] == body["usage"]["completion_tokens"]
+    )
     assert not choice["message"].get("tool_calls") and choice["message"]["content"] is None
 
 
@@ -175,16 +184,19 @@ def test_stream_equals_non_stream(served) -> None:
     _, urls, _ = served
     msgs = [{"role": "user", "content": "Look around."}]
     extra = {"tool_choice": "required", "max_reasoning_tokens": 9, "seed": 3, "temperature": 1.0}
-    whole = chat(urls[False], msgs, **extra)["choices"][0]["message"]
+    whole_body = chat(urls[False], msgs, **extra)
+    whole = whole_body["choices"][0]["message"]
     body = {"model": MODEL, "messages": msgs, "tools": TOOLS, "max_tokens": 120}
-    body |= {"parallel_tool_calls": False, "stream": True, **extra}
+    body |= {"parallel_tool_calls": False, "stream": True, "stream_options": {"include_usage": True}, **extra}
     calls: dict[int, dict] = {}
-    reasoning, reasoning2, content = "", "", ""
+    reasoning, reasoning2, content, usage = "", "", "", None
     with httpx.stream("POST", urls[False] + "/v1/chat/completions", json=body, timeout=300) as r:
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = ChatCompletionChunk.model_validate_json(line[6:])
+            if chunk.usage is not None:
+                usage = json.loads(line[6:])["usage"]
             if not chunk.choices:
                 continue
             delta = chunk.choices[0].delta
@@ -201,6 +213,8 @@ def test_stream_equals_non_stream(served) -> None:
     assert [calls[i] for i in sorted(calls)] == [
         {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in whole["tool_calls"]
     ]
+    assert usage is not None and usage["completion_tokens_details"]["reasoning_tokens"] > 0
+    assert usage["completion_tokens_details"] == whole_body["usage"]["completion_tokens_details"]
 
 
 def session(url: str, key: str) -> tuple[int, int, int, list[dict]]:

@@ -67,6 +67,10 @@ def test_responses_reasoning_item_then_the_call_stream_equals_create(served) -> 
         final = stream.get_final_response()
     assert deltas == done == thought
     assert [_item(i) for i in final.output] == [_item(i) for i in r.output]
+    # usage counts the reasoning's tokens (the open and close tags included), not the call's
+    reasoning_tokens = r.usage.output_tokens_details.reasoning_tokens
+    assert 0 < reasoning_tokens < r.usage.output_tokens
+    assert final.usage.output_tokens_details.reasoning_tokens == reasoning_tokens
     # the output sent back as input (+ the call's result): the reasoning renders, the prompt only grows
     call = r.output[-1]
     items = [i.model_dump(exclude_none=True) for i in r.output]
