@@ -140,7 +140,8 @@ _NUMBER_RULE = re.compile(
 # in a fraction ("1.5", "1.0", never "1.50" or "1e5"), no "-0" integer. Integers of any size and
 # floats in [1e-4, 1e16) with at most 17 significant digits, i.e. what models write, round-trip.
 _CANONICAL_NUMBER = (
-    'basic_number ::= (("0" basic_number_f) | ("-0" basic_number_f_req) | ("-"? [1-9] [0-9]* basic_number_f))\n'
+    'basic_number ::= (("0" basic_number_f) | ("-0" basic_number_f_req)'
+    ' | ("-"? [1-9] [0-9]* basic_number_f))\n'
     'basic_number_f ::= ("" | basic_number_f_req)\n'
     'basic_number_f_req ::= (("." "0") | ("." [0-9]* [1-9]))'
 )
@@ -242,13 +243,8 @@ class XGrammarBackend(CachedBackend):
 
                 args = xml_parameters_grammar(schema, any_whitespace=self.any_whitespace)
             else:
-                args = canonical_numbers(
-                    xgr,
-                    canonical_strings(
-                        xgr,
-                        xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace),
-                    ),
-                )
+                grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
+                args = canonical_numbers(xgr, canonical_strings(xgr, grammar))
         except Exception as exc:
             raise ConstraintError(
                 f"tool {tool!r}: its parameters are not a JSON schema the server can enforce ({exc}); "
