@@ -141,6 +141,11 @@ def test_effort_maps_to_a_budget_and_none_turns_it_off(served) -> None:
         urls[False], msgs, tool_choice="required", reasoning_effort="minimal", logprobs=True, max_tokens=200
     )
     assert _close_at(body, family.close_tag) <= opened + family.efforts["minimal"] + 1
+    if not family.disabled:  # no "thinking off" tail (Mistral's [THINK]): 'none' is a clear 400
+        body = {"model": MODEL, "messages": msgs, "tools": TOOLS, "reasoning_effort": "none"}
+        r = httpx.post(urls[False] + "/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
+        return
     off_body = chat(urls[False], msgs, tool_choice="required", reasoning_effort="none")
     off = off_body["choices"][0]["message"]
     assert off.get("reasoning_content") is None and off["tool_calls"]
@@ -172,7 +177,11 @@ def _tok_ids(served, text: str) -> list[int]:
 def test_a_call_inside_the_reasoning_is_not_a_call(served) -> None:
     ref, urls, _ = served
     tag = _tok_ids(served, "<tool_call>")
-    assert len(tag) == 1, "the tag is one token in this vocabulary (the bias below writes it)"
+    if len(tag) != 1:  # the bias below writes the tag as one token
+        pytest.skip(
+            "not a Hermes call tag family: Mistral's [TOOL_CALLS] is a special token, which the masks "
+            "never allow inside the reasoning (tests/families/test_mistral_think.py: a call in it is text)"
+        )
     msgs = [{"role": "user", "content": "Do not call anything."}]
     body = chat(urls[False], msgs, tool_choice="none", max_reasoning_tokens=6, logit_bias={str(tag[0]): 100})
     msg = body["choices"][0]["message"]
@@ -265,6 +274,11 @@ def test_past_reasoning_dropped_or_kept(served) -> None:
         print(
             f"\n{ref} {name}: cached {c} of ideal {i} ({c / i:.2%}); of all prompt tokens {t} ({c / t:.2%})"
         )
+    if load_family(ref).reasoning.history == "all":  # Mistral: every turn keeps its reasoning
+        for c, i, _, reports in (dropped, kept):
+            assert all(r.get("diverged_at_token") is None for r in reports), reports
+            assert c >= 0.99 * i
+        return
     # the vendor's history drops reasoning before a new user message: named in the cache report
     rewrites = [r for r in dropped[3] if r.get("type") == "template_rewrote_history"]
     assert rewrites, dropped[3]

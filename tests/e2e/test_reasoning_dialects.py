@@ -106,9 +106,12 @@ def test_responses_effort_sets_the_budget(served) -> None:
     )
     # "minimal" → 64 tokens: the reasoning closes within them (never the 2048 of "medium")
     assert r.output[0].type == "reasoning" and r.output[-1].type == "function_call"
-    off = client.responses.create(
-        model=MODEL, input="Go.", tools=RESPONSES_TOOLS, tool_choice="required", reasoning={"effort": "none"}
-    )
+    off_kw = {"model": MODEL, "input": "Go.", "tools": RESPONSES_TOOLS, "tool_choice": "required"}
+    if family is not None and not family.disabled:  # reasoning cannot be turned off (Mistral): a 400
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(**off_kw, reasoning={"effort": "none"})
+        return
+    off = client.responses.create(**off_kw, reasoning={"effort": "none"})
     assert {i.type for i in off.output} == {"function_call"}
     assert family is not None and family.efforts["minimal"] < 200
 
@@ -147,14 +150,21 @@ def test_messages_thinking_block_then_tool_use_stream_equals_create(served) -> N
 
 
 def test_messages_thinking_disabled_gives_no_thinking_block(served) -> None:
-    _, urls, _ = served
-    m = _anthropic(urls[False]).messages.create(
-        model=MODEL,
-        max_tokens=60,
-        messages=[{"role": "user", "content": "Go."}],
-        tools=ANTHROPIC_TOOLS,
-        tool_choice={"type": "any"},
-        thinking={"type": "disabled"},
-    )
+    ref, urls, _ = served
+    from server.families.spec import load_family
+
+    kw = {
+        "model": MODEL,
+        "max_tokens": 60,
+        "messages": [{"role": "user", "content": "Go."}],
+        "tools": ANTHROPIC_TOOLS,
+        "tool_choice": {"type": "any"},
+        "thinking": {"type": "disabled"},
+    }
+    if not load_family(ref).reasoning.disabled:  # reasoning cannot be turned off (Mistral): a 400
+        with pytest.raises(anthropic.BadRequestError):
+            _anthropic(urls[False]).messages.create(**kw)
+        return
+    m = _anthropic(urls[False]).messages.create(**kw)
     assert [b.type for b in m.content] == ["tool_use"]
     assert json.loads(json.dumps(m.content[0].input)) is not None

@@ -137,18 +137,19 @@ def test_detected_by_the_think_tokens_of_a_v13_vocabulary(tokenizers, tmp_path) 
 
     _, ours, _ = tokenizers
     base = load_family("mistral")
-    assert (
-        _version(base, ModelFacts(special_tokens=frozenset(ours.get_vocab()), tekken_version="v13"))
-        == REF.split(":")[1]
-    )
-    plain = set(ours.get_vocab()) - {"[THINK]", "[/THINK]"}
-    assert _version(base, ModelFacts(special_tokens=frozenset(plain), tekken_version="v13")) == "v13"
-    # a v11 vocabulary with the tokens is still v11 (the rule refines v13 only)
-    assert (
-        _version(base, ModelFacts(special_tokens=frozenset(ours.get_vocab()), tekken_version="v11")) == "v11"
-    )
-    v13 = write_tekken("v13", tmp_path / "tekken.json")
-    assert json.loads(v13.read_text())["config"]["version"] == "v13"
+    vocab = frozenset(ours.get_vocab())
+    template = "{{ '[SYSTEM_PROMPT]Think inside [THINK]…[/THINK] first.' }}"  # as Magistral's default prompt
+
+    def version(tokens: frozenset[str], tekken: str, chat_template: str = template) -> str | None:
+        return _version(
+            base, ModelFacts(special_tokens=tokens, chat_template=chat_template, tekken_version=tekken)
+        )
+
+    assert version(vocab, "v13") == "v13_think"
+    assert version(vocab - {"[THINK]", "[/THINK]"}, "v13") == "v13"
+    assert version(vocab, "v13", chat_template="") == "v13"  # the tokens alone: not a reasoning model
+    assert version(vocab, "v11") == "v11"  # the rule refines v13 only
+    assert json.loads(write_tekken("v13", tmp_path / "t.json").read_text())["config"]["version"] == "v13"
 
 
 def _walk(c, vocab, seed: int, steps: int) -> list[int]:
