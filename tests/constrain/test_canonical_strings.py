@@ -53,3 +53,18 @@ def test_numbers_are_written_as_the_history_renders_them(factory, tokenizer, her
     text = hermes.render_calls([("set_value", '{"v": ' + value + "}", "")])
     round_trips = json.dumps(json.loads(value)) == value
     assert feed(constraint, tokenizer, text[len(p.prefill) :]) == round_trips
+
+
+@pytest.mark.parametrize(
+    "value", ["0", "-1", "10", "1.5", "1.0", "-0.0", "0.05", "100000.0", "1.50", "1e5", "-0", "0.10", "2E-3"]
+)
+def test_qwen3_coder_numbers_are_written_as_the_history_renders_them(value) -> None:
+    """Qwen3-Coder's <parameter=K> values: the history writes ``str`` of the parsed value."""
+    import re
+
+    from server.constrain.xml_grammar import INT_RE, NUM_RE
+
+    parsed = json.loads(value)
+    assert bool(re.fullmatch(NUM_RE, value)) == (str(parsed) == value)
+    if isinstance(parsed, int):
+        assert bool(re.fullmatch(INT_RE, value)) == (str(parsed) == value)
