@@ -49,7 +49,7 @@ def choose_reasoning(
             budget = family.budget_for(effort)
         except ValueError as exc:
             raise InvalidRequest(str(exc), param=param) from None
-    return ReasoningChoice(ReasoningPlan(family.open, family.close, budget))
+    return ReasoningChoice(ReasoningPlan(family.open, family.close, budget, family.trim))
 
 
 class ReasoningSplitter:
@@ -57,6 +57,7 @@ class ReasoningSplitter:
 
     def __init__(self, plan: ReasoningPlan) -> None:
         self.open_tag, self.close_tag = plan.open.strip(), plan.close.strip()
+        self.trim = plan.trim  # False: newlines around the reasoning are kept (the text as written)
         self._buf = ""
         self._thinking = True
         self._opened = False  # the open tag (if any) is behind us
@@ -80,12 +81,13 @@ class ReasoningSplitter:
             self._opened = True
         at = self._buf.find(self.close_tag)
         if at >= 0:
-            head, rest = self._buf[:at].rstrip("\n"), self._buf[at + len(self.close_tag) :]
+            head, rest = self._buf[:at], self._buf[at + len(self.close_tag) :]
+            head = head.rstrip("\n") if self.trim else head
             self._buf, self._thinking = "", False
             return self._say(head), self._answer(rest)
         keep = _partial_suffix(self._buf, self.close_tag)
         head = self._buf[: len(self._buf) - keep]
-        out = head.rstrip("\n")  # trailing newlines wait: they may precede the close tag
+        out = head.rstrip("\n") if self.trim else head  # trailing newlines wait: they may precede the close
         self._buf = self._buf[len(out) :]
         return self._say(out), ""
 
@@ -95,7 +97,7 @@ class ReasoningSplitter:
             rest, self._buf = self._buf, ""
             if not self._opened and self.open_tag.startswith(rest):
                 rest = ""
-            return self._say(rest.rstrip("\n")), ""
+            return self._say(rest.rstrip("\n") if self.trim else rest), ""
         return "", self._answer(self._take())
 
     def _take(self) -> str:
@@ -103,7 +105,7 @@ class ReasoningSplitter:
         return out
 
     def _say(self, text: str) -> str:
-        if not self._said:
+        if not self._said and self.trim:
             text = text.lstrip("\n")
         if text:
             self._said = True
@@ -111,7 +113,7 @@ class ReasoningSplitter:
         return text
 
     def _answer(self, text: str) -> str:
-        if not self._answer_started:
+        if not self._answer_started and self.trim:
             text = text.lstrip("\n")
             self._answer_started = bool(text)
         return text

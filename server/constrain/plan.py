@@ -24,6 +24,7 @@ class ReasoningPlan:
     open: str  # forced at the start of the reply ("<think>\n")
     close: str  # its stripped form ends the reasoning; forced whole when the budget is spent
     budget: int | None = None  # reasoning tokens before the close is forced (None: no limit)
+    trim: bool = True  # the reply parser strips newlines around the reasoning (the family's ``trim``)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,11 @@ class ToolPlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ToolPlan:
         r = d.get("reasoning")
-        reasoning = ReasoningPlan(str(r["open"]), str(r["close"]), r.get("budget")) if r else None
+        reasoning = (
+            ReasoningPlan(str(r["open"]), str(r["close"]), r.get("budget"), bool(r.get("trim", True)))
+            if r
+            else None
+        )
         if reasoning is not None and reasoning.budget is not None and not isinstance(reasoning.budget, int):
             raise ValueError(f"reasoning.budget must be a token count, got {reasoning.budget!r}")
         return cls(

@@ -44,6 +44,9 @@ class Reasoning:
     close: str
     history: str = "after_last_user"
     disabled: str = ""  # the generation prompt's tail with reasoning off ("" : cannot be turned off)
+    # strip the newlines around the reasoning and before the answer (Qwen3's template does; False:
+    # the text is kept as written, as mistral-common renders a ThinkChunk and the text after it)
+    trim: bool = True
     efforts: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_EFFORTS))
 
     def __post_init__(self) -> None:
@@ -83,10 +86,13 @@ class Reasoning:
         if self.close_tag not in text:
             return None, text
         parts = text.split(self.close_tag)
-        return parts[0].split(self.open_tag)[-1].strip("\n"), parts[-1].lstrip("\n")
+        reasoning, content = parts[0].split(self.open_tag)[-1], parts[-1]
+        return (reasoning.strip("\n"), content.lstrip("\n")) if self.trim else (reasoning, content)
 
     def render(self, reasoning: str, content: str) -> str:
         """An assistant turn's text with its reasoning, as the model wrote it (Qwen3's template)."""
+        if not self.trim:
+            return self.open + reasoning + self.close + content
         return self.open + reasoning.strip("\n") + self.close + content.lstrip("\n")
 
 

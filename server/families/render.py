@@ -163,7 +163,7 @@ class FamilyRenderer:
                 think, content = "", t.content
                 if fam.reasoning is not None and shows[i]:
                     think = fam.reasoning.render(t.reasoning or "", "")
-                    content = content.lstrip("\n")
+                    content = content.lstrip("\n") if fam.reasoning.trim else content
                 parts.append(
                     _template(layout.assistant).render(
                         **{**ctx, "content": content},

@@ -65,6 +65,14 @@ CALL = {
     "function": {"name": "read_file", "arguments": '{"path": "é.txt"}'},
 }
 CASES: list[tuple[list[dict], list[dict]]] = [
+    (  # newlines around the reasoning and before the text: kept as written (trim: false)
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "\n\nHello!", "reasoning_content": "\nThe user greets me.\n"},
+            {"role": "user", "content": "Again"},
+        ],
+        [],
+    ),
     (
         [
             {"role": "user", "content": "Hi"},
@@ -199,3 +207,19 @@ def test_a_call_written_inside_the_reasoning_is_reasoning() -> None:
     answer = splitter.feed(R.open + body + R.close + "Done.")[1] + splitter.finish()[1]
     assert splitter.reasoning == body and answer == "Done."
     assert parse_tool_calls(answer, ENVELOPE, TOOLS).tool_calls == ()
+
+
+def test_the_reply_splits_as_written_and_renders_back_the_same() -> None:
+    """trim: false — the reasoning and the answer keep their newlines, so the history renders the
+    turn exactly as the model wrote it (streamed in any chunks, the same split)."""
+    written = R.open + "\nStep 1.\n\n" + R.close + "\n\nHello!"
+    whole = ReasoningSplitter(ReasoningPlan(R.open, R.close, None, R.trim))
+    answer = whole.feed(written)[1] + whole.finish()[1]
+    assert (whole.reasoning, answer) == ("\nStep 1.\n\n", "\n\nHello!")
+    streamed = ReasoningSplitter(ReasoningPlan(R.open, R.close, None, R.trim))
+    parts = [streamed.feed(written[i : i + 3]) for i in range(0, len(written), 3)] + [streamed.finish()]
+    assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == (whole.reasoning, answer)
+    assert R.split(written) == (whole.reasoning, answer) and R.render(*R.split(written)) == written
+    turn = ChatMessage(role="assistant", content=answer, reasoning_content=whole.reasoning)
+    rendered = FamilyRenderer(REF).render([ChatMessage(role="user", content="Hi"), turn], None).text
+    assert written + "</s>" in rendered
