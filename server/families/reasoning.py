@@ -8,6 +8,8 @@ Qwen3 writes ``<think>\\n…\\n</think>\\n\\n`` and then its answer (text or too
                                  # (the close tag "</think>") is what ends the reasoning
       history: after_last_user   # which past reasoning the vendor's template renders
       disabled: "<think>\\n\\n</think>\\n\\n"  # the generation prompt's tail when reasoning is off
+      trim: true                 # newlines around the reasoning and before the answer are dropped
+                                 # (Qwen3's template); Mistral: false, the text as written
 
 Nothing here names a family: the masks (server/constrain/reasoning_gate.py), the reply
 parser (server/chat/reasoning.py) and the history renderer (server/families/render.py)
