@@ -1,7 +1,7 @@
 """Custom tools at the Chat Completions front door: normalised into function tools, answered as custom calls.
 
 A leaf module (request shapes only: ``protocol.py`` runs ``normalize_request`` before validation);
-whether a grammar compiles is checked in ``chat/prepare.py`` (``check_custom_grammars``, a 400
+whether a grammar compiles is checked in ``chat/tool_setup.py`` (``ToolSetup.check_tools``, a 400
 naming ``tools[i].custom.format``).
 
 A request's custom tool ``{"type": "custom", "custom": {"name": N, "description": D, "format": F}}``

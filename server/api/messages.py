@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 
 from server.api.routes import serve_prepared
 from server.api.sse import Framing
-from server.chat.prepare import Prepared
+from server.chat.prepared import Prepared
 from server.chat.service import ChatService
 from server.dialects.messages.errors import stream_error_event
 from server.dialects.messages.request import CountTokensBody, MessagesBody, convert

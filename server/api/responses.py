@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from server.api.routes import serve_prepared
 from server.api.sse import Framing
-from server.chat.prepare import Prepared
+from server.chat.prepared import Prepared
 from server.chat.service import ChatService
 from server.dialects.responses.request import to_chat
 from server.dialects.responses.response import ResponseContext, from_chat

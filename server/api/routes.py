@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from server.admission import Ticket
 from server.api.sse import Framing, sse_stream
-from server.chat.prepare import Prepared
+from server.chat.prepared import Prepared
 from server.chat.service import ChatService
 from server.errors import Timeout
 from server.protocol import ChatCompletionRequest, CompletionRequest

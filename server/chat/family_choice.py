@@ -9,6 +9,7 @@ from server.config import ConfigError, Settings
 from server.families.defaults import DEFAULT_FAMILY
 from server.families.model_template import ModelTemplateRenderer
 from server.families.render import FamilyRenderer
+from server.families.rendered import PromptRenderer
 from server.families.select import MODEL_TEMPLATE, Selection, chat_template_of, select_family
 from server.families.spec import FamilyError, load_family
 from server.model_store import EMBEDDED, resolve_model
@@ -33,7 +34,7 @@ def envelope_name(settings: Settings, selection: Selection) -> str:
     return settings.envelope if settings.envelope is not None else selection.family.envelope
 
 
-def make_renderer(settings: Settings, selection: Selection, tokenizer: Any) -> Any:
+def make_renderer(settings: Settings, selection: Selection, tokenizer: Any) -> PromptRenderer:
     """The renderer of the chosen family (``model``: the model folder's own chat template)."""
     if selection.family.name != MODEL_TEMPLATE:
         return FamilyRenderer(selection.family, keep_reasoning=settings.keep_reasoning)

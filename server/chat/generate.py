@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from server.cache_diag import CacheReport
 from server.chat.detokenize import ReplyText
-from server.chat.prepare import Prepared
+from server.chat.prepared import Prepared
 from server.engines.base import Engine, GenerationRequest, TokenLogprob
 from server.errors import GenerationError
 from server.metrics import Metrics
@@ -30,6 +30,7 @@ class GenerationResult:
     finish_reason: str = "stop"
     stop_string: str | None = None  # the stop string that ended the reply, if one did
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, those up to and including the reasoning's close
     cached_tokens: int = 0
     first_token_at: float | None = None
     explanation: CacheReport | None = None
@@ -141,6 +142,9 @@ async def generate_text(
         await gen.aclose()  # type: ignore[attr-defined]
         metrics.running.dec()
         out.completion_tokens = len(reply.ids)
+        reasoning = p.plan.reasoning if p.plan is not None and p.kind == "chat" else None
+        if reasoning is not None:
+            out.reasoning_tokens = reasoning_tokens(reply.ids, reasoning.close.strip(), LogprobText(engine))
         metrics.e2e.observe(time.perf_counter() - start)
 
 
@@ -175,3 +179,16 @@ class StopFinder:
         self.searched = len(text)
         hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
         return min(hits) if hits else None
+
+
+def reasoning_tokens(ids: Sequence[int], close_tag: str, text: LogprobText) -> int:
+    """How many of the reply's tokens are reasoning: those up to the one that completes the close
+    tag (every token when the reasoning never closed, e.g. cut by max_tokens)."""
+    tag = close_tag.encode()
+    tail = b""  # the last len(tag) - 1 bytes written: a tag completed by this token starts there or later
+    for i, tid in enumerate(ids):
+        written = tail + text.bytes_of(tid)
+        if tag in written:
+            return i + 1
+        tail = written[len(written) - len(tag) + 1 :] if len(tag) > 1 else b""
+    return len(ids)

@@ -4,7 +4,8 @@ Settings (every dialect maps onto the chat fields): ``max_reasoning_tokens`` (ex
 Messages API's ``thinking.budget_tokens``) wins over ``reasoning_effort`` (Chat Completions;
 the Responses API's ``reasoning.effort``), whose names map to budgets by the family's
 ``efforts`` table (server/families/reasoning.py). ``reasoning_effort: "none"`` turns reasoning
-off where the family can (its ``disabled`` tail ends the prompt); neither field: the model
+off: the family's ``disabled`` tail ends the prompt, or, for a family that always reasons (no
+such tail: gpt-oss, Magistral), a budget of 0 closes the reasoning at once (empty); neither field: the model
 reasons with no budget but ``max_tokens``.
 
 ``ReasoningSplitter`` splits the reply's text, whole or streamed, the same way: everything
@@ -37,20 +38,17 @@ def choose_reasoning(
     if family is None:
         return ReasoningChoice(None)
     if effort == "none" and max_tokens is None:
-        if not family.disabled:
-            raise InvalidRequest(
-                f"{param} 'none': this model's family cannot turn its reasoning off; "
-                f"ask for a small budget instead (reasoning_effort 'minimal' or max_reasoning_tokens)",
-                param=param,
-            )
-        return ReasoningChoice(None, family.disabled)
+        if family.disabled:  # the family's off switch: its tail ends the prompt, no reasoning is written
+            return ReasoningChoice(None, family.disabled)
+        max_tokens = 0  # a model that always reasons (gpt-oss, Magistral): its reasoning closes at once
     budget = max_tokens
     if budget is None and effort is not None:
         try:
             budget = family.budget_for(effort)
         except ValueError as exc:
             raise InvalidRequest(str(exc), param=param) from None
-    return ReasoningChoice(ReasoningPlan(family.open, family.close, budget, family.answer_open))
+    plan = ReasoningPlan(family.open, family.close, budget, answer_open=family.answer_open, trim=family.trim)
+    return ReasoningChoice(plan)
 
 
 class ReasoningSplitter:
@@ -60,6 +58,7 @@ class ReasoningSplitter:
         self.open_tag, self.close_tag = plan.open.strip(), plan.close.strip()
         self.answer_open = plan.answer_open  # Harmony's final-channel header: not part of the content
         self._head = ""  # the answer's start while it may still be (a prefix of) answer_open
+        self.trim = plan.trim  # False: newlines around the reasoning are kept (the text as written)
         self._buf = ""
         self._thinking = True
         self._opened = False  # the open tag (if any) is behind us
@@ -83,12 +82,13 @@ class ReasoningSplitter:
             self._opened = True
         at = self._buf.find(self.close_tag)
         if at >= 0:
-            head, rest = self._buf[:at].rstrip("\n"), self._buf[at + len(self.close_tag) :]
+            head, rest = self._buf[:at], self._buf[at + len(self.close_tag) :]
+            head = head.rstrip("\n") if self.trim else head
             self._buf, self._thinking = "", False
             return self._say(head), self._answer(rest)
         keep = _partial_suffix(self._buf, self.close_tag)
         head = self._buf[: len(self._buf) - keep]
-        out = head.rstrip("\n")  # trailing newlines wait: they may precede the close tag
+        out = head.rstrip("\n") if self.trim else head  # trailing newlines wait: they may precede the close
         self._buf = self._buf[len(out) :]
         return self._say(out), ""
 
@@ -98,7 +98,7 @@ class ReasoningSplitter:
             rest, self._buf = self._buf, ""
             if not self._opened and self.open_tag.startswith(rest):
                 rest = ""
-            return self._say(rest.rstrip("\n")), ""
+            return self._say(rest.rstrip("\n") if self.trim else rest), ""
         out = self._answer(self._take())
         if self._head:  # a cut reply that began like the header: its text stays
             out, self._head = out + self._head, ""
@@ -109,7 +109,7 @@ class ReasoningSplitter:
         return out
 
     def _say(self, text: str) -> str:
-        if not self._said:
+        if not self._said and self.trim:
             text = text.lstrip("\n")
         if text:
             self._said = True
@@ -117,19 +117,21 @@ class ReasoningSplitter:
         return text
 
     def _answer(self, text: str) -> str:
-        if not self._answer_started:
+        if self._answer_started:
+            return text
+        if self.trim:
             text = text.lstrip("\n")
-            if self.answer_open:
-                head = self._head + text
-                if len(head) < len(self.answer_open) and self.answer_open.startswith(head):
-                    self._head = head  # could still be the header: wait
-                    return ""
-                self._head = ""
-                if head.startswith(self.answer_open):
-                    self._answer_started = True  # the content is exactly what follows the header
-                    return head[len(self.answer_open) :]
-                text = head
-            self._answer_started = bool(text)
+        if self.answer_open:
+            head = self._head + text
+            if len(head) < len(self.answer_open) and self.answer_open.startswith(head):
+                self._head = head  # could still be the header: wait
+                return ""
+            self._head = ""
+            if head.startswith(self.answer_open):
+                self._answer_started = True  # the content is exactly what follows the header
+                return head[len(self.answer_open) :]
+            text = head
+        self._answer_started = bool(text)
         return text
 
 
@@ -140,16 +142,9 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def with_reasoning(
-    plan: ToolPlan, family: Reasoning | None, req: ChatCompletionRequest, json_text: bool = False
-) -> ToolPlan:
-    """The tool plan with the request's reasoning (the masks let the model reason first)."""
+def with_reasoning(plan: ToolPlan, family: Reasoning | None, req: ChatCompletionRequest) -> ToolPlan:
+    """The tool plan with the request's reasoning (the masks let the model reason first; the tool
+    constraint, or response_format's, applies once the reasoning closes)."""
     param = "max_reasoning_tokens" if req.max_reasoning_tokens is not None else "reasoning_effort"
     choice = choose_reasoning(family, req.reasoning_effort, req.max_reasoning_tokens, param)
-    if choice.plan is not None and json_text:
-        raise InvalidRequest(
-            "response_format with a reasoning model is not supported yet: send reasoning_effort 'none' "
-            "(the reply is then JSON from its first token)",
-            param="response_format",
-        )
     return replace(plan, reasoning=choice.plan, lead=choice.lead)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.chat.generate import GenerationResult
-from server.chat.prepare import Prepared
+from server.chat.prepared import Prepared
 from server.chat.reasoning import ReasoningSplitter
 from server.chat.toolcalls import CallDelta, ContentDelta, Events, ParsedCall, StreamingToolCallParser
 from server.custom_tools import custom_input, custom_names
@@ -34,6 +34,7 @@ from server.response_types import (
     CompletionChunk,
     CompletionLogprobs,
     CompletionResponse,
+    CompletionTokensDetails,
     CustomCallOut,
     FunctionCallOut,
     IncompleteToolCall,
@@ -112,6 +113,7 @@ def usage(p: Prepared, out: GenerationResult) -> Usage:
         completion_tokens=out.completion_tokens,
         total_tokens=n + out.completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=out.reasoning_tokens),
     )
 
 

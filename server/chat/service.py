@@ -22,7 +22,8 @@ from typing import Any
 from server.cache_diag import CacheReporter
 from server.chat.family_choice import choose_family, envelope_name, make_renderer
 from server.chat.generate import GenerationResult, generate_text
-from server.chat.prepare import Prepared, Preparer
+from server.chat.prepare import Preparer
+from server.chat.prepared import Prepared
 from server.chat.respond import StreamChunks, complete_response
 from server.config import Settings
 from server.engines.base import Engine

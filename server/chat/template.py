@@ -17,8 +17,8 @@ from typing import Any
 
 from server.families.defaults import DEFAULT_FAMILY
 from server.families.envelope import Envelope
-from server.families.render import FamilyRenderer, renderer_for, template_arguments
-from server.families.rendered import RenderedPrompt
+from server.families.render import renderer_for, template_arguments
+from server.families.rendered import PromptRenderer, RenderedPrompt
 from server.families.spec import Family, load_family
 from server.protocol import ChatMessage
 
@@ -27,9 +27,9 @@ __all__ = ["GENERATION_PROMPT", "template_arguments", "render_chat"]
 GENERATION_PROMPT = load_family(DEFAULT_FAMILY).layout.generation_prompt
 
 
-def _renderer(family: Envelope | Family | FamilyRenderer | str) -> FamilyRenderer:
-    if hasattr(family, "render"):  # a FamilyRenderer or a ModelTemplateRenderer
-        return family  # type: ignore[return-value]
+def _renderer(family: Envelope | Family | PromptRenderer | str) -> PromptRenderer:
+    if isinstance(family, PromptRenderer):  # a FamilyRenderer or a ModelTemplateRenderer
+        return family
     if isinstance(family, Envelope):
         return renderer_for(family.name)
     if isinstance(family, Family):
@@ -40,7 +40,7 @@ def _renderer(family: Envelope | Family | FamilyRenderer | str) -> FamilyRendere
 def render_chat(
     messages: Sequence[ChatMessage],
     tools: Sequence[dict[str, Any]] | None,
-    family: Envelope | Family | FamilyRenderer | str = DEFAULT_FAMILY,
+    family: Envelope | Family | PromptRenderer | str = DEFAULT_FAMILY,
     add_generation_prompt: bool = True,
 ) -> RenderedPrompt:
     return _renderer(family).render(messages, tools, add_generation_prompt)

@@ -130,6 +130,31 @@ def canonical_strings(xgr: Any, grammar: Any) -> Any:
     return xgr.Grammar.from_ebnf(_ESCAPE_RULE.sub(lambda _m: _CANONICAL_ESCAPE, text))
 
 
+# xgrammar's JSON number (``-? int ("." digits+)? ([eE] [+-]? digits+)?``), as its schema converter writes it
+_NUMBER_RULE = re.compile(
+    r"^basic_number ::= \(\(basic_number_1 basic_number_2 basic_number_3 basic_number_5\)\)$", re.MULTILINE
+)
+# The numbers the history renders back unchanged: every family's history parses the arguments and
+# writes them again as json.dumps does (as the vendors' templates do: ``arguments | tojson``), so a
+# number must be the form Python writes for the value it parses to: no exponent, no trailing zero
+# in a fraction ("1.5", "1.0", never "1.50" or "1e5"), no "-0" integer. Integers of any size and
+# floats in [1e-4, 1e16) with at most 17 significant digits, i.e. what models write, round-trip.
+_CANONICAL_NUMBER = (
+    'basic_number ::= (("0" basic_number_f) | ("-0" basic_number_f_req)'
+    ' | ("-"? [1-9] [0-9]* basic_number_f))\n'
+    'basic_number_f ::= ("" | basic_number_f_req)\n'
+    'basic_number_f_req ::= (("." "0") | ("." [0-9]* [1-9]))'
+)
+
+
+def canonical_numbers(xgr: Any, grammar: Any) -> Any:
+    """``grammar`` whose JSON numbers are written as the history renders them (see _CANONICAL_NUMBER)."""
+    text = str(grammar)
+    if not _NUMBER_RULE.search(text):
+        return grammar  # no number in this schema (or a form this rewrite does not know: left as is)
+    return xgr.Grammar.from_ebnf(_NUMBER_RULE.sub(lambda _m: _CANONICAL_NUMBER, text))
+
+
 class XGrammarMatcher:
     __slots__ = ("m",)
 
@@ -218,9 +243,8 @@ class XGrammarBackend(CachedBackend):
 
                 args = xml_parameters_grammar(schema, any_whitespace=self.any_whitespace)
             else:
-                args = canonical_strings(
-                    xgr, xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
-                )
+                grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
+                args = canonical_numbers(xgr, canonical_strings(xgr, grammar))
         except Exception as exc:
             raise ConstraintError(
                 f"tool {tool!r}: its parameters are not a JSON schema the server can enforce ({exc}); "

@@ -12,6 +12,7 @@ the vllm engine's mirror); vLLM's logits processor builds its own in the engine 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 from server.constrain.constraint import ConstraintFactory, ToolConstraint
@@ -55,14 +56,20 @@ class ConstraintBuilder:
 
         With ``text_schema`` (response_format) the reply's text must be JSON following it
         (``JsonTextConstraint``); a call may still begin the reply when the plan allows one.
+        With reasoning too, the model reasons freely first and the JSON (or the call) follows
+        the close tag: the reasoning gate wraps the text constraint as it wraps the tool one.
         """
         eos = tuple(spec.eos_token_ids or self.eos_token_ids)
         factory = self.factory(spec.envelope, spec.backend)
         built: ToolConstraint | ReasoningGate | None
-        built = factory.build(spec.tools, spec.plan, eos, budget=spec.budget)
         if spec.text_schema is None:
-            return built
+            return factory.build(spec.tools, spec.plan, eos, budget=spec.budget)
+        # the text schema applies to the answer: after the reasoning closes (the gate wraps it)
+        reasoning = spec.plan.reasoning
+        built = factory.build(spec.tools, replace(spec.plan, reasoning=None), eos, budget=spec.budget)
         text: TokenConstraint = json_text_constraint(
             factory.masks, factory.backend, spec.text_schema, tuple(sorted(set(eos))), built
         )
-        return text
+        if reasoning is None:
+            return text
+        return factory.gate(reasoning, text, spec.plan.prefill, eos)

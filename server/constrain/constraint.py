@@ -17,8 +17,9 @@ import numpy as np
 from server.constrain.arguments import make_backend, sorted_properties, tool_schema
 from server.constrain.custom_grammar import compile_custom, custom_format
 from server.constrain.envelope_masks import EnvelopeMasks
+from server.constrain.interface import TokenConstraint
 from server.constrain.min_call import minimal_call_tokens
-from server.constrain.plan import ToolPlan, tool_names
+from server.constrain.plan import ReasoningPlan, ToolPlan, tool_names
 from server.constrain.reasoning_gate import ReasoningGate, ReasoningMasks
 from server.constrain.tool_constraint import Phase as Phase  # re-exported: callers name phases from here
 from server.constrain.tool_constraint import ToolConstraint as ToolConstraint  # re-exported too
@@ -66,18 +67,31 @@ class ConstraintFactory:
         ``plan.reasoning`` the tool constraint applies after the reasoning (``ReasoningGate``).
         """
         inner = self._tools(tools, plan, eos_token_ids, budget)
-        r = plan.reasoning
-        if r is None:
+        if plan.reasoning is None:
             return inner
-        eos = tuple(sorted(set(eos_token_ids)))
         can_call = inner is not None and plan.mode != "none" and bool(plan.allowed)
+        return self.gate(plan.reasoning, inner, plan.prefill, eos_token_ids, can_call=can_call)
+
+    def gate(
+        self,
+        reasoning: ReasoningPlan,
+        inner: TokenConstraint | None,
+        prefill: str,
+        eos_token_ids: tuple[int, ...] | list[int],
+        can_call: bool = False,
+    ) -> ReasoningGate:
+        """``inner`` (the tool or response_format constraint; None: free text) after the reasoning.
+
+        ``can_call``: ``inner`` may open a call (Harmony then picks the final header or the call's).
+        """
+        eos = tuple(sorted(set(eos_token_ids)))
         return ReasoningGate(
-            self.reasoning_masks(r.open, r.close),
+            self.reasoning_masks(reasoning.open, reasoning.close),
             inner,
-            plan.prefill,
+            prefill,
             eos,
-            r.budget,
-            answer_open=r.answer_open,
+            reasoning.budget,
+            answer_open=reasoning.answer_open,
             call_open=self.envelope.opening if can_call else "",
         )
 

@@ -38,6 +38,10 @@ _WS = "\u2063"  # placeholder whitespace handed to build_regex_from_schema, then
 
 # a string's escapes: outlines-core also allows \/, which json.dumps never writes (nor the history)
 _ESCAPES, _CANONICAL = '\\\\["\\\\/bfnrt]', '\\\\["\\\\bfnrt]'
+# a number: outlines-core also allows "1.50", "1e+5" and "-0", which the history writes differently
+# (as json.dumps: server/constrain/arguments.py _CANONICAL_NUMBER)
+_NUMBER = "((-)?(0|[1-9][0-9]*))(\\.[0-9]+)?([eE][+-][0-9]+)?"
+_CANONICAL_NUMBER = "(0(\\.(0|[0-9]*[1-9]))?|-0\\.(0|[0-9]*[1-9])|(-)?[1-9][0-9]*(\\.(0|[0-9]*[1-9]))?)"
 _NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _ENUM_SPAN = 256  # an integer range this small is written as an enum (outlines-core ignores bounds)
 
@@ -79,8 +83,10 @@ def json_regex(schema: dict[str, Any], any_whitespace: bool = False) -> str:
 
     schema = bounded(schema)
     if any_whitespace:
-        return str(build_regex_from_schema(json.dumps(schema), WHITESPACE)).replace(_ESCAPES, _CANONICAL)
-    rx = str(build_regex_from_schema(json.dumps(schema), _WS)).replace(_ESCAPES, _CANONICAL)
+        rx = str(build_regex_from_schema(json.dumps(schema), WHITESPACE))
+        return rx.replace(_ESCAPES, _CANONICAL).replace(_NUMBER, _CANONICAL_NUMBER)
+    rx = str(build_regex_from_schema(json.dumps(schema), _WS))
+    rx = rx.replace(_ESCAPES, _CANONICAL).replace(_NUMBER, _CANONICAL_NUMBER)
     rx = rx.replace(f"{_WS}:{_WS}", ": ").replace(f"{_WS},{_WS}", ", ").replace(f",{_WS}", ", ")
     return rx.replace(_WS, "")
 

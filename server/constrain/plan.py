@@ -7,7 +7,7 @@ names the trie is built over.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass
 from typing import Any, Literal
 
 from server.constrain.errors import ConstraintError
@@ -24,7 +24,9 @@ class ReasoningPlan:
     open: str  # forced at the start of the reply ("<think>\n")
     close: str  # its stripped form ends the reasoning; forced whole when the budget is spent
     budget: int | None = None  # reasoning tokens before the close is forced (None: no limit)
+    _: KW_ONLY  # the family's details, by name (two merged branches once disagreed on their order)
     answer_open: str = ""  # forced before a plain-text answer (Harmony's final-channel header)
+    trim: bool = True  # the reply parser strips newlines around the reasoning (the family's ``trim``)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,13 @@ class ToolPlan:
     def from_dict(cls, d: dict[str, Any]) -> ToolPlan:
         r = d.get("reasoning")
         reasoning = (
-            ReasoningPlan(str(r["open"]), str(r["close"]), r.get("budget"), str(r.get("answer_open", "")))
+            ReasoningPlan(
+                str(r["open"]),
+                str(r["close"]),
+                r.get("budget"),
+                answer_open=str(r.get("answer_open", "")),
+                trim=bool(r.get("trim", True)),
+            )
             if r
             else None
         )

@@ -19,6 +19,8 @@ the tool calls (the schema is compiled with no envelope text around it):
   cannot tell a call from JSON text by the first token: that combination is a 400.
 * calls required (``required``, a named tool): the reply is calls only; there is no
   text for the schema, and the tool constraint runs alone (the builder returns it).
+* a reasoning family: the model reasons freely first; all of the above applies to the answer
+  after the reasoning closes (the builder wraps this constraint in the reasoning gate).
 """
 
 from __future__ import annotations
@@ -119,6 +121,16 @@ class JsonTextConstraint:
         self.delegate = False  # True once the reply began a call: the tool constraint alone from there
 
     # --- TokenConstraint ---------------------------------------------------------------------------
+    @property
+    def budget(self) -> int | None:
+        """The call's token budget (a reasoning gate lowers it by what the reasoning wrote)."""
+        return getattr(self.inner, "budget", None)
+
+    @budget.setter
+    def budget(self, value: int | None) -> None:
+        if self.inner is not None:
+            self.inner.budget = value
+
     @property
     def error(self) -> str | None:
         return self.inner.error if self.delegate else self._error

@@ -9,7 +9,7 @@ required ones always, the others optionally. VALUE by the property's schema:
   whose content is ``any_text``; excluding the end tag alone would let a value *end* with
   ``\\n</parameter>``, and ``V\\n</parameter>\\n`` would then read as a shorter value);
   ``enum`` / ``const`` strings: one of them, raw;
-* integer / number: a JSON number (Python's ``str`` of it is the same text);
+* integer / number: a JSON number in the form Python's ``str`` of it writes back (``1.5``, not ``1.50``);
 * boolean: ``True`` / ``False`` and null: ``None`` (Jinja's ``|string`` of the value);
 * object / array (and anything else typed): JSON for that sub-schema, written like
   ``json.dumps`` (the template's ``tojson``), by xgrammar's JSON-schema grammar;
@@ -26,8 +26,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-INT_RE = r"-?(0|[1-9][0-9]*)"
-NUM_RE = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
+# written as the history writes the parsed value back (no "-0", no exponent, no trailing zero in a
+# fraction: "1.5", never "1.50" or "1e5"; server/constrain/README.md "Numbers as the history writes them")
+INT_RE = r"(0|-?[1-9][0-9]*)"
+NUM_RE = r"(0(\.(0|[0-9]*[1-9]))?|-0\.(0|[0-9]*[1-9])|-?[1-9][0-9]*(\.(0|[0-9]*[1-9]))?)"
 
 
 def _xgr() -> Any:  # the xgrammar module (untyped)

@@ -29,6 +29,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from server.errors import InvalidRequest
+from server.families.reasoning import Reasoning
 from server.families.rendered import RenderedPrompt, Segment
 
 REWROTE_HISTORY = "template_rewrote_history"
@@ -59,6 +60,16 @@ class ModelTemplateRenderer:
         self.template = env.from_string(template)
         self.specials = dict(specials or {})
         self.date = date or DEFAULT_DATE
+
+    # -- the seam the chat service reads (server.families.rendered.PromptRenderer) -----------
+    @property
+    def reasoning(self) -> Reasoning | None:
+        """None: a chat template declares no reasoning tags the masks could read."""
+        return None
+
+    @property
+    def tools_unsupported(self) -> str | None:
+        return None
 
     def _messages(self, messages: Sequence[Any]) -> list[dict[str, Any]]:
         out = []

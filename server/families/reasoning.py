@@ -8,6 +8,8 @@ Qwen3 writes ``<think>\\n…\\n</think>\\n\\n`` and then its answer (text or too
                                  # (the close tag "</think>") is what ends the reasoning
       history: after_last_user   # which past reasoning the vendor's template renders
       disabled: "<think>\\n\\n</think>\\n\\n"  # the generation prompt's tail when reasoning is off
+      trim: true                 # newlines around the reasoning and before the answer are dropped
+                                 # (Qwen3's template); Mistral: false, the text as written
 
 Nothing here names a family: the masks (server/constrain/reasoning_gate.py), the reply
 parser (server/chat/reasoning.py) and the history renderer (server/families/render.py)
@@ -52,6 +54,9 @@ class Reasoning:
     history: str = "after_last_user"
     disabled: str = ""  # the generation prompt's tail with reasoning off ("" : cannot be turned off)
     answer_open: str = ""  # the header a plain-text answer begins with after the reasoning (Harmony's)
+    # strip the newlines around the reasoning and before the answer (Qwen3's template does; False:
+    # the text is kept as written, as mistral-common renders a ThinkChunk and the text after it)
+    trim: bool = True
     efforts: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_EFFORTS))
 
     def __post_init__(self) -> None:
@@ -91,10 +96,13 @@ class Reasoning:
         if self.close_tag not in text:
             return None, text
         parts = text.split(self.close_tag)
-        return parts[0].split(self.open_tag)[-1].strip("\n"), parts[-1].lstrip("\n")
+        reasoning, content = parts[0].split(self.open_tag)[-1], parts[-1]
+        return (reasoning.strip("\n"), content.lstrip("\n")) if self.trim else (reasoning, content)
 
     def render(self, reasoning: str, content: str) -> str:
         """An assistant turn's text with its reasoning, as the model wrote it (Qwen3's template)."""
+        if not self.trim:
+            return self.open + reasoning + self.close + content
         return self.open + reasoning.strip("\n") + self.close + content.lstrip("\n")
 
 

@@ -69,6 +69,15 @@ class FamilyRenderer:
         self.date = date or self.family.date or ""
         self.keep_reasoning = keep_reasoning  # render every past turn's reasoning (append-only)
 
+    # -- the seam the chat service reads (server.families.rendered.PromptRenderer) -----------
+    @property
+    def reasoning(self) -> Reasoning | None:
+        return self.family.reasoning
+
+    @property
+    def tools_unsupported(self) -> str | None:
+        return self.family.rules.tools_unsupported
+
     # -- input -> normalised messages --------------------------------------------------
     def _tools(self, tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
@@ -154,7 +163,7 @@ class FamilyRenderer:
                 think, content = "", t.content
                 if fam.reasoning is not None and shows[i]:
                     think = fam.reasoning.render(t.reasoning or "", "")
-                    content = content.lstrip("\n")
+                    content = content.lstrip("\n") if fam.reasoning.trim else content
                 parts.append(
                     _template(layout.assistant).render(
                         **{**ctx, "content": content},

@@ -1,8 +1,13 @@
-"""A rendered prompt: its text plus labelled character segments (to explain a cache miss)."""
+"""A rendered prompt: its text plus labelled character segments (to explain a cache miss);
+``PromptRenderer``, what the chat service reads of a family's renderer."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from server.families.reasoning import Reasoning
 
 
 @dataclass(frozen=True)
@@ -26,3 +31,26 @@ class RenderedPrompt:
             if seg.start <= char < seg.end:
                 return seg
         return None
+
+
+@runtime_checkable
+class PromptRenderer(Protocol):
+    """What the chat service reads of a family's renderer (FamilyRenderer, ModelTemplateRenderer).
+
+    The one seam between a request and its family: the prompt, the family's reasoning block
+    (None: the model does not reason, or the renderer cannot know it) and why tools cannot be
+    served (None: they can).
+    """
+
+    @property
+    def reasoning(self) -> Reasoning | None: ...
+
+    @property
+    def tools_unsupported(self) -> str | None: ...
+
+    def render(
+        self,
+        messages: Sequence[Any],
+        tools: Sequence[dict[str, Any]] | None,
+        add_generation_prompt: bool = True,
+    ) -> RenderedPrompt: ...

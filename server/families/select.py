@@ -107,16 +107,25 @@ def _matches(d: Detect, facts: ModelFacts) -> bool:
     )
 
 
+def _rule_matches(rule: dict[str, Any], facts: ModelFacts) -> bool:
+    conditions: dict[str, Any] = {k: tuple(v) for k, v in rule.items() if k not in ("version", "refines")}
+    return _matches(Detect(**conditions), facts)
+
+
 def _version(family: Family, facts: ModelFacts) -> str | None:
+    """tekken.json's version, else the first plain rule that matches; then a rule that
+    ``refines`` that version (``{version: v13_think, refines: v13, special_tokens: [[THINK]]}``:
+    a v13 vocabulary with the think tokens) when its conditions hold too."""
     if not family.versions:
         return None
-    if facts.tekken_version in family.versions:
-        return facts.tekken_version
+    base = facts.tekken_version if facts.tekken_version in family.versions else None
+    if base is None:
+        plain = (r for r in family.version_detect if "refines" not in r and _rule_matches(r, facts))
+        base = next((str(r["version"]) for r in plain), None)
     for rule in family.version_detect:
-        conditions: dict[str, Any] = {k: tuple(v) for k, v in rule.items() if k != "version"}
-        if _matches(Detect(**conditions), facts):
+        if base is not None and rule.get("refines") == base and _rule_matches(rule, facts):
             return str(rule["version"])
-    return None
+    return base
 
 
 def detect_family(facts: ModelFacts) -> Selection | None:

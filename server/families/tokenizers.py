@@ -173,17 +173,24 @@ TEKKEN_V11_SPECIALS = (
 )
 
 
+# a family version that is a tekken version plus special tokens: (the tekken.json label, extra
+# specials after [CALL_ID]) — Magistral 2509 / Ministral 3 reasoning: v13 with [THINK] = 34, [/THINK] = 35
+TEKKEN_REFINED = {"v13_think": ("v13", ("[THINK]", "[/THINK]"))}
+
+
 def write_tekken(version: str, path: Path) -> Path:
     """The bundled tekken vocabulary labelled as tokenizer ``version`` (v11+ list their special
     tokens, with [ARGS] = 32 and [CALL_ID] = 33 as Mistral's own v11/v13 tekken.json files do)."""
     import json
 
+    label, extra = TEKKEN_REFINED.get(version, (version, ()))
     data = json.loads(tekken_file().read_text())
-    data["config"]["version"] = version
+    data["config"]["version"] = label
     data.pop("image", None)
-    if version not in ("v3", "v7"):
+    if label not in ("v3", "v7"):
         data["special_tokens"] = [
-            {"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(TEKKEN_V11_SPECIALS)
+            {"rank": i, "token_str": s, "is_control": True}
+            for i, s in enumerate([*TEKKEN_V11_SPECIALS, *extra])
         ]
     path.write_text(json.dumps(data))
     return path

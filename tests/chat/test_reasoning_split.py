@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from server.chat.generate import reasoning_tokens
 from server.chat.reasoning import ReasoningSplitter, choose_reasoning
 from server.constrain.plan import ReasoningPlan
 from server.errors import InvalidRequest
@@ -72,3 +73,29 @@ def test_effort_and_budget() -> None:
     assert choose_reasoning(None, "high", 5).plan is None  # a family that does not reason
     with pytest.raises(InvalidRequest, match="effort"):
         choose_reasoning(R, "extreme", None)
+
+
+class _Bytes:
+    """Token id -> its bytes (``LogprobText.bytes_of``'s interface) over a made-up vocabulary."""
+
+    def __init__(self, tokens: list[bytes]) -> None:
+        self.tokens = tokens
+
+    def bytes_of(self, token_id: int) -> bytes:
+        return self.tokens[token_id]
+
+
+@given(st.lists(st.sampled_from(PIECES), max_size=14))
+def test_reasoning_tokens_end_with_the_token_that_completes_the_close(pieces: list[str]) -> None:
+    """usage's reasoning_tokens: the tokens up to the one whose bytes complete ``</think>``
+    (a tag split over tokens included); every token when the reasoning never closed."""
+    ids = list(range(len(pieces)))
+    n = reasoning_tokens(ids, R.close_tag, _Bytes([p.encode() for p in pieces]))  # type: ignore[arg-type]
+    assert 0 <= n <= len(pieces)
+    closed = [i for i in range(1, len(pieces) + 1) if R.close_tag in "".join(pieces[:i])]
+    assert n == (closed[0] if closed else len(pieces))
+
+
+def test_reasoning_tokens_finds_a_tag_inside_a_long_token() -> None:
+    long = ("x" * 100 + "</think>" + "y" * 100).encode()
+    assert reasoning_tokens([0, 1, 2], R.close_tag, _Bytes([b"a", long, b"b"])) == 2  # type: ignore[arg-type]

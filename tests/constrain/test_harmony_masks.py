@@ -53,7 +53,7 @@ def _walk(harmony, mode: str, allowed: tuple[str, ...], prefill: str, seed: int,
     tok, factory = harmony
     assert R is not None
     plan = ToolPlan(
-        mode, allowed, False, prefill, None, ReasoningPlan(R.open, R.close, budget, R.answer_open)
+        mode, allowed, False, prefill, None, ReasoningPlan(R.open, R.close, budget, answer_open=R.answer_open)
     )  # type: ignore[arg-type]
     eos = tuple(tok.convert_tokens_to_ids(t) for t in ENV.end_tokens)
     c = factory.build(TOOLS, plan, eos)
@@ -75,7 +75,7 @@ def _walk(harmony, mode: str, allowed: tuple[str, ...], prefill: str, seed: int,
 
 def _parse(text: str):
     assert R is not None
-    s = ReasoningSplitter(ReasoningPlan(R.open, R.close, None, R.answer_open))
+    s = ReasoningSplitter(ReasoningPlan(R.open, R.close, None, answer_open=R.answer_open))
     thought, answer = s.feed(text)
     t2, a2 = s.finish()
     return thought + t2, parse_tool_calls(answer + a2, ENV, TOOLS)

@@ -168,3 +168,32 @@ def test_a_special_token_close_tag_ends_the_reasoning(qwen) -> None:
     budgeted = ReasoningGate(masks, None, "", eos, budget=3)
     ids = walk(budgeted, qwen, seed=1, steps=5)
     assert ids[0] == open_id and ids[4] == close_id  # three reasoning tokens, then the forced close
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(("mode", "tools"), [("auto", None), ("none", TOOLS)])
+def test_response_format_applies_after_the_reasoning(qwen, mode: str, tools) -> None:
+    """The builder wraps the response_format constraint in the gate: free reasoning (past the
+    budget's close), then JSON following the schema, then the end of the reply."""
+    from server.constrain.builder import ConstraintBuilder
+    from server.constrain.spec import ToolSpec
+
+    builder = ConstraintBuilder(qwen.tokenizer, qwen.vocab.vocab_size)
+    builder._vocab = qwen.vocab  # the session's vocabulary (built once)
+    eos = qwen.eos("hermes")
+    allowed = ("shell_ls", "shell_exit") if tools else ()
+    spec = ToolSpec(tools or [], _plan(mode, allowed, 5), "hermes", eos_token_ids=eos, text_schema=ANSWER)
+    for seed in range(3):
+        c = builder.build(spec)
+        ids = walk(c, qwen, seed, steps=60)
+        assert c.is_terminated() and ids[-1] in eos, qwen.tokenizer.decode(ids)
+        reasoning, answer = _split(qwen.tokenizer.decode(ids[:-1]))
+        assert reasoning is not None and "verdict" not in reasoning
+        assert json.loads(answer) in ({"verdict": "yes"}, {"verdict": "no"}), answer

@@ -36,7 +36,7 @@ MISS_TYPES = {
 
 
 class Prepared(Protocol):
-    """What the converters read of ``server.chat.prepare.Prepared`` (a leaf module: no chat import)."""
+    """What the converters read of ``server.chat.prepared.Prepared`` (a leaf module: no chat import)."""
 
     request_id: str
     prompt_ids: list[int]

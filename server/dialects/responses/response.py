@@ -119,12 +119,13 @@ def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     details = chat_usage.get("prompt_tokens_details") or {}
     prompt, cached = chat_usage.get("prompt_tokens", 0), details.get("cached_tokens", 0)
+    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
     return {
         "input_tokens": prompt,
         # cache_write_tokens: the tokens prefilled now, which the prefix cache keeps (full blocks)
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": prompt - cached},
         "output_tokens": chat_usage.get("completion_tokens", 0),
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": chat_usage.get("total_tokens", 0),
     }
 

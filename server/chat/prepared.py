@@ -1,0 +1,48 @@
+"""``Prepared``: a request made ready for the engine (the prepare step's result, read by every later step)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from server.cache_diag import Prompt
+from server.constrain.interface import TokenConstraint
+from server.constrain.plan import ToolPlan
+from server.constrain.spec import ToolSpec
+from server.engines.base import SamplingParams
+from server.response_types import MaxTokensClamped
+from server.session_key import SessionKey
+
+
+@dataclass
+class Prepared:
+    kind: str  # "chat" | "text"
+    request_id: str
+    created: int
+    prompt_ids: list[int]
+    session_prompt: Prompt
+    session: SessionKey
+    sampling: SamplingParams
+    stops: list[str]
+    stream: bool
+    include_usage: bool
+    prefill: str = ""
+    plan: ToolPlan | None = None
+    tool_spec: ToolSpec | None = None
+    # tool_spec compiled (a fresh matcher): handed to the engine by the first generation (``take_constraint``)
+    constraint: TokenConstraint | None = None
+    cache_salt: str = ""
+    call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
+    compare_with: str | None = None  # a response id to diagnose the cache against
+    tenant: str = ""
+    model: str = ""  # the served name the request used (an alias or served_model_name): echoed back
+    # max_tokens lowered to fit the window (limits.max_tokens_over_window: clamp): every dialect reports it
+    max_tokens_clamped: MaxTokensClamped | None = None
+    retain_s: float = 0.0  # the client's retention hint for the session's KV (seconds; 0: none)
+    retention_unused: str | None = None  # why the engine does not use that hint (None: used, or no hint)
+
+    def take_constraint(self) -> TokenConstraint | None:
+        """The compiled constraint, once: a matcher is stateful, so a second generation compiles anew."""
+        constraint, self.constraint = self.constraint, None
+        return constraint
