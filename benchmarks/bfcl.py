@@ -106,7 +106,16 @@ def _distractors(case: Case, pool: list[Case]) -> list[Case]:
     if not others:
         return []
     start = sum(map(ord, case.id)) % len(others)
-    return [others[(start + i) % len(others)] for i in range(min(DISTRACTORS, len(others)))]
+    # distinct names: several cases share a function (e.g. live_simple's Weather_1_GetWeather), and a
+    # request with two tools of one name is a 400 (names must be unique), not a tool-calling outcome
+    picked: list[Case] = []
+    for i in range(len(others)):
+        c = others[(start + i) % len(others)]
+        if all(c.name != p.name for p in picked):
+            picked.append(c)
+            if len(picked) == DISTRACTORS:
+                break
+    return picked
 
 
 def _validator(tool: dict[str, Any]):

@@ -149,3 +149,14 @@ def test_run_bfcl_concurrency_keeps_request_order(monkeypatch, concurrency):
     assert [(r["mode"], r["case"]) for r in recs] == [(m, c.id) for m in ("required", "named") for c in cases]
     assert state["max"] == concurrency
     assert recs[0]["call_text"] == [f"{cases[0].tools[0]['function']['name']}({{}})"]
+
+
+def test_subset_tool_names_are_unique_with_shared_functions():
+    """Both sets together (live_simple repeats functions across cases): every subset request offers
+    1 + DISTRACTORS tools of distinct names (a duplicate name is a 400, not a tool-calling outcome)."""
+    cases = bfcl.load_cases("simple", 100) + bfcl.load_cases("live_simple", 100)
+    assert len({c.name for c in cases}) < len(cases)  # the pool does repeat names
+    for c in cases:
+        body, _ = bfcl.request(c, "subset", "m", 64, cases, allowed_tools=True)
+        names = [t["function"]["name"] for t in body["tools"]]
+        assert len(names) == 1 + bfcl.DISTRACTORS and len(set(names)) == len(names), (c.id, names)
