@@ -106,7 +106,16 @@ def _distractors(case: Case, pool: list[Case]) -> list[Case]:
     if not others:
         return []
     start = sum(map(ord, case.id)) % len(others)
-    return [others[(start + i) % len(others)] for i in range(min(DISTRACTORS, len(others)))]
+    # distinct names: several cases share a function (e.g. live_simple's Weather_1_GetWeather), and a
+    # request with two tools of one name is a 400 (names must be unique), not a tool-calling outcome
+    picked: list[Case] = []
+    for i in range(len(others)):
+        c = others[(start + i) % len(others)]
+        if all(c.name != p.name for p in picked):
+            picked.append(c)
+            if len(picked) == DISTRACTORS:
+                break
+    return picked
 
 
 def _validator(tool: dict[str, Any]):
@@ -137,6 +146,11 @@ def score(
     out["content"] = content[:200]  # kept so a leak can be read in the results
     calls = msg.get("tool_calls") or []
     out["calls"] = len(calls)
+    # kept so an invalid call can be read in the results
+    out["call_text"] = [
+        f"{(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"[:400]
+        for c in calls
+    ]
     out["no_call"] = not calls
     by_name = {t["function"]["name"]: t for t in tools}
     problems = []
@@ -176,36 +190,42 @@ async def _run(
     label: str,
     progress: bool,
     timeout_s: float,
+    concurrency: int = 1,
 ) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    records: list[dict[str, Any]] = []
     bar = tqdm(
         total=len(cases) * len(modes), desc=f"{label} bfcl", unit="req", file=sys.stderr, disable=not progress
     )
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(client: httpx.AsyncClient, case: Case, mode: str) -> dict[str, Any]:
+        body, allowed = request(case, mode, model, max_tokens, cases, allowed_tools)
+        async with gate:
+            t0 = time.perf_counter()
+            try:
+                r = await client.post(url + "/v1/chat/completions", json=body)
+                status, reply = r.status_code, _json(r)
+            except httpx.HTTPError as exc:
+                status, reply = 0, {"error": f"{type(exc).__name__}: {exc}"}
+            total_s = time.perf_counter() - t0
+        rec = score(reply, status, body["tools"], allowed)
+        usage = (reply or {}).get("usage") or {}
+        rec.update(
+            label=label,
+            mode=mode,
+            case=case.id,
+            total_s=total_s,
+            completion_tokens=usage.get("completion_tokens"),
+        )
+        bar.update(1)
+        return rec
+
+    # records in request order (mode by mode, case by case) whatever the concurrency
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0)) as client:
-        for mode in modes:
-            for case in cases:
-                body, allowed = request(case, mode, model, max_tokens, cases, allowed_tools)
-                t0 = time.perf_counter()
-                try:
-                    r = await client.post(url + "/v1/chat/completions", json=body)
-                    status, reply = r.status_code, _json(r)
-                except httpx.HTTPError as exc:
-                    status, reply = 0, {"error": f"{type(exc).__name__}: {exc}"}
-                rec = score(reply, status, body["tools"], allowed)
-                usage = (reply or {}).get("usage") or {}
-                rec.update(
-                    label=label,
-                    mode=mode,
-                    case=case.id,
-                    total_s=time.perf_counter() - t0,
-                    completion_tokens=usage.get("completion_tokens"),
-                )
-                records.append(rec)
-                bar.update(1)
+        records = await asyncio.gather(*(one(client, case, mode) for mode in modes for case in cases))
     bar.close()
-    return records
+    return list(records)
 
 
 def _json(r: httpx.Response) -> dict[str, Any] | None:
@@ -217,12 +237,15 @@ def _json(r: httpx.Response) -> dict[str, Any] | None:
 
 
 def run_bfcl(url: str, model: str, cases: list[Case], modes: list[str], **kw: Any) -> list[dict[str, Any]]:
-    """Send every case in every mode to ``url``; one scored record per request."""
+    """Send every case in every mode to ``url``; one scored record per request, in request order.
+    ``concurrency`` (default 1): requests in flight at once (a batching server serves them together;
+    at temperature 0 the replies should not change, only the time)."""
     kw.setdefault("max_tokens", 128)
     kw.setdefault("allowed_tools", False)
     kw.setdefault("label", "server")
     kw.setdefault("progress", True)
     kw.setdefault("timeout_s", 600.0)
+    kw.setdefault("concurrency", 1)
     return asyncio.run(_run(url, model, cases, modes, **kw))
 
 

@@ -170,6 +170,12 @@ def parser() -> argparse.ArgumentParser:
     pe.add_argument("--bfcl-cases", type=int, default=20, help="peers: cases per BFCL set (spread evenly)")
     pe.add_argument("--bfcl-modes", default="auto,required,named,subset", help="peers: tool_choice modes")
     pe.add_argument("--bfcl-max-tokens", type=int, default=128, help="peers: max_tokens of a BFCL request")
+    pe.add_argument(
+        "--bfcl-concurrency",
+        type=int,
+        default=1,
+        help="peers: BFCL requests in flight at once (scores do not depend on it; times do)",
+    )
     gp = ap.add_argument_group("gpu-ttft")
     gp.add_argument("--shapes", default="llama-1b,llama-8b")
     gp.add_argument("--contexts", default="2048,4096,8192,16384,32768")

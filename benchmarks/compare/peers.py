@@ -251,6 +251,7 @@ def run_bfcl(
         allowed_tools=srv.mask,
         label=srv.peer.name,
         progress=not args.quiet,
+        concurrency=getattr(args, "bfcl_concurrency", 1),
     )
 
 

@@ -63,7 +63,8 @@ def markdown(
         f"- **command**: `{command_line(args)}`",
         f"- **settings**: max_tokens {args.max_tokens} (replays, streamed), {args.bfcl_max_tokens} (BFCL), "
         f"max_turns {args.max_turns or 'all'}, sessions {args.sessions}, seed {args.seed}, "
-        f"BFCL {args.bfcl_cases} cases per set of {args.bfcl_sets}",
+        f"BFCL {args.bfcl_cases} cases per set of {args.bfcl_sets}, "
+        f"{getattr(args, 'bfcl_concurrency', 1)} BFCL request(s) in flight",
         "",
         "## Replays",
         "",

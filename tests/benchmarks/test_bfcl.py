@@ -116,3 +116,47 @@ def test_requests_per_mode():
     stock, _ = bfcl.request(c, "subset", "m", 64, cases, allowed_tools=False)
     assert stock["tools"] == c.tools and stock["tool_choice"] == "required"
     assert json.dumps(bfcl.request(c, "subset", "m", 64, cases, True)[0]) == json.dumps(mask)  # deterministic
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_run_bfcl_concurrency_keeps_request_order(monkeypatch, concurrency):
+    """``concurrency`` requests in flight at most (and at least, here), records in request order
+    although later requests answer first, each with the call it got."""
+    import asyncio
+
+    import httpx
+
+    state = {"now": 0, "max": 0, "seen": 0}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        state["seen"] += 1
+        state["now"] += 1
+        state["max"] = max(state["max"], state["now"])
+        await asyncio.sleep(0.02 / state["seen"])  # later requests finish sooner
+        state["now"] -= 1
+        name = body["tools"][0]["function"]["name"]
+        return httpx.Response(200, json=_reply(calls=[(name, "{}")]))
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(
+        bfcl.httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(handler), **kw)
+    )
+    cases = bfcl.load_cases("live_simple", 3)
+    recs = bfcl.run_bfcl(
+        "http://x", "m", cases, ["required", "named"], progress=False, concurrency=concurrency
+    )
+    assert [(r["mode"], r["case"]) for r in recs] == [(m, c.id) for m in ("required", "named") for c in cases]
+    assert state["max"] == concurrency
+    assert recs[0]["call_text"] == [f"{cases[0].tools[0]['function']['name']}({{}})"]
+
+
+def test_subset_tool_names_are_unique_with_shared_functions():
+    """Both sets together (live_simple repeats functions across cases): every subset request offers
+    1 + DISTRACTORS tools of distinct names (a duplicate name is a 400, not a tool-calling outcome)."""
+    cases = bfcl.load_cases("simple", 100) + bfcl.load_cases("live_simple", 100)
+    assert len({c.name for c in cases}) < len(cases)  # the pool does repeat names
+    for c in cases:
+        body, _ = bfcl.request(c, "subset", "m", 64, cases, allowed_tools=True)
+        names = [t["function"]["name"] for t in body["tools"]]
+        assert len(names) == 1 + bfcl.DISTRACTORS and len(set(names)) == len(names), (c.id, names)
