@@ -128,13 +128,13 @@ def engine_rows(eng: Any, seqs: list[Any], batch: int, warmup: int, steps: int) 
 def reference_ms(model: Any, vocab: int, context: int, batch: int, warmup: int, steps: int) -> float:
     """Stock batched forward over one [B, ...] cache of equal lengths (GrowingLayer: no cat per step)."""
     from server.engines.hf import steps as hf_steps
-    from server.engines.hf.kv_growing import growing_cache
+    from server.engines.hf.kv_growing import cache_kw, growing_cache
 
     device = next(model.parameters()).device
     one = growing_cache(model.config)
     ids = torch.randint(100, vocab, (1, context), generator=torch.Generator().manual_seed(1)).to(device)
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=one, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, **cache_kw(model, one), use_cache=True, logits_to_keep=1)
         kv = growing_cache(model.config)
         for i, layer in enumerate(one.layers):
             kv.layers[i].append(layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1))
@@ -143,7 +143,7 @@ def reference_ms(model: Any, vocab: int, context: int, batch: int, warmup: int, 
 
         def forward() -> None:
             with hf_steps.decode_attention(device):  # the SDPA backends the engine's decode uses
-                out = model(input_ids=tokens, past_key_values=kv, use_cache=True)
+                out = model(input_ids=tokens, **cache_kw(model, kv), use_cache=True)
             out.logits[:, -1].argmax(-1).tolist()  # the tokens to the host, as a server must
 
         times = time_steps(forward, device, warmup, steps)
@@ -156,6 +156,7 @@ def row_agreement(eng: Any, seqs: list[Any]) -> dict[str, float]:
 
     from server.engines.hf import steps as hf_steps
     from server.engines.hf.batched_decode import decode_rows
+    from server.engines.hf.kv_growing import cache_kw
 
     caches = [copy.deepcopy(s.kv) for s in seqs]
     with torch.no_grad(), hf_steps.decode_attention(eng.device):
@@ -164,7 +165,7 @@ def row_agreement(eng: Any, seqs: list[Any]) -> dict[str, float]:
         for s in seqs:
             kv = copy.deepcopy(s.kv)
             token = torch.tensor([[17]], device=eng.device)
-            out = eng.model(input_ids=token, past_key_values=kv, use_cache=True)
+            out = eng.model(input_ids=token, **cache_kw(eng.model, kv), use_cache=True)
             alone.append(out.logits[0, -1].float())
     ref = torch.stack(alone)
     return {

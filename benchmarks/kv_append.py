@@ -36,7 +36,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from server.engines.hf.kv_growing import growing_cache, restore
+    from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
     from server.model_store import resolve_model
 
     torch.set_num_threads(args.threads)
@@ -45,7 +45,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 40000, (1, args.cached + args.new), generator=gen)
     warm = DynamicCache(config=model.config)
-    model(input_ids=ids[:, : args.cached], past_key_values=warm, use_cache=True, logits_to_keep=1)
+    model(input_ids=ids[:, : args.cached], **cache_kw(model, warm), use_cache=True, logits_to_keep=1)
     stacked = torch.stack([torch.stack((lay.keys[0], lay.values[0])) for lay in warm.layers])
     arms: dict[str, Any] = {
         "dynamic": lambda: DynamicCache(config=model.config),
@@ -59,12 +59,14 @@ def main() -> None:
             t0 = time.perf_counter()
             kv = make()
             restore(kv, stacked)  # as the engine does (DynamicCache: update per layer)
-            out = model(input_ids=ids[:, args.cached :], past_key_values=kv, use_cache=True, logits_to_keep=1)
+            out = model(
+                input_ids=ids[:, args.cached :], **cache_kw(model, kv), use_cache=True, logits_to_keep=1
+            )
             token = out.logits[0, -1].argmax().view(1, 1)
             t1 = time.perf_counter()
             seen = [int(token)]
             for _ in range(args.decode):
-                token = model(input_ids=token, past_key_values=kv, use_cache=True).logits[0, -1].argmax()
+                token = model(input_ids=token, **cache_kw(model, kv), use_cache=True).logits[0, -1].argmax()
                 token = token.view(1, 1)
                 seen.append(int(token))
             t2 = time.perf_counter()

@@ -37,8 +37,8 @@ auto`` (the measured restore-vs-recompute cost model decides; ``--restore`` or a
 ``session+tier2:always`` overrides). ``--tier2-path DIR`` puts tier 2 in a folder (the CPU
 configuration) instead of host RAM.
 
-    python benchmarks/kv_pressure.py --sessions 24 --steps 30 --ratios 2 4 8
-    python benchmarks/kv_pressure.py --model embedded --sessions 12 --steps 8 --context 4096 \\
+    python -m benchmarks.kv_pressure --sessions 24 --steps 30 --ratios 2 4 8
+    python -m benchmarks.kv_pressure --model embedded --sessions 12 --steps 8 --context 4096 \\
         --ratios 4 --arms lru session session+tier2 session+tier2:always --threads 2
 """
 
@@ -216,6 +216,7 @@ def make_engine(
 def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     """One request through the engine's own prefill / retain path; (ttft_s, cached, tier2_tokens)."""
     from server.engines.base import GenerationRequest, SamplingParams
+    from server.engines.hf.kv_growing import cache_kw
     from server.engines.hf.steps import SequenceState
 
     req = GenerationRequest(key, turn.prompt, SamplingParams(len(turn.reply) + 1), None, "", key)
@@ -226,7 +227,7 @@ def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
         ttft = time.perf_counter() - t0
         if turn.reply:
             ids = torch.tensor([turn.reply], device=eng.device)
-            eng.model(input_ids=ids, past_key_values=seq.kv, use_cache=True, logits_to_keep=1)
+            eng.model(input_ids=ids, **cache_kw(eng.model, seq.kv), use_cache=True, logits_to_keep=1)
             seq.generated = list(turn.reply)
         eng.steps.retain(seq)
     eng.reply_finished(key, turn.tools)
@@ -553,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "commit": git_commit(),
         "machine": machine(),
-        "command": "python benchmarks/kv_pressure.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.kv_pressure " + " ".join(sys.argv[1:] if argv is None else argv),
         "sessions": args.sessions,
         "requests": len(reqs),
         "prompt_tokens": sum(len(sessions[r.session][r.turn].prompt) for r in reqs),

@@ -41,6 +41,7 @@ def main() -> None:
     from server.config import load_settings
     from server.engines.base import GenerationRequest, SamplingParams
     from server.engines.hf.engine import HFEngine
+    from server.engines.hf.kv_growing import cache_kw
     from server.engines.hf.sampling import TokenSampler
     from server.engines.hf.steps import SequenceState
 
@@ -82,12 +83,14 @@ def main() -> None:
     say("bare model: prefill + decode")
     kv = DynamicCache(config=eng.model.config)
     logits = eng.model(
-        input_ids=torch.tensor([ids]), past_key_values=kv, use_cache=True, logits_to_keep=1
+        input_ids=torch.tensor([ids]), **cache_kw(eng.model, kv), use_cache=True, logits_to_keep=1
     ).logits
     t0 = time.perf_counter()
     for _ in range(steps):
         token = int(torch.argmax(logits[0, -1]).item())
-        logits = eng.model(input_ids=torch.tensor([[token]]), past_key_values=kv, use_cache=True).logits
+        logits = eng.model(
+            input_ids=torch.tensor([[token]]), **cache_kw(eng.model, kv), use_cache=True
+        ).logits
     bare_s = time.perf_counter() - t0
     print(f"prompt {len(ids)} tokens, {steps} decode steps, {args.threads} threads")
     print(

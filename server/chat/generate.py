@@ -190,5 +190,5 @@ def reasoning_tokens(ids: Sequence[int], close_tag: str, text: LogprobText) -> i
         written = tail + text.bytes_of(tid)
         if tag in written:
             return i + 1
-        tail = written[len(written) - len(tag) + 1 :] if len(tag) > 1 else b""
+        tail = written[-(len(tag) - 1) :] if len(tag) > 1 else b""
     return len(ids)

@@ -72,4 +72,4 @@ class ConstraintBuilder:
         )
         if reasoning is None:
             return text
-        return factory.gate(reasoning, text, spec.plan.prefill, eos)
+        return factory.gate(reasoning, text, spec.plan.prefill, eos, answer_inner=True)

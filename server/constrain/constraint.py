@@ -79,10 +79,12 @@ class ConstraintFactory:
         prefill: str,
         eos_token_ids: tuple[int, ...] | list[int],
         can_call: bool = False,
+        answer_inner: bool = False,
     ) -> ReasoningGate:
         """``inner`` (the tool or response_format constraint; None: free text) after the reasoning.
 
-        ``can_call``: ``inner`` may open a call (Harmony then picks the final header or the call's).
+        ``can_call``: ``inner`` may open a call (Harmony then picks the final header or the call's);
+        ``answer_inner``: ``inner`` also constrains the answer's text (response_format).
         """
         eos = tuple(sorted(set(eos_token_ids)))
         return ReasoningGate(
@@ -93,6 +95,7 @@ class ConstraintFactory:
             reasoning.budget,
             answer_open=reasoning.answer_open,
             call_open=self.envelope.opening if can_call else "",
+            answer_inner=answer_inner,
         )
 
     def reasoning_masks(self, open_text: str, close_text: str) -> ReasoningMasks:

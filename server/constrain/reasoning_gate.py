@@ -103,8 +103,12 @@ class ReasoningGate:
         open_forced: bool = True,
         answer_open: str = "",
         call_open: str = "",
+        answer_inner: bool = False,
     ) -> None:
         self.m, self.inner, self.eos, self.budget = masks, inner, eos, budget
+        # after answer_open: True = ``inner`` constrains the answer's text (response_format's JSON),
+        # False = free text (the tool constraint only applies to a call)
+        self.answer_inner = answer_inner
         # Harmony: a plain answer begins with answer_open, a call with the envelope's opening: the
         # model picks one right after the close (PICK); none of this when a prefill is forced
         self.ways = (
@@ -263,8 +267,9 @@ class ReasoningGate:
         if done is None:
             return True
         self.phase = Gate.INNER
-        if done is self.answer_way:  # a plain answer: free text, no call inside it
-            self.inner = None
+        if done is self.answer_way:  # a plain answer: free text (or response_format's), no call inside it
+            if not self.answer_inner:
+                self.inner = None
             return True
         assert self.inner is not None  # a call's way exists only with a tool constraint
         for t in done:  # the opening, into the tool constraint (its trigger, then its trie)

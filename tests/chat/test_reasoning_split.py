@@ -99,3 +99,21 @@ def test_reasoning_tokens_end_with_the_token_that_completes_the_close(pieces: li
 def test_reasoning_tokens_finds_a_tag_inside_a_long_token() -> None:
     long = ("x" * 100 + "</think>" + "y" * 100).encode()
     assert reasoning_tokens([0, 1, 2], R.close_tag, _Bytes([b"a", long, b"b"])) == 2  # type: ignore[arg-type]
+
+
+def test_reasoning_tokens_find_a_long_tag_spread_over_several_tokens() -> None:
+    """Harmony's close ``<|end|><|start|>assistant`` (25 bytes) is written as four tokens: the
+    bytes kept between tokens must be the whole tag less one, not a slice that shrinks."""
+    pieces = [
+        b"<|channel|>",
+        b"analysis",
+        b"<|message|>",
+        b"h",
+        b"mm",
+        b"<|end|>",
+        b"<|start|>",
+        b"ass",
+        b"istant",
+    ]
+    tokens = _Bytes([*pieces, b"<|channel|>", b"comment", b"ary"])
+    assert reasoning_tokens(list(range(12)), "<|end|><|start|>assistant", tokens) == len(pieces)  # type: ignore[arg-type]

@@ -115,3 +115,42 @@ def test_a_call_written_in_the_analysis_is_reasoning() -> None:
     text = R.open + "maybe " + CALL + "shell_ls <|constrain|>json<|message|>{}" + R.close + FINAL + "No call."
     thought, parsed = _parse(text)
     assert "functions.shell_ls" in thought and not parsed.tool_calls and parsed.content == "No call."
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_response_format_is_the_final_channel_after_the_analysis(harmony, seed: int) -> None:
+    """response_format with Harmony: the analysis, the final channel's header, then JSON following
+    the schema (the gate keeps the JSON constraint after the header; it once dropped it)."""
+    from server.constrain.builder import ConstraintBuilder
+    from server.constrain.spec import ToolSpec
+
+    tok, factory = harmony
+    assert R is not None
+    builder = ConstraintBuilder(tok, len(tok))
+    builder._vocab = factory.vocab  # the session's vocabulary (built once)
+    eos = tuple(tok.convert_tokens_to_ids(t) for t in ENV.end_tokens)
+    plan = ToolPlan("auto", (), False, "", None, ReasoningPlan(R.open, R.close, 4, answer_open=R.answer_open))  # type: ignore[arg-type]
+    c = builder.build(ToolSpec([], plan, "harmony", eos_token_ids=eos, text_schema=ANSWER))
+    rng = np.random.default_rng(seed)
+    out: list[int] = []
+    for _ in range(80):
+        bm = np.zeros((1, factory.vocab.words), dtype=np.int32)
+        c.fill_next_token_bitmask(bm, 0)
+        ids = np.flatnonzero(np.unpackbits(bm[0].view(np.uint8), bitorder="little")[: len(tok)])
+        t = int(rng.choice(ids))
+        assert c.accept_token(t), c.error
+        if t in eos:
+            break
+        out.append(t)
+    text = str(tok.decode(out, skip_special_tokens=False))
+    assert R.close + FINAL in text, text
+    thought, parsed = _parse(text)
+    assert json.loads(parsed.content or "") in ({"verdict": "yes"}, {"verdict": "no"}), text

@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 
+from server.engines.hf.kv_growing import cache_kw
+
 ROWS_ATTENTION = "agentserve_rows"
 
 
@@ -120,7 +122,7 @@ def decode_rows(model: Any, caches: list[Any], tokens: list[int], device: torch.
             input_ids=ids,
             position_ids=positions,
             attention_mask=placeholder,
-            past_key_values=RowsKV(caches),
+            **cache_kw(model, RowsKV(caches)),
             use_cache=True,
         )
     logits: torch.Tensor = out.logits[:, -1]

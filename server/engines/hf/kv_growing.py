@@ -11,6 +11,7 @@ by a quarter (at least ``reserve`` tokens), so copies are amortised.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -97,3 +98,17 @@ def growing_cache(config: Any) -> DynamicCache:
     kv = DynamicCache(config=config)
     kv.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in kv.layers]
     return kv
+
+
+def cache_kw(model: Any, kv: Any) -> dict[str, Any]:
+    """``kv`` as the keyword ``model``'s forward takes: ``cache`` (transformers >= 5.2x, where
+    ``past_key_values`` is deprecated, to be removed in 5.40) or ``past_key_values`` (older
+    releases, e.g. the GPU machine's 5.17). Decided by the forward's signature, once per class."""
+    return {_CACHE_KW.setdefault(type(model), _cache_name(model)): kv}
+
+
+_CACHE_KW: dict[type, str] = {}
+
+
+def _cache_name(model: Any) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

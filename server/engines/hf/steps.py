@@ -31,7 +31,7 @@ from server.constrain.interface import TokenConstraint
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
 from server.engines.hf.batched_decode import decode_attention, decode_rows
 from server.engines.hf.kv_blocks import BlockCutter, cached_kv
-from server.engines.hf.kv_growing import growing_cache, restore
+from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
 from server.engines.hf.sampling import TokenSampler
 from server.kvcache.prefix_cache import PrefixCache
 
@@ -121,7 +121,7 @@ class SequenceSteps:
         ids = seq.request.prompt_ids
         start = seq.prefill_at
         chunk = torch.tensor([ids[start : start + self.chunk_tokens]], device=self.device)
-        out = self.model(input_ids=chunk, past_key_values=seq.kv, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=chunk, **cache_kw(self.model, seq.kv), use_cache=True, logits_to_keep=1)
         seq.prefill_at = min(len(ids), start + self.chunk_tokens)
         if seq.prefill_at < len(ids):
             return False
@@ -197,7 +197,7 @@ class SequenceSteps:
             if len(seqs) == 1:
                 seq = seqs[0]
                 ids = torch.tensor([tokens], device=self.device)
-                out = self.model(input_ids=ids, past_key_values=seq.kv, use_cache=True)
+                out = self.model(input_ids=ids, **cache_kw(self.model, seq.kv), use_cache=True)
                 seq.next_logits = out.logits[0, -1]
             else:
                 kvs = [s.kv for s in seqs]

@@ -17,7 +17,7 @@ import torch
 from server.engines.base import GenerationRequest, SamplingParams
 from server.engines.hf import steps as hf_steps
 from server.engines.hf.batched_decode import decode_rows
-from server.engines.hf.kv_growing import growing_cache
+from server.engines.hf.kv_growing import cache_kw, growing_cache
 
 pytestmark = pytest.mark.e2e
 
@@ -38,14 +38,14 @@ def test_decode_rows_equals_each_sequence_alone(hf_engine, tokenizer):
         kv = growing_cache(model.config)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         with torch.no_grad():
-            model(input_ids=torch.tensor([ids]), past_key_values=kv, use_cache=True, logits_to_keep=1)
+            model(input_ids=torch.tensor([ids]), **cache_kw(model, kv), use_cache=True, logits_to_keep=1)
         return kv
 
     tokens = [17, 42, 1000]
     with torch.no_grad():
         alone = []
         for text, token in zip(texts, tokens, strict=True):
-            out = model(input_ids=torch.tensor([[token]]), past_key_values=prefilled(text), use_cache=True)
+            out = model(input_ids=torch.tensor([[token]]), **cache_kw(model, prefilled(text)), use_cache=True)
             alone.append(out.logits[0, -1])
         caches = [prefilled(t) for t in texts]
         lengths = [c.get_seq_length() for c in caches]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from server.engines.hf.kv_blocks import BlockCutter
-from server.engines.hf.kv_growing import GrowingLayer, growing_cache
+from server.engines.hf.kv_growing import GrowingLayer, cache_kw, growing_cache
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,11 @@ def _run(model, kv, prompt: torch.Tensor, chunks: int, steps: int) -> list[torch
     out: list[torch.Tensor] = []
     with torch.no_grad():
         for piece in prompt.tensor_split(chunks, dim=1):
-            logits = model(input_ids=piece, past_key_values=kv, use_cache=True).logits
+            logits = model(input_ids=piece, **cache_kw(model, kv), use_cache=True).logits
             out.append(logits[0, -1])
         for _ in range(steps):
             token = out[-1].argmax().view(1, 1)
-            out.append(model(input_ids=token, past_key_values=kv, use_cache=True).logits[0, -1])
+            out.append(model(input_ids=token, **cache_kw(model, kv), use_cache=True).logits[0, -1])
     return out
 
 
@@ -81,8 +81,8 @@ def test_crop_then_append_overwrites_the_cropped_tokens(tiny_model):
     assert kv.get_seq_length() == 40
     more = prompt[:, 40:45] + 1  # different tokens where the cropped ones were
     with torch.no_grad():
-        got = tiny_model(input_ids=more, past_key_values=kv, use_cache=True).logits
-        ref = tiny_model(input_ids=more, past_key_values=ref_kv, use_cache=True).logits
+        got = tiny_model(input_ids=more, **cache_kw(tiny_model, kv), use_cache=True).logits
+        ref = tiny_model(input_ids=more, **cache_kw(tiny_model, ref_kv), use_cache=True).logits
     torch.testing.assert_close(got, ref)
 
 
