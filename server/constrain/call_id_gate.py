@@ -78,6 +78,12 @@ class CallIdGate:
         return IdThenArgs(self, compiled, backend)
 
 
+def args_matcher(compiled: Any, backend: Any) -> Any:
+    """A fresh matcher of a tool's compiled arguments: a custom tool's grammar, or the backend's."""
+    custom = getattr(compiled, "matcher", None)
+    return custom() if custom is not None else backend.matcher(compiled)
+
+
 @dataclass(eq=False)
 class IdThenArgs:
     """A tool's compiled arguments, behind the id gate: ``matcher()`` like a custom grammar's."""
@@ -87,9 +93,7 @@ class IdThenArgs:
     backend: Any
 
     def matcher(self) -> IdThenArgsMatcher:
-        custom = getattr(self.compiled, "matcher", None)  # a custom tool's grammar
-        inner = custom() if custom is not None else self.backend.matcher(self.compiled)
-        return IdThenArgsMatcher(self.gate, inner)
+        return IdThenArgsMatcher(self.gate, args_matcher(self.compiled, self.backend))
 
 
 class IdThenArgsMatcher:
@@ -160,9 +164,7 @@ class LiteralThenArgs:
     backend: Any
 
     def matcher(self) -> LiteralThenArgsMatcher:
-        custom = getattr(self.compiled, "matcher", None)  # a custom tool's grammar
-        inner = custom() if custom is not None else self.backend.matcher(self.compiled)
-        return LiteralThenArgsMatcher(self.gate, inner)
+        return LiteralThenArgsMatcher(self.gate, args_matcher(self.compiled, self.backend))
 
 
 class LiteralThenArgsMatcher:

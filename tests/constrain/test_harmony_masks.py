@@ -56,7 +56,12 @@ def _walk(harmony, mode: str, allowed: tuple[str, ...], prefill: str, seed: int,
         mode, allowed, False, prefill, None, ReasoningPlan(R.open, R.close, budget, answer_open=R.answer_open)
     )  # type: ignore[arg-type]
     eos = tuple(tok.convert_tokens_to_ids(t) for t in ENV.end_tokens)
-    c = factory.build(TOOLS, plan, eos)
+    return _run(harmony, factory.build(TOOLS, plan, eos), eos, seed)
+
+
+def _run(harmony, c, eos: tuple[int, ...], seed: int) -> str:
+    """A seeded random walk through constraint ``c``'s masks: the text written (end token left out)."""
+    tok, factory = harmony
     rng = np.random.default_rng(seed)
     out: list[int] = []
     for _ in range(80):
@@ -139,18 +144,7 @@ def test_response_format_is_the_final_channel_after_the_analysis(harmony, seed: 
     eos = tuple(tok.convert_tokens_to_ids(t) for t in ENV.end_tokens)
     plan = ToolPlan("auto", (), False, "", None, ReasoningPlan(R.open, R.close, 4, answer_open=R.answer_open))  # type: ignore[arg-type]
     c = builder.build(ToolSpec([], plan, "harmony", eos_token_ids=eos, text_schema=ANSWER))
-    rng = np.random.default_rng(seed)
-    out: list[int] = []
-    for _ in range(80):
-        bm = np.zeros((1, factory.vocab.words), dtype=np.int32)
-        c.fill_next_token_bitmask(bm, 0)
-        ids = np.flatnonzero(np.unpackbits(bm[0].view(np.uint8), bitorder="little")[: len(tok)])
-        t = int(rng.choice(ids))
-        assert c.accept_token(t), c.error
-        if t in eos:
-            break
-        out.append(t)
-    text = str(tok.decode(out, skip_special_tokens=False))
+    text = _run(harmony, c, eos, seed)
     assert R.close + FINAL in text, text
     thought, parsed = _parse(text)
     assert json.loads(parsed.content or "") in ({"verdict": "yes"}, {"verdict": "no"}), text
