@@ -5,7 +5,8 @@ Replays a fixed reply of a reasoning family token by token through the request's
 ``accept_token`` per phase: the forced open text, free reasoning (the close-tag watch; rows
 cached per watch state), the close and the call opening forced, then the name and arguments
 of the tool call (the ToolConstraint's own phases). Each family with ``reasoning`` in its file,
-on its real vocabulary (tests/constrain/vocabs.py), 30 tools, ``tool_choice: required``.
+on the family's test vocabulary (``family_test_tokenizer``: the real one where it can be built
+offline; gpt-oss: SmolLM2's + the Harmony special tokens, not o200k), 30 tools, ``tool_choice: required``.
 
     python benchmarks/reasoning_overhead.py [--family hermes:qwen3_thinking] [--reps 20]
 """
@@ -25,12 +26,14 @@ sys.path.insert(0, str(ROOT))
 
 import xgrammar as xgr  # noqa: E402
 
-from benchmarks.mask_overhead import CALL, TOOLS_FILE, family_tokenizer  # noqa: E402
+from benchmarks.mask_overhead import CALL, TOOLS_FILE  # noqa: E402
 from server.chat.reasoning import choose_reasoning  # noqa: E402
 from server.chat.tool_choice import plan_tools  # noqa: E402
 from server.constrain.constraint import ConstraintFactory  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
 from server.families.spec import family_choices, load_family  # noqa: E402
+from server.families.test_model import family_test_tokenizer  # noqa: E402
+from tests.constrain.vocabs import LOGITS_WIDTH  # noqa: E402
 
 THOUGHT = "The user wants the docs page. I could call browser_open_site; <tool_call> here is just text.\n" * 3
 
@@ -53,7 +56,11 @@ def main() -> None:
     family = load_family(args.family)
     assert family.reasoning is not None
     envelope = load_envelope(family.envelope)
-    tok, width, eos = family_tokenizer(family.envelope)
+    # the family's test vocabulary: the real one (Qwen, tekken with [THINK]) where it can be built
+    # offline, else (gpt-oss: no o200k here) SmolLM2's + the family's special tokens
+    tok = family_test_tokenizer(args.family)
+    width = max(len(tok), LOGITS_WIDTH.get(str(family.test_model.get("vocab")), 0))
+    eos = tuple(tok.convert_tokens_to_ids(t) for t in family.test_model.get("eos", []))
     tools = json.loads(TOOLS_FILE.read_text())
     factory = ConstraintFactory(tok, width, envelope)
     plan = plan_tools(tools, "required", [], False, None, envelope)
