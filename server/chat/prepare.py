@@ -146,7 +146,9 @@ class Preparer:
         json_text = text_schema(rf.type, rf.json_schema) if rf is not None else None
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self.tools.check_tools(tools)
-        rendered = render_chat(req.messages, prompt_tools(tools), self.renderer)  # custom tools: as functions
+        rendered = render_chat(  # custom tools: as functions
+            req.messages, prompt_tools(tools), self.renderer, reasoning_effort=req.reasoning_effort
+        )
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         plan = self.tools.plan(req, tools, messages)
         ids, offsets = self._tokenize(rendered)

@@ -42,5 +42,6 @@ def render_chat(
     tools: Sequence[dict[str, Any]] | None,
     family: Envelope | Family | PromptRenderer | str = DEFAULT_FAMILY,
     add_generation_prompt: bool = True,
+    reasoning_effort: str | None = None,
 ) -> RenderedPrompt:
-    return _renderer(family).render(messages, tools, add_generation_prompt)
+    return _renderer(family).render(messages, tools, add_generation_prompt, reasoning_effort)

@@ -90,10 +90,17 @@ class ModelTemplateRenderer:
             out.append(d)
         return out
 
-    def _render(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
+    def _render(
+        self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool, extra: dict[str, Any]
+    ) -> str:
         try:
             return self.template.render(
-                messages=msgs, tools=tools, add_generation_prompt=gen, date_string=self.date, **self.specials
+                messages=msgs,
+                tools=tools,
+                add_generation_prompt=gen,
+                date_string=self.date,
+                **extra,
+                **self.specials,
             )
         except jinja2.TemplateError as exc:
             raise InvalidRequest(
@@ -105,15 +112,18 @@ class ModelTemplateRenderer:
         messages: Sequence[Any],
         tools: Sequence[dict[str, Any]] | None,
         add_generation_prompt: bool = True,
+        reasoning_effort: str | None = None,
     ) -> RenderedPrompt:
         msgs = self._messages(messages)
         tool_list = [dict(t) for t in tools or []] or None
-        text = self._render(msgs, tool_list, add_generation_prompt)
+        # the request's effort, for a template that reads it (gpt-oss's "Reasoning: ..." line)
+        extra = {"reasoning_effort": reasoning_effort} if reasoning_effort else {}
+        text = self._render(msgs, tool_list, add_generation_prompt, extra)
         segments: list[Segment] = []
         notes: list[str] = []
         covered = first = 0  # text covered by segments; the first message the next segment holds
         for k in prefix_points(len(msgs)):
-            prefix = self._render(msgs[:k], tool_list, False)
+            prefix = self._render(msgs[:k], tool_list, False, extra)
             if not text.startswith(prefix):
                 if not notes:
                     notes.append(REWROTE_HISTORY)

@@ -101,6 +101,7 @@ class FamilyRenderer:
         messages: Sequence[Any],
         tools: Sequence[dict[str, Any]] | None,
         add_generation_prompt: bool = True,
+        reasoning_effort: str | None = None,
     ) -> RenderedPrompt:
         fam, layout = self.family, self.family.layout
         msgs = read_messages(fam, messages)
@@ -109,6 +110,7 @@ class FamilyRenderer:
         tool_ctx = self._tools(list(tools or []))
         base = {
             "date": self.date,
+            "reasoning_effort": reasoning_effort,  # the request's (None: not sent)
             "tools": tool_ctx,
             "default_system": fam.default_system,
             "sp": layout.chunk_prefix,

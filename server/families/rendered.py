@@ -39,7 +39,8 @@ class PromptRenderer(Protocol):
 
     The one seam between a request and its family: the prompt, the family's reasoning block
     (None: the model does not reason, or the renderer cannot know it) and why tools cannot be
-    served (None: they can).
+    served (None: they can). ``reasoning_effort``: the request's, for a family whose prompt says it
+    (gpt-oss: "Reasoning: low|medium|high"); the others ignore it.
     """
 
     @property
@@ -53,4 +54,5 @@ class PromptRenderer(Protocol):
         messages: Sequence[Any],
         tools: Sequence[dict[str, Any]] | None,
         add_generation_prompt: bool = True,
+        reasoning_effort: str | None = None,
     ) -> RenderedPrompt: ...

@@ -5,7 +5,8 @@ an SDK sends it (tools and arguments in SDK key order, never canonicalized; vLLM
 preparation: arguments parsed, null content as "").
 
 Same values on both sides: the template's clock (``strftime_now``) is pinned to the family's
-``date``; ``reasoning_effort`` is the template's default (``medium``); the reasoning an SDK sends as
+``date``; ``reasoning_effort`` is the template's default (``medium``) unless a test sets it on both
+sides; the reasoning an SDK sends as
 ``reasoning_content`` is the template's ``thinking`` field. Tokens: the Harmony test vocabulary
 (SmolLM2's + the Harmony special tokens; the o200k vocabulary cannot be fetched here).
 
@@ -173,13 +174,14 @@ def template_text(tok: Any) -> Any:
     saved = globals_.get("strftime_now")
     globals_["strftime_now"] = pinned.strftime
 
-    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]], **kwargs: Any) -> str:
         text: str = tok.apply_chat_template(
             _template_messages(messages),
             tools=tools or None,
             chat_template=TEMPLATE,
             tokenize=False,
             add_generation_prompt=True,
+            **kwargs,  # e.g. reasoning_effort, as vLLM's chat_template_kwargs pass it
         )
         return text
 
@@ -210,6 +212,18 @@ def test_tokens_equal_the_gpt_oss_template(case: int, tok: Any, template_text: A
         tok(ours, add_special_tokens=False)["input_ids"] == tok(want, add_special_tokens=False)["input_ids"]
     )
     assert ours == want
+
+
+@pytest.mark.parametrize(("effort", "says"), [("low", "low"), ("high", "high"), ("minimal", "low")])
+def test_the_request_effort_is_the_reasoning_line(effort: str, says: str, template_text: Any) -> None:
+    """reasoning_effort reaches the system message as the template writes it ("Reasoning: high");
+    our effort names gpt-oss lacks map to its nearest (minimal: low)."""
+    messages, tools = CASES[0]
+    ours = FamilyRenderer("harmony").render(
+        [ChatMessage(**m) for m in messages], tools, reasoning_effort=effort
+    )
+    assert ours.text == template_text(messages, tools, reasoning_effort=says)
+    assert f"Reasoning: {says}\n" in ours.text and "Reasoning: medium" not in ours.text
 
 
 def test_the_cases_cover_harmony_features(template_text: Any) -> None:
