@@ -170,7 +170,12 @@ def test_every_dialect_reports_the_clamp(served):
     assert body["usage"]["output_tokens"] <= granted
     r = httpx.post(
         served["clamp"] + "/v1/messages",
-        json={"model": MODEL, "max_tokens": 32000, "messages": [{"role": "user", "content": "hi"}]},
+        json={
+            "model": MODEL,
+            "max_tokens": 32000,
+            "messages": [{"role": "user", "content": "hi"}],
+            "temperature": 0,  # a short greedy reply: sampled at 1.0 it can run thousands of tokens
+        },
         timeout=300,
     )
     assert r.status_code == 200, r.text
