@@ -1,5 +1,6 @@
 """Bitmask application, for both engines (the hf engine and vLLM's processor).
 
+* ``write_row`` — one row of a packed bitmask, wherever the bitmask lives.
 * ``pack_ids`` — a packed int32 row (xgrammar's format) allowing exactly the given ids.
 * ``MaskApplier`` — one packed int32 bitmask [B, ceil(V/32)] on the host (the constraints
   write it with numpy), copied to the logits' device once, and applied to every
@@ -13,12 +14,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import xgrammar as xgr
 
 from server.constrain.interface import TokenConstraint
+
+
+def write_row(bitmask: Any, index: int, row: np.ndarray) -> None:
+    """Set row ``index`` of a packed bitmask (numpy, a CPU tensor or a device tensor) to ``row``."""
+    if isinstance(bitmask, np.ndarray):
+        bitmask[index] = row
+    elif bitmask.device.type == "cpu":
+        bitmask.numpy()[index] = row
+    else:  # one host-to-device copy
+        bitmask[index].copy_(torch.from_numpy(row))
 
 
 def pack_ids(ids: Iterable[int], vocab_size: int) -> np.ndarray:

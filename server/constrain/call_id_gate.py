@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from server.constrain.bitmask import write_row
 from server.constrain.vocab import TokenVocab
 
 _FIXED_CLASS = re.compile(r"^\[([^\]]+)\]\{(\d+)\}$")
@@ -110,15 +111,7 @@ class IdThenArgsMatcher:
         if self.opened:
             self.inner.fill(bitmask, index)
             return
-        row = self.gate.rows[self.left]
-        if isinstance(bitmask, np.ndarray):
-            bitmask[index] = row
-        elif bitmask.device.type == "cpu":
-            bitmask[index].numpy()[:] = row
-        else:
-            import torch
-
-            bitmask[index].copy_(torch.from_numpy(row))
+        write_row(bitmask, index, self.gate.rows[self.left])
 
     def accept_token(self, token_id: int) -> bool:
         if self.opened:
@@ -179,15 +172,7 @@ class LiteralThenArgsMatcher:
         if self.at >= len(self.gate.ids):
             self.inner.fill(bitmask, index)
             return
-        row = self.gate.rows[self.at]
-        if isinstance(bitmask, np.ndarray):
-            bitmask[index] = row
-        elif bitmask.device.type == "cpu":
-            bitmask[index].numpy()[:] = row
-        else:
-            import torch
-
-            bitmask[index].copy_(torch.from_numpy(row))
+        write_row(bitmask, index, self.gate.rows[self.at])
 
     def accept_token(self, token_id: int) -> bool:
         if self.at >= len(self.gate.ids):

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from server.constrain.bitmask import write_row
 from server.constrain.compile_cache import CompileCache
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
@@ -322,7 +323,7 @@ class CustomMatcher:
         return self.done
 
     def fill(self, bitmask: Any, index: int) -> None:
-        _write(bitmask, index, self._mask())
+        write_row(bitmask, index, self._mask())
 
     @property
     def input_bytes_ok(self) -> bool:
@@ -546,12 +547,3 @@ def odd_xml_all(vocab: TokenVocab, held: bytes) -> list[int]:
     """Held bytes that cannot be content: only tokens continuing the end marker."""
     rest = XML_END[len(held) :]
     return [t for _, t in vocab.prefixes_of(rest)] + vocab.starting_with(rest)
-
-
-def _write(bitmask: Any, index: int, row: np.ndarray) -> None:
-    if isinstance(bitmask, np.ndarray):
-        bitmask[index] = row
-        return
-    import torch
-
-    bitmask[index].copy_(torch.from_numpy(row))

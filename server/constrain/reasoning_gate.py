@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from server.constrain.bitmask import write_row
 from server.constrain.interface import TokenConstraint
 from server.constrain.tag_watch import TagWatch
 from server.constrain.vocab import TokenVocab
@@ -147,7 +148,7 @@ class ReasoningGate:
             row = vocab.pack(np.concatenate([vocab.text_ids, np.array(self.eos, dtype=np.int64)]))
         else:
             row = vocab.pack(self.eos)
-        _write(bitmask, index, row)
+        write_row(bitmask, index, row)
 
     def accept_token(self, token_id: int) -> bool:
         if self.phase == Gate.ERROR:
@@ -254,7 +255,7 @@ class ReasoningGate:
     # --- PICK: the answer's header (ways[0]) or a call's opening (ways[1]), token by token ----------
     def _fill_pick(self, bitmask: Any, index: int) -> None:
         nxt = sorted({w[self.k] for w in self.ways})
-        _write(bitmask, index, self.m.vocab.pack(nxt))
+        write_row(bitmask, index, self.m.vocab.pack(nxt))
 
     def _accept_pick(self, tid: int) -> bool:
         ways = [w for w in self.ways if w[self.k] == tid]
@@ -277,15 +278,3 @@ class ReasoningGate:
                 self.error = self.inner.error
                 return False
         return True
-
-
-def _write(bitmask: Any, index: int, row: np.ndarray) -> None:
-    if isinstance(bitmask, np.ndarray):
-        bitmask[index] = row
-        return
-    import torch
-
-    if bitmask.device.type == "cpu":
-        bitmask.numpy()[index] = row
-    else:
-        bitmask[index].copy_(torch.from_numpy(row))
