@@ -23,20 +23,11 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from server.config import load_settings
 from server.families.spec import family_choices, load_family
+from tests.finite_tools import SCHEMAS, TOOLS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def _tool(name: str, props: dict) -> dict:
-    params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-    return {"type": "function", "function": {"name": name, "description": name, "parameters": params}}
-
-
-TOOLS = [
-    _tool("shell_ls", {"path": {"type": "string", "enum": ["/", "/tmp"]}}),
-    _tool("shell_exit", {"code": {"type": "integer", "enum": [0, 1]}}),
-]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 FAMILIES = [ref for ref in family_choices() if load_family(ref).reasoning is not None]
 MODEL = "tiny"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -36,29 +35,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 TOOLS = json.loads((Path(__file__).resolve().parents[2] / "fixtures/prefixed_agent_tools.json").read_text())
 FILE_OPEN = {"type": "function", "function": {"name": "file_open"}}
 MEASURED: dict[str, float] = {}
-
-
-class Loop:
-    """An event loop in a thread: run(coro) from the test thread."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = 300):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def loop():
-    lp = Loop()
-    yield lp
-    lp.close()
 
 
 @pytest.fixture(scope="module")

