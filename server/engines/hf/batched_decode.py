@@ -7,8 +7,10 @@ per request (what makes decode fast: on this CPU a 135M model's step is weight-b
 attention differs per row: ``RowsKV`` stands in for the cache during that forward — its
 ``update`` appends row i's new key/value to sequence i's own cache and hands back the list
 of per-row K/V, and the attention function registered as ``ROWS_ATTENTION`` runs SDPA row
-by row over each sequence's own K/V (no padding, no copy of a reused prefix). Every other
-layer (projections, MLP, norms, rotary with per-row positions, the LM head) runs batched.
+by row over each sequence's own K/V (no padding, no copy of a reused prefix) -- or, when
+every cache lives in a slot of the engine's ``KVSlots`` pool (kv_slots.py), one SDPA per
+layer over the pool's rows with a padding mask. Every other layer (projections, MLP, norms,
+rotary with per-row positions, the LM head) runs batched.
 
 Chosen over transformers' own continuous batching (``generate_batch`` / paged attention):
 that owns its scheduler and a paged KV pool of its own, so our prefix cache, tiers, masks,
@@ -36,19 +38,31 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 
 from server.engines.hf.kv_growing import cache_kw
+from server.engines.hf.kv_slots import KVSlots, PooledStep
 
 ROWS_ATTENTION = "agentserve_rows"
 
 
 class RowsKV:
-    """The stand-in cache of a batched decode forward: row i reads and grows ``caches[i]``."""
+    """The stand-in cache of a batched decode forward: row i reads and grows ``caches[i]``.
 
-    def __init__(self, caches: list[Any]) -> None:
+    With a ``PooledStep`` (every cache lives in one ``KVSlots`` pool, padding within bounds)
+    a layer's B new keys/values go into the pool with one indexed store, and the attention
+    reads the pool's rows at once; otherwise each row appends to and reads its own cache.
+    """
+
+    def __init__(self, caches: list[Any], pooled: PooledStep | None = None) -> None:
         self.caches = caches
+        self.pooled = pooled
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    ) -> tuple[Any, Any]:
+        if self.pooled is not None:
+            k, v = self.pooled.write(layer_idx, key_states, value_states)
+            for cache in self.caches:
+                cache.layers[layer_idx].advance(1)
+            return k, v
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         for i, cache in enumerate(self.caches):
@@ -64,21 +78,34 @@ class RowsKV:
 def rows_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
-    key: list[torch.Tensor],
-    value: list[torch.Tensor],
+    key: list[torch.Tensor] | torch.Tensor,
+    value: list[torch.Tensor] | torch.Tensor,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    agentserve_pooled: PooledStep | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA of row i's one query over sequence i's own K/V; output [B, 1, heads, head_dim].
+    """Row i's one query over sequence i's K/V; output [B, 1, heads, head_dim].
 
     With grouped-query attention the G query heads that share a KV head become G query
     positions of that head (one query token attends to past keys only, so no causal mask):
-    no copy of the K/V is made to repeat heads.
+    no copy of the K/V is made to repeat heads. Pooled (``key`` one tensor over the pool's
+    rows ``lo..hi``): one SDPA with the step's padding mask, queries placed at their rows.
     """
-    outs = []
     batch, heads, _, dim = query.shape
+    if isinstance(key, torch.Tensor):
+        assert agentserve_pooled is not None and isinstance(value, torch.Tensor)
+        step = agentserve_pooled
+        kv_heads = key.shape[1]
+        q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+        if not step.identity:
+            q = q.new_zeros((step.span, *q.shape[1:])).index_copy_(0, step.rows, q)
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=step.mask, scale=scaling)
+        if not step.identity:
+            out = out.index_select(0, step.rows)
+        return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+    outs = []
     for i, (k, v) in enumerate(zip(key, value, strict=True)):
         kv_heads = k.shape[1]
         q = query[i : i + 1].reshape(1, kv_heads, heads // kv_heads, dim)
@@ -108,13 +135,22 @@ def _attention(config: Any, name: str) -> Iterator[None]:
         config._attn_implementation = before
 
 
-def decode_rows(model: Any, caches: list[Any], tokens: list[int], device: torch.device) -> torch.Tensor:
+def decode_rows(
+    model: Any, caches: list[Any], tokens: list[int], device: torch.device, pool: KVSlots | None = None
+) -> torch.Tensor:
     """Run ``tokens[i]`` through the model on top of ``caches[i]`` for every i; logits [B, V].
 
     Every cache grows by one token. Positions are each sequence's own length, and the 4-D
     placeholder mask is passed through untouched (attention is per row, causal by length).
+    Pooled when every cache lives in ``pool`` and the padding is within bounds (kv_slots.py).
     """
-    positions = torch.tensor([[c.get_seq_length()] for c in caches], device=device)
+    lengths = [int(c.get_seq_length()) for c in caches]
+    pooled = None
+    if pool is not None:
+        slots = [pool.slot_of(c) for c in caches]
+        if all(s is not None for s in slots) and PooledStep.fits(slots, lengths):  # type: ignore[arg-type]
+            pooled = PooledStep(pool, slots, lengths)  # type: ignore[arg-type]
+    positions = torch.tensor([[n] for n in lengths], device=device)
     ids = torch.tensor([[t] for t in tokens], device=device)
     placeholder = torch.zeros((len(tokens), 1, 1, 1), device=device, dtype=torch.bool)
     with _attention(model.config, ROWS_ATTENTION):
@@ -122,8 +158,9 @@ def decode_rows(model: Any, caches: list[Any], tokens: list[int], device: torch.
             input_ids=ids,
             position_ids=positions,
             attention_mask=placeholder,
-            **cache_kw(model, RowsKV(caches)),
+            **cache_kw(model, RowsKV(caches, pooled)),
             use_cache=True,
+            **({"agentserve_pooled": pooled} if pooled is not None else {}),
         )
     logits: torch.Tensor = out.logits[:, -1]
     return logits

@@ -35,6 +35,7 @@ from server.engines.base import (
     constraint_errors_as_400,
 )
 from server.engines.hf.kv_blocks import cache_from_settings
+from server.engines.hf.kv_slots import KVSlots
 from server.engines.hf.onednn_linear import use_onednn_linears
 from server.engines.hf.sampling import TokenSampler
 from server.engines.hf.steps import SequenceState, SequenceSteps
@@ -114,6 +115,9 @@ class HFEngine(Engine):
             self.max_model_len,
             self.vocab_size,
             self._stats,
+            # the running sequences' KV side by side (one attention call a decode step), within the
+            # KV budget the operator gave the prefix cache (kv_slots.py)
+            KVSlots(config, self.dtype, self.device, pc.memory_mb * 2**20),
         )
 
     @property

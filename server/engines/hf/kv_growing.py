@@ -7,6 +7,11 @@ buffer with spare room and writes each step's keys/values into it; ``keys``/``va
 views of the filled part, so everything that reads a ``DynamicCache`` (attention, masks,
 ``BlockCutter``) sees the same tensors as before. When the room runs out the buffer grows
 by a quarter (at least ``reserve`` tokens), so copies are amortised.
+
+A layer may live in a slot of a ``kv_slots.KVSlots`` pool instead (``home``): its buffer is then
+a view of the pool's row, so a batched decode step can attend over all running sequences at
+once. A layer that would outgrow its row (or does not match the pool's shape) moves to a
+buffer of its own, copying what it holds, and goes on as before.
 """
 
 from __future__ import annotations
@@ -31,8 +36,41 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self._n = 0
+        self.pool: Any = None  # the KVSlots this layer lives in (None: a buffer of its own)
+        self.slot: int | None = None
+        self.layer_idx = 0
+
+    def home(self, pool: Any, slot: int, layer_idx: int) -> None:
+        """Live in ``pool``'s row ``slot`` from the first append on (the layer must be empty)."""
+        assert self._n == 0, "only an empty layer moves into the pool"
+        self.pool, self.slot, self.layer_idx = pool, slot, layer_idx
+
+    def rehome(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The pool was reallocated: ``k``/``v`` are this layer's row in the new tensors."""
+        if self.pool is None or self._k is None:
+            return  # not in the pool, or not begun (the first append takes the row and checks it)
+        self._k, self._v = k, v
+        self.keys, self.values = k[:, :, : self._n], v[:, :, : self._n]
+
+    def _pool_row(self, key_states: torch.Tensor, need: int) -> bool:
+        """Take the pool row as the buffer if it fits; else leave the pool (a buffer of one's own)."""
+        pool = self.pool
+        ok = bool(
+            need <= pool.cap
+            and key_states.shape[1] == pool.kv_heads
+            and key_states.shape[-1] == pool.head_dim
+            and key_states.dtype == pool.dtype
+            and key_states.device == pool.device
+        )
+        if ok:
+            self._k, self._v = pool.row(self.layer_idx, self.slot)
+        else:
+            self.pool = self.slot = None
+        return ok
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, need: int) -> None:
+        if self.pool is not None and self._pool_row(key_states, need):
+            return
         cap = max(need + self.reserve, need + need // 4)
         b, h, _, dk = key_states.shape
         k = key_states.new_empty((b, h, cap, dk))
@@ -53,6 +91,12 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self._k[:, :, n : n + add].copy_(key_states)
         self._v[:, :, n : n + add].copy_(value_states)
         self._n = n + add
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+
+    def advance(self, add: int) -> None:
+        """``add`` tokens were written into this layer's pool row from outside (a pooled decode step)."""
+        assert self._k is not None and self._v is not None
+        self._n += add
         self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
 
     def update(

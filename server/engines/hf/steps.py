@@ -32,6 +32,7 @@ from server.engines.base import EngineStats, GenerationChunk, GenerationRequest,
 from server.engines.hf.batched_decode import decode_attention, decode_rows
 from server.engines.hf.kv_blocks import BlockCutter, cached_kv
 from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
+from server.engines.hf.kv_slots import KVSlots
 from server.engines.hf.sampling import TokenSampler
 from server.kvcache.prefix_cache import PrefixCache
 
@@ -73,6 +74,7 @@ class SequenceSteps:
         max_model_len: int,
         vocab_size: int,
         stats: EngineStats,
+        slots: KVSlots | None = None,
     ) -> None:
         self.model = model  # a transformers causal LM
         self.device = device
@@ -82,6 +84,7 @@ class SequenceSteps:
         self.masks = MaskApplier(vocab_size)
         self.stats = stats  # the engine's: prefix queries / hits are counted here
         self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
+        self.slots = slots  # the pool running sequences' KV lives in (None: each its own buffers)
 
     def prefill(self, seq: SequenceState) -> None:
         """The whole prefill at once (probes and benchmarks; the engine loop goes chunk by chunk)."""
@@ -102,6 +105,8 @@ class SequenceSteps:
         self.stats.prefix_queries_tokens += len(ids)
         self.stats.prefix_hits_tokens += n_cached
         kv = growing_cache(self.model.config)  # appends in place: no whole-KV copy per step
+        if self.slots is not None:  # reserve what the sequence can reach: it never outgrows the slot
+            self.slots.admit(kv, min(len(ids) + seq.request.sampling.max_tokens, self.max_model_len))
         stacked = cached_kv(match, self.device)
         seq.prefill_t0 = time.perf_counter()
         if stacked is not None:
@@ -201,7 +206,7 @@ class SequenceSteps:
                 seq.next_logits = out.logits[0, -1]
             else:
                 kvs = [s.kv for s in seqs]
-                logits = decode_rows(self.model, kvs, tokens, self.device)  # type: ignore[arg-type]
+                logits = decode_rows(self.model, kvs, tokens, self.device, self.slots)  # type: ignore[arg-type]
                 for i, seq in enumerate(seqs):
                     seq.next_logits = logits[i]
         for seq in seqs:
@@ -237,3 +242,5 @@ class SequenceSteps:
             self.retain(seq)
         seq.kv = None
         seq.next_logits = None
+        if self.slots is not None:
+            self.slots.collect()  # its slot, if the cache is gone now

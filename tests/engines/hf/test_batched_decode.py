@@ -103,9 +103,9 @@ def test_batched_requests_equal_alone_and_run_in_one_forward(hf_engine, tokenize
     widths: list[int] = []
     real = hf_steps.decode_rows
 
-    def spy(model, caches, tokens, device):
+    def spy(model, caches, tokens, device, pool=None):
         widths.append(len(tokens))
-        return real(model, caches, tokens, device)
+        return real(model, caches, tokens, device, pool)
 
     monkeypatch.setattr(hf_steps, "decode_rows", spy)
 

@@ -1,0 +1,154 @@
+"""KV slots: the running sequences' caches side by side, so a decode step is one attention call a layer.
+
+Per layer one K and one V tensor ``[slots, kv_heads, cap, head_dim]``. A sequence admitted
+at prefill gets a slot (the lowest free one) and its ``GrowingLayer`` buffers become views of
+that slot's row: restore, prefill and decode write there in place, and everything that reads
+the cache (attention, ``BlockCutter``) sees the same views as before. A batched decode step
+(``batched_decode.decode_rows``) then writes the B new keys/values with one indexed store per
+layer and runs ONE SDPA over rows ``lo..hi`` of the pool with a bool mask hiding each row's
+padding, instead of one SDPA per sequence (measured in benchmarks/results/
+concurrent_sessions.md).
+
+Padding costs attention work and memory, so both are bounded: a step takes the pooled path
+only while padded tokens stay within ``MAX_PADDING`` x the real ones (else each row runs alone
+over its slot's views, as before), and the pool stays within ``budget_bytes``: a sequence that
+would push it past is not admitted and keeps a buffer of its own. A sequence reserves
+``prompt + max_tokens`` tokens at admission (it never outgrows its slot; if it did, the layer
+would move to a buffer of its own). The slot comes back when the sequence's cache is dropped
+(``weakref.finalize``: never while anything still reads it). New rows are zeroed: a masked
+position still multiplies its value row by 0, and uninitialised memory could hold NaN.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+# a step runs pooled while (rows spanned x longest) <= MAX_PADDING x (sum of the rows' lengths)
+MAX_PADDING = 2.0
+
+
+class KVSlots:
+    """The pool (see module doc). ``admit`` homes a fresh cache's layers in a slot."""
+
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device, budget_bytes: int) -> None:
+        heads = int(config.num_attention_heads)
+        self.n_layers = int(config.num_hidden_layers)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        self.dtype, self.device = dtype, device
+        elem = torch.empty((), dtype=dtype).element_size()
+        self.token_bytes = self.n_layers * 2 * self.kv_heads * self.head_dim * elem
+        self.budget_bytes = budget_bytes
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.slots = 0  # rows allocated
+        self.cap = 0  # tokens per row
+        self.reserved: dict[int, int] = {}  # slot -> tokens its sequence may reach
+        self.homes: dict[int, list[Any]] = {}  # slot -> the GrowingLayers living in it
+        self._dropped: list[int] = []  # slots whose cache was dropped (a finalizer may run on any thread)
+
+    def admit(self, kv: Any, need: int) -> int | None:
+        """Give ``kv`` (a fresh ``growing_cache``) a slot for up to ``need`` tokens; None: stays private."""
+        from server.engines.hf.kv_growing import GrowingLayer
+
+        self.collect()
+        layers = list(kv.layers)
+        if len(layers) != self.n_layers or not all(type(lay) is GrowingLayer for lay in layers):
+            return None  # other layer kinds (sliding window, linear attention) keep their own class
+        slot = next((i for i in range(self.slots) if i not in self.reserved), self.slots)
+        slots = self.slots if slot < self.slots else max(slot + 1, 2 * self.slots)
+        cap = self.cap if need <= self.cap else max(need, self.cap + self.cap // 4)
+        if (slots, cap) != (self.slots, self.cap):
+            if slots * cap * self.token_bytes > self.budget_bytes:
+                slots, cap = max(slot + 1, self.slots), max(need, self.cap)  # no spare room, then
+                if slots * cap * self.token_bytes > self.budget_bytes:
+                    return None
+            self._resize(slots, cap)
+        self.reserved[slot] = need
+        self.homes[slot] = layers
+        for i, layer in enumerate(layers):
+            layer.home(self, slot, i)
+        weakref.finalize(kv, self._dropped.append, slot)
+        return slot
+
+    def row(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot ``slot``'s K and V of layer ``layer``: views [1, kv_heads, cap, head_dim]."""
+        return self.k[layer][slot : slot + 1], self.v[layer][slot : slot + 1]
+
+    def _resize(self, slots: int, cap: int) -> None:
+        shape = (slots, self.kv_heads, cap, self.head_dim)
+        for i in range(self.n_layers):
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if self.slots and self.cap:
+                k[: self.slots, :, : self.cap].copy_(self.k[i])
+                v[: self.slots, :, : self.cap].copy_(self.v[i])
+            if i < len(self.k):
+                self.k[i], self.v[i] = k, v
+            else:
+                self.k.append(k)
+                self.v.append(v)
+        self.slots, self.cap = slots, cap
+        for slot, layers in self.homes.items():
+            for i, layer in enumerate(layers):
+                layer.rehome(*self.row(i, slot))
+
+    def collect(self) -> None:
+        """Free the slots of dropped caches (the engine thread calls it: the pool is not thread-safe)."""
+        while self._dropped:
+            slot = self._dropped.pop()
+            self.reserved.pop(slot, None)
+            self.homes.pop(slot, None)
+        if not self.reserved and self.slots:  # nothing lives in the pool: give its memory back
+            self.k, self.v, self.slots, self.cap = [], [], 0, 0
+
+    def slot_of(self, kv: Any) -> int | None:
+        """The slot every layer of ``kv`` lives in, or None (not admitted, or a layer moved out)."""
+        slot = getattr(kv.layers[0], "slot", None)
+        if slot is None or self.homes.get(slot) is None:
+            return None
+        if any(lay.slot != slot or lay.pool is not self for lay in kv.layers):
+            return None
+        return int(slot)
+
+
+class PooledStep:
+    """One batched decode step over the pool: rows, lengths after the step, the mask.
+
+    ``rows[i]`` is sequence i's pool row relative to ``lo``; ``mask`` [span, 1, 1, longest]
+    is True where a row attends (its own tokens, the new one included).
+    """
+
+    def __init__(self, pool: KVSlots, slots: list[int], lengths: list[int]) -> None:
+        self.pool = pool
+        self.lo = min(slots)
+        span = max(slots) - self.lo + 1
+        self.longest = max(lengths) + 1
+        dev = pool.device
+        self.slots = torch.tensor(slots, device=dev)
+        self.positions = torch.tensor(lengths, device=dev)  # where each new token is written
+        self.rows = self.slots - self.lo
+        self.identity = slots == list(range(self.lo, self.lo + span))  # rows in slot order, no gaps
+        after = torch.ones(span, dtype=torch.long, device=dev)  # rows outside the batch: token 0 only
+        after[self.rows] = self.positions + 1
+        self.mask = (torch.arange(self.longest, device=dev)[None, :] < after[:, None])[:, None, None, :]
+        self.span = span
+
+    @staticmethod
+    def fits(slots: list[int], lengths: list[int]) -> bool:
+        """Whether padding stays within ``MAX_PADDING`` (else each row runs alone)."""
+        span = max(slots) - min(slots) + 1
+        return span * (max(lengths) + 1) <= MAX_PADDING * sum(n + 1 for n in lengths)
+
+    def write(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the step's keys/values [B, kv_heads, 1, head_dim]; the K/V the attention reads."""
+        k, v = self.pool.k[layer], self.pool.v[layer]
+        k[self.slots, :, self.positions] = keys[:, :, 0]
+        v[self.slots, :, self.positions] = values[:, :, 0]
+        hi = self.lo + self.span
+        return k[self.lo : hi, :, : self.longest], v[self.lo : hi, :, : self.longest]

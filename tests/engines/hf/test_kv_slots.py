@@ -1,0 +1,186 @@
+"""KV slots: running sequences' caches side by side, one attention call per layer a decode step.
+
+A pooled step must give each row the logits it gets alone (fp32 rounding), whatever the rows'
+order, gaps between their slots or the pool's reallocation; slots come back when a cache is
+dropped; the budget and the padding bound send sequences to the per-row path instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+import torch
+
+from server.engines.base import GenerationRequest, SamplingParams
+from server.engines.hf import batched_decode
+from server.engines.hf.batched_decode import decode_rows
+from server.engines.hf.kv_growing import cache_kw, growing_cache
+from server.engines.hf.kv_slots import KVSlots, PooledStep
+from tests.kvcache.helpers import tiny_model
+
+CPU = torch.device("cpu")
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(300)
+
+
+def _prefill(model, kv, n: int, seed: int) -> None:
+    ids = torch.randint(0, 300, (1, n), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        model(input_ids=ids, **cache_kw(model, kv), use_cache=True)
+
+
+def _cache(model, n: int, seed: int, pool: KVSlots | None = None, need: int = 256):
+    kv = growing_cache(model.config)
+    if pool is not None:
+        assert pool.admit(kv, need) is not None
+    _prefill(model, kv, n, seed)
+    return kv
+
+
+def _alone(model, n: int, seed: int, token: int) -> torch.Tensor:
+    kv = _cache(model, n, seed)
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([[token]]), **cache_kw(model, kv), use_cache=True).logits[0, -1]
+
+
+@pytest.fixture
+def pooled_steps(monkeypatch):
+    """How many decode_rows forwards took the pooled path."""
+    taken: list[PooledStep] = []
+    real = PooledStep.__init__
+
+    def spy(self, *args):
+        real(self, *args)
+        taken.append(self)
+
+    monkeypatch.setattr(PooledStep, "__init__", spy)
+    return taken
+
+
+def _pool(model, budget: int = 2**26) -> KVSlots:
+    return KVSlots(model.config, torch.float32, CPU, budget)
+
+
+def test_a_pooled_step_equals_each_row_alone_in_any_order_and_with_gaps(model, pooled_steps):
+    pool = _pool(model)
+    lengths, seeds = [40, 47, 52, 45], [1, 2, 3, 4]
+    caches = [_cache(model, n, s, pool) for n, s in zip(lengths, seeds, strict=True)]
+    assert [pool.slot_of(c) for c in caches] == [0, 1, 2, 3]
+    del caches[1]  # slot 1 freed: rows 0, 2, 3 with a gap
+    gc.collect()
+    pool.collect()
+    assert pool.reserved.keys() == {0, 2, 3}
+    batch = caches[::-1]  # and not in slot order
+    tokens = [7, 8, 9]
+    with torch.no_grad():
+        rows = decode_rows(model, batch, tokens, CPU, pool)
+    assert len(pooled_steps) == 1 and not pooled_steps[0].identity
+    for row, (n, s), token in zip(rows, [(45, 4), (52, 3), (40, 1)], tokens, strict=True):
+        assert torch.max(torch.abs(row - _alone(model, n, s, token))).item() < TOLERANCE
+    assert [c.get_seq_length() for c in batch] == [46, 53, 41]  # each grew by one, in its own slot
+    for c in batch:  # the caches' own views read back what the pooled step wrote
+        slot = pool.slot_of(c)
+        n = c.get_seq_length()
+        assert torch.equal(c.layers[0].keys[0], pool.k[0][slot, :, :n])
+
+
+def test_the_pool_reallocates_under_live_caches_and_they_keep_their_kv(model, pooled_steps):
+    pool = _pool(model)
+    a = _cache(model, 30, 1, pool, need=40)
+    before = a.layers[1].keys.clone()
+    b = _cache(model, 35, 2, pool, need=500)  # a larger reservation: every row is reallocated
+    assert pool.cap >= 500 and pool.slots == 2
+    assert torch.equal(a.layers[1].keys, before)
+    with torch.no_grad():
+        rows = decode_rows(model, [a, b], [5, 6], CPU, pool)
+    assert len(pooled_steps) == 1 and pooled_steps[0].identity
+    assert torch.max(torch.abs(rows[0] - _alone(model, 30, 1, 5))).item() < TOLERANCE
+    assert torch.max(torch.abs(rows[1] - _alone(model, 35, 2, 6))).item() < TOLERANCE
+
+
+def test_dropped_caches_give_their_slot_back_and_an_empty_pool_its_memory(model):
+    pool = _pool(model)
+    a, b = _cache(model, 20, 1, pool), _cache(model, 20, 2, pool)
+    assert pool.slot_of(a) == 0 and pool.slot_of(b) == 1
+    del a
+    gc.collect()
+    c = _cache(model, 20, 3, pool)  # admission collects first: the lowest free slot again
+    assert pool.slot_of(c) == 0
+    del b, c
+    gc.collect()
+    pool.collect()
+    assert pool.slots == 0 and pool.k == [] and not pool.reserved
+
+
+def test_past_the_budget_a_sequence_keeps_its_own_buffers_and_decodes_per_row(model, pooled_steps):
+    pool = _pool(model, budget=pool_bytes(model, slots=1, tokens=64))
+    a = _cache(model, 30, 1, pool, need=64)
+    kv = growing_cache(model.config)
+    assert pool.admit(kv, 64) is None  # a second row of 64 tokens would pass the budget
+    _prefill(model, kv, 33, 2)
+    with torch.no_grad():
+        rows = decode_rows(model, [a, kv], [5, 6], CPU, pool)
+    assert pooled_steps == []
+    assert torch.max(torch.abs(rows[1] - _alone(model, 33, 2, 6))).item() < TOLERANCE
+
+
+def pool_bytes(model, slots: int, tokens: int) -> int:
+    return _pool(model).token_bytes * slots * tokens
+
+
+def test_rows_of_very_different_lengths_run_per_row(model, pooled_steps):
+    pool = _pool(model)
+    caches = [_cache(model, 10, 1, pool), _cache(model, 12, 2, pool), _cache(model, 200, 3, pool)]
+    with torch.no_grad():
+        rows = decode_rows(model, caches, [3, 4, 5], CPU, pool)
+    assert pooled_steps == []  # padded 3 x 201 > 2 x (11 + 13 + 201) real tokens
+    for row, (n, s, t) in zip(rows, [(10, 1, 3), (12, 2, 4), (200, 3, 5)], strict=True):
+        assert torch.max(torch.abs(row - _alone(model, n, s, t))).item() < TOLERANCE
+
+
+def test_a_layer_that_outgrows_its_row_moves_out_with_its_kv(model):
+    pool = _pool(model)
+    kv = _cache(model, 30, 1, pool, need=32)
+    assert pool.cap == 32
+    keys = kv.layers[0].keys.clone()
+    _prefill(model, kv, 10, 2)  # past the reservation: 40 > 32
+    assert pool.slot_of(kv) is None and kv.layers[0].pool is None
+    assert torch.equal(kv.layers[0].keys[:, :, :30], keys)
+    assert kv.get_seq_length() == 40
+
+
+def test_the_engine_decodes_similar_requests_pooled_and_as_alone(hf_engine, tokenizer, monkeypatch):
+    taken: list[int] = []
+    real = batched_decode.PooledStep.__init__
+
+    def spy(self, *args):
+        real(self, *args)
+        taken.append(self.span)
+
+    monkeypatch.setattr(batched_decode.PooledStep, "__init__", spy)
+
+    def request(i: int) -> GenerationRequest:
+        question = f"Session {i}: tell me about robot number {i}."
+        text = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return GenerationRequest(f"pool-{i}", ids, SamplingParams(12 + i, 0.0), None, f"pool-{i}")
+
+    async def tokens(req):
+        return [t async for chunk in hf_engine.generate(req) for t in chunk.token_ids]
+
+    async def run():
+        alone = [await tokens(request(i)) for i in range(4)]
+        together = await asyncio.gather(*(tokens(request(i)) for i in range(4)))
+        return alone, together
+
+    alone, together = asyncio.run(run())
+    assert together == alone
+    assert taken and max(taken) >= 3  # the running requests shared pooled forwards
+    hf_engine.steps.slots.collect()
+    assert not hf_engine.steps.slots.reserved  # every slot came back
