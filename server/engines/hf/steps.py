@@ -47,7 +47,7 @@ class SequenceState:
     next_logits: torch.Tensor | None = None  # logits for the next token, [V]
     cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
-    sampler: TokenSampler | None = None  # built at admission (bias, penalty state, seeded generator)
+    sampler: TokenSampler | None = None  # built at prefill, on the engine thread (bias, penalties, seed)
     constraint: TokenConstraint | None = None  # built from request.tool_spec by the engine
     stop_ids: frozenset[int] = frozenset()  # the model's EOS ids + the request's stop_token_ids
     prefill_at: int = -1  # next prompt position to prefill (-1: prefill not begun)
@@ -81,10 +81,17 @@ class SequenceSteps:
         self.cache = cache
         self.chunk_tokens = chunk_tokens  # tokens per prefill forward
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
         self.masks = MaskApplier(vocab_size)
         self.stats = stats  # the engine's: prefix queries / hits are counted here
         self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
         self.slots = slots  # the pool running sequences' KV lives in (None: each its own buffers)
+
+    def sampler(self, request: GenerationRequest) -> TokenSampler:
+        """The request's sampler: bias, penalty state over the prompt, its seeded generator if any."""
+        seed = request.sampling.seed
+        generator = None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
+        return TokenSampler(request.sampling, request.prompt_ids, self.vocab_size, self.device, generator)
 
     def prefill(self, seq: SequenceState) -> None:
         """The whole prefill at once (probes and benchmarks; the engine loop goes chunk by chunk)."""
@@ -93,6 +100,8 @@ class SequenceSteps:
 
     def prefill_begin(self, seq: SequenceState) -> None:
         ids = seq.request.prompt_ids
+        if seq.sampler is None:  # built on the engine thread: its tensors may fill in parallel (engine.py)
+            seq.sampler = self.sampler(seq.request)
         # always leave at least one token to compute: a cache covering the whole input gives no logits
         match = self.cache.match(
             ids,

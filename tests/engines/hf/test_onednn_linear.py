@@ -73,6 +73,9 @@ def test_every_linear_is_swapped_the_tied_head_keeps_its_weight_and_only_cpu_fp3
 
 @needs_onednn
 def test_the_hf_engine_runs_its_linears_on_onednn_on_cpu(hf_engine):
+    import asyncio
+
+    asyncio.run(hf_engine.start())  # the engine thread reorders them, before start() returns
     model = hf_engine.model
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
     head = model.get_output_embeddings()
