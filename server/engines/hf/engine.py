@@ -4,8 +4,12 @@ Requests are queued to a single engine thread that owns the model. Each loop tur
 prefills one chunk of the request being admitted (reusing the longest cached prefix) and
 then advances every running request by one token in ONE batched forward (continuous
 batching: requests join after their prefill and leave when they finish, between steps;
-each keeps its own KV, so none shares state with another and a reused prefix is never
-copied). A long prompt delays the others' decode by one chunk per step, no more.
+each keeps its own KV -- a slot of the ``KVSlots`` pool when it fits, so one attention call
+a layer serves the step -- and a reused prefix is copied once, at admission, never per
+step). A long prompt delays the others' decode by one chunk per step, no more.
+Torch work that may run in parallel (the linears' reorder, a sampler's tensors, every
+forward) runs on the engine thread only: a second thread's OpenMP team makes libgomp stop
+spinning between parallel regions, and a decode step slows by a quarter (onednn_linear.py).
 Tokens go back to each request's asyncio queue; closing the request's iterator
 cancels it at the next step. This module loads the model and runs that loop; the
 steps themselves (prefill, decode, finish, retain) are ``steps.SequenceSteps``, which the
@@ -15,6 +19,7 @@ engine owns (``self.steps``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -210,25 +215,38 @@ class HFEngine(Engine):
             ready.set()
         prefilling: SequenceState | None = None
         while not self._stop.is_set():
-            if prefilling is None:
-                try:
-                    prefilling = self._inbox.get_nowait()
-                except queue.Empty:
-                    prefilling = None
-            if prefilling is not None:
-                # one chunk, then a decode step for the running ones: a long prompt stalls them one chunk
-                seq = prefilling
-                done = self._run_guarded(seq, self.steps.prefill_chunk)
-                if done or seq.kv is None:
-                    prefilling = None
-                    if seq.kv is not None:
-                        self._running.append(seq)
+            prefilling = self._prefill_turn(prefilling)
             if self._running:
                 self._decode_running()
             self._running = [s for s in self._running if s.kv is not None]
             if not self._running and prefilling is None and self._inbox.empty():
                 self._wake.wait(0.5)
                 self._wake.clear()
+
+    def _prefill_turn(self, prefilling: SequenceState | None) -> SequenceState | None:
+        """Prefill up to one chunk's worth of prompt tokens, then the loop runs a decode step.
+
+        The tokens may span several queued requests: a burst of short prompts (sub-agents
+        starting together) joins the batch in one turn instead of one per decode step, and a
+        long prompt still stalls the running requests by one chunk at most. Returns the
+        request whose prefill goes on next turn, if any.
+        """
+        budget = self.steps.chunk_tokens
+        while budget > 0:
+            if prefilling is None:
+                try:
+                    prefilling = self._inbox.get_nowait()
+                except queue.Empty:
+                    return None
+            seq = prefilling
+            start = seq.prefill_at
+            done = self._run_guarded(seq, functools.partial(self.steps.prefill_chunk, limit=budget))
+            if done or seq.kv is None:
+                prefilling = None
+                if seq.kv is not None:
+                    self._running.append(seq)
+            budget -= max(1, seq.prefill_at - max(start, seq.cached_tokens))
+        return prefilling
 
     def _decode_running(self) -> None:
         """One decode step of every running request: sample each, then one batched forward."""

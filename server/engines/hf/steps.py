@@ -124,19 +124,20 @@ class SequenceSteps:
         seq.cached_tokens = n_cached
         seq.prefill_at = n_cached
 
-    def prefill_chunk(self, seq: SequenceState) -> bool:
-        """Prefill the next ``chunk_tokens`` tokens of the prompt; True once the prompt is done.
+    def prefill_chunk(self, seq: SequenceState, limit: int | None = None) -> bool:
+        """Prefill the next ``chunk_tokens`` (at most ``limit``) tokens of the prompt; True once done.
 
-        One chunk per engine-loop turn: a long prompt delays the running requests' decode by
-        at most one chunk per step.
+        At most one chunk per engine-loop turn: a long prompt delays the running requests'
+        decode by at most one chunk per step.
         """
         if seq.prefill_at < 0:
             self.prefill_begin(seq)
         ids = seq.request.prompt_ids
         start = seq.prefill_at
-        chunk = torch.tensor([ids[start : start + self.chunk_tokens]], device=self.device)
+        n = self.chunk_tokens if limit is None else max(1, min(limit, self.chunk_tokens))
+        chunk = torch.tensor([ids[start : start + n]], device=self.device)
         out = self.model(input_ids=chunk, **cache_kw(self.model, seq.kv), use_cache=True, logits_to_keep=1)
-        seq.prefill_at = min(len(ids), start + self.chunk_tokens)
+        seq.prefill_at = min(len(ids), start + n)
         if seq.prefill_at < len(ids):
             return False
         if self.cache.tier2 is not None:  # the cost model weighs restoring against this, measured

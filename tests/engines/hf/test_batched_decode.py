@@ -143,10 +143,10 @@ def test_a_long_prefill_stalls_running_decodes_by_one_chunk_at_most(hf_engine, t
     events: list[str] = []  # on the engine thread, in order
     real_chunk, real_pick = hf_engine.steps.prefill_chunk, hf_engine.steps.pick
 
-    def chunk(seq):
+    def chunk(seq, limit=None):
         if seq.request.request_id == "late-long":
             events.append("chunk")
-        return real_chunk(seq)
+        return real_chunk(seq, limit)
 
     def pick(seq):
         if seq.request.request_id == "early":
@@ -187,3 +187,40 @@ def test_decode_attention_leaves_out_cudnn_sdpa_on_cuda_only():
     assert cuda.cudnn_sdp_enabled() == before
     with decode_attention(torch.device("cpu")):
         assert cuda.cudnn_sdp_enabled() == before
+
+
+class _Sink:
+    """The request's loop and queue for a test that drives the engine's turns itself."""
+
+    def call_soon_threadsafe(self, fn, chunk):
+        assert chunk.error is None, chunk.error
+
+    def put_nowait(self, chunk):
+        pass
+
+
+def test_a_burst_of_short_prompts_joins_in_one_turn_and_a_long_one_takes_the_rest_of_the_chunk(
+    hf_engine, tokenizer
+):
+    from server.engines.hf.engine import HFEngine
+    from server.engines.hf.steps import SequenceState
+
+    engine = HFEngine(
+        hf_engine.settings, model=hf_engine.model, tokenizer=tokenizer
+    )  # no thread: turns by hand
+    params = SamplingParams(4, 0.0)
+    short = [chat_ids(tokenizer, f"Sub-agent {i}: list the files.") for i in range(3)]
+    long = chat_ids(tokenizer, "Summarise this paragraph. " * 300)
+    assert len(long) > engine.steps.chunk_tokens
+    for i, ids in enumerate([*short, long]):
+        engine._inbox.put(
+            SequenceState(GenerationRequest(f"b{i}", ids, params, None, f"b{i}"), _Sink(), _Sink())
+        )
+    with torch.no_grad():
+        rest = engine._prefill_turn(None)
+        assert [s.request.request_id for s in engine._running] == ["b0", "b1", "b2"]  # all three, one turn
+        assert rest is not None and rest.request.request_id == "b3"
+        spent = sum(len(s.request.prompt_ids) - s.cached_tokens for s in engine._running)
+        assert spent + rest.prefill_at - rest.cached_tokens == engine.steps.chunk_tokens
+        assert engine._prefill_turn(rest) is None  # the rest of the long prompt, next turn
+    assert [s.request.request_id for s in engine._running] == ["b0", "b1", "b2", "b3"]
