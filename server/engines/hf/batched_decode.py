@@ -148,7 +148,8 @@ def decode_rows(
     pooled = None
     if pool is not None:
         slots = [pool.slot_of(c) for c in caches]
-        if all(s is not None for s in slots) and PooledStep.fits(slots, lengths):  # type: ignore[arg-type]
+        fits = all(s is not None for s in slots) and PooledStep.fits(slots, lengths)  # type: ignore[arg-type]
+        if fits and pool.ensure(max(lengths) + 1):  # every new token lands inside its row
             pooled = PooledStep(pool, slots, lengths)  # type: ignore[arg-type]
     positions = torch.tensor([[n] for n in lengths], device=device)
     ids = torch.tensor([[t] for t in tokens], device=device)

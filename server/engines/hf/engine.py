@@ -220,6 +220,8 @@ class HFEngine(Engine):
                 self._decode_running()
             self._running = [s for s in self._running if s.kv is not None]
             if not self._running and prefilling is None and self._inbox.empty():
+                if self.steps.slots is not None:
+                    self.steps.slots.collect()  # idle: an empty pool gives its memory back
                 self._wake.wait(0.5)
                 self._wake.clear()
 

@@ -53,20 +53,20 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self.keys, self.values = k[:, :, : self._n], v[:, :, : self._n]
 
     def _pool_row(self, key_states: torch.Tensor, need: int) -> bool:
-        """Take the pool row as the buffer if it fits; else leave the pool (a buffer of one's own)."""
+        """Take the pool row as the buffer if it fits (the pool's rows may grow within its budget);
+        else leave the pool: a buffer of one's own."""
         pool = self.pool
-        ok = bool(
-            need <= pool.cap
-            and key_states.shape[1] == pool.kv_heads
+        same = bool(
+            key_states.shape[1] == pool.kv_heads
             and key_states.shape[-1] == pool.head_dim
             and key_states.dtype == pool.dtype
             and key_states.device == pool.device
         )
-        if ok:
+        if same and (need <= pool.cap or pool.ensure(need)):
             self._k, self._v = pool.row(self.layer_idx, self.slot)
-        else:
-            self.pool = self.slot = None
-        return ok
+            return True
+        self.pool = self.slot = None
+        return False
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, need: int) -> None:
         if self.pool is not None and self._pool_row(key_states, need):

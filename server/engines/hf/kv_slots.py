@@ -12,11 +12,13 @@ concurrent_sessions.md).
 Padding costs attention work and memory, so both are bounded: a step takes the pooled path
 only while padded tokens stay within ``MAX_PADDING`` x the real ones (else each row runs alone
 over its slot's views, as before), and the pool stays within ``budget_bytes``: a sequence that
-would push it past is not admitted and keeps a buffer of its own. A sequence reserves
-``prompt + max_tokens`` tokens at admission (it never outgrows its slot; if it did, the layer
-would move to a buffer of its own). The slot comes back when the sequence's cache is dropped
-(``weakref.finalize``: never while anything still reads it). New rows are zeroed: a masked
-position still multiplies its value row by 0, and uninitialised memory could hold NaN.
+would push it past is not admitted and keeps a buffer of its own. A sequence reserves its
+prompt + ``HEADROOM`` tokens (or its ``max_tokens``, if fewer) at admission; when a row runs
+out, the pool reallocates longer rows within the budget, and past the budget the sequence's
+layers move to buffers of their own (copied once) and it decodes per row. The slot comes
+back when the sequence's cache is dropped (``weakref.finalize``: never while anything still
+reads it). New rows are zeroed: a masked position still multiplies its value row by 0, and
+uninitialised memory could hold NaN.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import torch
 
 # a step runs pooled while (rows spanned x longest) <= MAX_PADDING x (sum of the rows' lengths)
 MAX_PADDING = 2.0
+# tokens a sequence reserves past its prompt at admission; rows grow past that within the budget
+HEADROOM = 256
 
 
 class KVSlots:
@@ -59,20 +63,33 @@ class KVSlots:
         if len(layers) != self.n_layers or not all(type(lay) is GrowingLayer for lay in layers):
             return None  # other layer kinds (sliding window, linear attention) keep their own class
         slot = next((i for i in range(self.slots) if i not in self.reserved), self.slots)
-        slots = self.slots if slot < self.slots else max(slot + 1, 2 * self.slots)
-        cap = self.cap if need <= self.cap else max(need, self.cap + self.cap // 4)
-        if (slots, cap) != (self.slots, self.cap):
-            if slots * cap * self.token_bytes > self.budget_bytes:
-                slots, cap = max(slot + 1, self.slots), max(need, self.cap)  # no spare room, then
-                if slots * cap * self.token_bytes > self.budget_bytes:
-                    return None
-            self._resize(slots, cap)
+        if not self._fit(slot + 1, need):
+            return None
         self.reserved[slot] = need
         self.homes[slot] = layers
         for i, layer in enumerate(layers):
             layer.home(self, slot, i)
         weakref.finalize(kv, self._dropped.append, slot)
         return slot
+
+    def ensure(self, tokens: int) -> bool:
+        """Rows of at least ``tokens`` tokens (reallocated within the budget); False past it."""
+        return self._fit(self.slots, tokens)
+
+    def _fit(self, slots: int, tokens: int) -> bool:
+        """At least ``slots`` rows of ``tokens`` tokens: with spare room (rows doubled, tokens +1/4)
+        when the budget allows, else exactly; False when even that would pass the budget."""
+        if slots <= self.slots and tokens <= self.cap:
+            return True
+        roomy = (
+            max(slots, 2 * self.slots) if slots > self.slots else self.slots,
+            max(tokens, self.cap + self.cap // 4) if tokens > self.cap else self.cap,
+        )
+        for rows, cap in (roomy, (max(slots, self.slots), max(tokens, self.cap))):
+            if rows * cap * self.token_bytes <= self.budget_bytes:
+                self._resize(rows, cap)
+                return True
+        return False
 
     def row(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot ``slot``'s K and V of layer ``layer``: views [1, kv_heads, cap, head_dim]."""

@@ -32,7 +32,7 @@ from server.engines.base import EngineStats, GenerationChunk, GenerationRequest,
 from server.engines.hf.batched_decode import decode_attention, decode_rows
 from server.engines.hf.kv_blocks import BlockCutter, cached_kv
 from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
-from server.engines.hf.kv_slots import KVSlots
+from server.engines.hf.kv_slots import HEADROOM, KVSlots
 from server.engines.hf.sampling import TokenSampler
 from server.kvcache.prefix_cache import PrefixCache
 
@@ -114,8 +114,9 @@ class SequenceSteps:
         self.stats.prefix_queries_tokens += len(ids)
         self.stats.prefix_hits_tokens += n_cached
         kv = growing_cache(self.model.config)  # appends in place: no whole-KV copy per step
-        if self.slots is not None:  # reserve what the sequence can reach: it never outgrows the slot
-            self.slots.admit(kv, min(len(ids) + seq.request.sampling.max_tokens, self.max_model_len))
+        if self.slots is not None:  # a slot for the prompt and some headroom (rows grow later)
+            reply = min(seq.request.sampling.max_tokens, HEADROOM)
+            self.slots.admit(kv, min(len(ids) + reply, self.max_model_len))
         stacked = cached_kv(match, self.device)
         seq.prefill_t0 = time.perf_counter()
         if stacked is not None:

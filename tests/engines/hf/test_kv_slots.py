@@ -144,12 +144,26 @@ def test_rows_of_very_different_lengths_run_per_row(model, pooled_steps):
         assert torch.max(torch.abs(row - _alone(model, n, s, t))).item() < TOLERANCE
 
 
-def test_a_layer_that_outgrows_its_row_moves_out_with_its_kv(model):
+def test_a_row_that_runs_out_grows_the_pool_within_the_budget(model, pooled_steps):
     pool = _pool(model)
-    kv = _cache(model, 30, 1, pool, need=32)
+    a, b = _cache(model, 30, 1, pool, need=32), _cache(model, 31, 2, pool, need=32)
     assert pool.cap == 32
+    keys = a.layers[0].keys.clone()
+    _prefill(model, a, 10, 3)  # 40 tokens: past the row, the pool reallocates longer rows
+    assert pool.cap >= 40 and pool.slot_of(a) == 0 and pool.slot_of(b) == 1
+    assert torch.equal(a.layers[0].keys[:, :, :30], keys)
+    with torch.no_grad():
+        rows = decode_rows(model, [a, b], [5, 6], CPU, pool)
+    assert len(pooled_steps) == 1
+    assert torch.max(torch.abs(rows[1] - _alone(model, 31, 2, 6))).item() < TOLERANCE
+
+
+def test_past_the_budget_a_row_that_runs_out_moves_out_with_its_kv(model):
+    pool = _pool(model, budget=pool_bytes(model, slots=1, tokens=32))
+    kv = _cache(model, 30, 1, pool, need=32)
     keys = kv.layers[0].keys.clone()
-    _prefill(model, kv, 10, 2)  # past the reservation: 40 > 32
+    _prefill(model, kv, 10, 2)  # 40 > 32 tokens, and no budget for longer rows
+    assert pool.cap == 32
     assert pool.slot_of(kv) is None and kv.layers[0].pool is None
     assert torch.equal(kv.layers[0].keys[:, :, :30], keys)
     assert kv.get_seq_length() == 40
