@@ -60,8 +60,9 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, i: int, max_toke
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if first is None and chunk.get("choices"):
-                first = time.perf_counter() - t0
+            delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
+            if first is None and any(delta.get(k) for k in ("content", "reasoning_content", "tool_calls")):
+                first = time.perf_counter() - t0  # the first token, not the role-only chunk
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     return {"latency": time.perf_counter() - t0, "ttft": first or 0.0, "tokens": tokens}
