@@ -56,6 +56,7 @@ def stream_text(url, **body):
     return content, finish
 
 
+@pytest.mark.slow  # ~35-40 s of sampling: in CI's slow step, to keep the main suite under ~10 min
 @pytest.mark.timeout(1800)
 def test_twenty_sampled_json_schema_replies_all_validate(server_url):
     seen = set()

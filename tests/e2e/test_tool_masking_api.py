@@ -50,6 +50,7 @@ TASKS = [
 ]
 
 
+@pytest.mark.slow  # ~35-40 s of sampling: in CI's slow step, to keep the main suite under ~10 min
 @pytest.mark.timeout(900)
 def test_twenty_required_browser_prefix_calls_are_all_valid(server_url):
     choice = {
