@@ -39,6 +39,7 @@ from server.engines.base import (
     GenerationRequest,
     constraint_errors_as_400,
 )
+from server.engines.hf.fused_projections import fuse_projections
 from server.engines.hf.kv_blocks import cache_from_settings
 from server.engines.hf.kv_slots import KVSlots
 from server.engines.hf.onednn_linear import use_onednn_linears
@@ -210,6 +211,7 @@ class HFEngine(Engine):
             # in parallel on a thread gives it an OpenMP team of its own; with a second team alive
             # (the loading thread's) libgomp counts more threads than cores and stops spinning
             # between parallel regions: a decode step took 54 ms instead of 42 (onednn_linear.py)
+            fuse_projections(self.model)  # q/k/v and gate/up: one matmul each (fused_projections.py)
             use_onednn_linears(self.model, self.device, self.dtype)
         finally:
             ready.set()
