@@ -5,17 +5,21 @@
 
 Embedded model (SmolLM2-135M, fp32), torch threads = cores, everything timed on one worker
 thread (as the engine's loop runs). Per arm and batch size: B caches of ~``--context`` tokens,
-the median of 15 steps (``batched_decode.decode_rows``; at B = 1 the plain forward the engine
-uses), after 3 warm-up steps; arms take turns ``--reps`` times (the box's load drifts) and the
-best median is printed. Arms:
+the median of 15 steps after 3 warm-up steps; arms take turns ``--reps`` times (the box's
+load drifts) and the best median is printed. Arms:
 
-* ``stock``: transformers' linears (MKL sgemm), each row's attention over its own KV;
-* ``onednn``: the linears as oneDNN matmuls (``onednn_linear.py``), per-row attention;
-* ``onednn+slots``: oneDNN linears and KV slots (``kv_slots.py``): one SDPA a layer.
+* ``stock``: transformers' forward and linears (MKL sgemm), each row's attention over its
+  own KV (at B = 1 the plain ``model(...)`` forward);
+* ``onednn+slots``: the linears as oneDNN matmuls (``onednn_linear.py``) and KV slots
+  (``kv_slots.py``: one SDPA a layer), transformers' forward (the engine before fused
+  projections and the lean forward);
+* ``engine``: what the engine runs now: q/k/v and gate/up fused (``fused_projections.py``),
+  oneDNN linears, KV slots, and ``lean_decode.decode_forward`` instead of transformers'
+  forward (B = 1 included).
 
 ``--reorder-on main`` reorders the oneDNN weights on the main thread, which thereby gets an
 OpenMP team of its own, while the steps run on the worker (the engine's layout before it
-reordered on its own thread): compare its ``onednn`` rows with a default run.
+reordered on its own thread): compare its rows with a default run.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from server.engines.hf import batched_decode
     from server.engines.hf.batched_decode import decode_rows
+    from server.engines.hf.fused_projections import fuse_projections
     from server.engines.hf.kv_growing import cache_kw, growing_cache
     from server.engines.hf.kv_slots import KVSlots
     from server.engines.hf.onednn_linear import use_onednn_linears
@@ -54,9 +60,18 @@ def main() -> None:
     path = resolve_model("embedded")
     stock = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     fast = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    if args.reorder_on == "main":
+    engine = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    batched_decode._LEAN[stock] = batched_decode._LEAN[fast] = False  # transformers' forward
+    arms = [("stock", stock, False), ("onednn+slots", fast, True), ("engine", engine, True)]
+
+    def prepare() -> None:
         with torch.no_grad():
             use_onednn_linears(fast, cpu, torch.float32)
+            fuse_projections(engine)
+            use_onednn_linears(engine, cpu, torch.float32)
+
+    if args.reorder_on == "main":
+        prepare()
     rows = [int(b) for b in args.rows.split(",")]
     best: dict[tuple[str, int], float] = {}
 
@@ -77,7 +92,7 @@ def main() -> None:
         kvs = caches(model, b, pool)
 
         def step() -> None:
-            if b == 1:
+            if b == 1 and model is stock:
                 model(input_ids=torch.tensor([[17]]), **cache_kw(model, kvs[0]), use_cache=True)
             else:
                 decode_rows(model, kvs, [17] * b, cpu, pool)
@@ -93,22 +108,22 @@ def main() -> None:
     def worker() -> None:
         torch.set_grad_enabled(False)
         if args.reorder_on == "engine":
-            use_onednn_linears(fast, cpu, torch.float32)
-        arms = [("stock", stock, False), ("onednn", fast, False), ("onednn+slots", fast, True)]
+            prepare()
         for rep in range(args.reps):
             for b in rows:
                 for name, model, slots in arms:
-                    ms = step_ms(model, b, slots and b > 1)
+                    ms = step_ms(model, b, slots)
                     best[name, b] = min(best.get((name, b), ms), ms)
                     print(f"rep {rep + 1} rows {b:2d} {name:13s} {ms:6.1f} ms", file=sys.stderr, flush=True)
 
     thread = threading.Thread(target=worker, name="engine-like")
     thread.start()
     thread.join()
-    print(f"| rows | stock | onednn | onednn+slots |  (reordered on the {args.reorder_on} thread)")
-    print("|---|---|---|---|")
+    names = [name for name, _, _ in arms]
+    print(f"| rows | {' | '.join(names)} |  (reordered on the {args.reorder_on} thread)")
+    print("|---|" + "---|" * len(names))
     for b in rows:
-        cells = " | ".join(f"{best[name, b]:.1f} ms" for name in ("stock", "onednn", "onednn+slots"))
+        cells = " | ".join(f"{best[name, b]:.1f} ms" for name in names)
         print(f"| {b} | {cells} |")
 
 

@@ -28,6 +28,7 @@ SDPA take ~28 us for the same call.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -39,6 +40,7 @@ from transformers import AttentionInterface
 
 from server.engines.hf.kv_growing import cache_kw
 from server.engines.hf.kv_slots import KVSlots, PooledStep
+from server.engines.hf.lean_decode import decode_forward, lean_decode_supported
 
 ROWS_ATTENTION = "agentserve_rows"
 
@@ -135,14 +137,25 @@ def _attention(config: Any, name: str) -> Iterator[None]:
         config._attn_implementation = before
 
 
+_LEAN: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _lean(model: Any) -> bool:
+    """``lean_decode_supported``, asked once per model (a walk over its layers)."""
+    if model not in _LEAN:
+        _LEAN[model] = lean_decode_supported(model)
+    return _LEAN[model]
+
+
 def decode_rows(
     model: Any, caches: list[Any], tokens: list[int], device: torch.device, pool: KVSlots | None = None
 ) -> torch.Tensor:
     """Run ``tokens[i]`` through the model on top of ``caches[i]`` for every i; logits [B, V].
 
-    Every cache grows by one token. Positions are each sequence's own length, and the 4-D
-    placeholder mask is passed through untouched (attention is per row, causal by length).
-    Pooled when every cache lives in ``pool`` and the padding is within bounds (kv_slots.py).
+    Every cache grows by one token. Positions are each sequence's own length. Pooled when
+    every cache lives in ``pool`` and the padding is within bounds (kv_slots.py). The forward
+    is ``lean_decode.decode_forward`` where the family allows it, else transformers' (a 4-D
+    placeholder mask passed through untouched: attention is per row, causal by length).
     """
     lengths = [int(c.get_seq_length()) for c in caches]
     pooled = None
@@ -153,13 +166,17 @@ def decode_rows(
             pooled = PooledStep(pool, slots, lengths)  # type: ignore[arg-type]
     positions = torch.tensor([[n] for n in lengths], device=device)
     ids = torch.tensor([[t] for t in tokens], device=device)
+    rows = RowsKV(caches, pooled)
+    if _lean(model):
+        extra = {"agentserve_pooled": pooled} if pooled is not None else {}
+        return decode_forward(model, rows, ids, positions, rows_attention, **extra)
     placeholder = torch.zeros((len(tokens), 1, 1, 1), device=device, dtype=torch.bool)
     with _attention(model.config, ROWS_ATTENTION):
         out = model(
             input_ids=ids,
             position_ids=positions,
             attention_mask=placeholder,
-            **cache_kw(model, RowsKV(caches, pooled)),
+            **cache_kw(model, rows),
             use_cache=True,
             **({"agentserve_pooled": pooled} if pooled is not None else {}),
         )

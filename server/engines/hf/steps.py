@@ -209,17 +209,11 @@ class SequenceSteps:
         """Run each sequence's pending token through the model: one forward for all of them."""
         tokens = [s.pending for s in seqs]
         assert all(t is not None for t in tokens)
-        with decode_attention(self.device):
-            if len(seqs) == 1:
-                seq = seqs[0]
-                ids = torch.tensor([tokens], device=self.device)
-                out = self.model(input_ids=ids, **cache_kw(self.model, seq.kv), use_cache=True)
-                seq.next_logits = out.logits[0, -1]
-            else:
-                kvs = [s.kv for s in seqs]
-                logits = decode_rows(self.model, kvs, tokens, self.device, self.slots)  # type: ignore[arg-type]
-                for i, seq in enumerate(seqs):
-                    seq.next_logits = logits[i]
+        with decode_attention(self.device):  # a batch of one too: the same (lean) forward
+            kvs = [s.kv for s in seqs]
+            logits = decode_rows(self.model, kvs, tokens, self.device, self.slots)  # type: ignore[arg-type]
+        for i, seq in enumerate(seqs):
+            seq.next_logits = logits[i]
         for seq in seqs:
             seq.pending = None
 

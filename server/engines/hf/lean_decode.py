@@ -1,0 +1,159 @@
+"""A decode step's forward through the family's own layers, without transformers' model wrapper.
+
+A decode step on CPU is small matmuls, and around them transformers' model forward does work
+a step of one new token per row does not need: output dataclasses, mask construction,
+kwargs routing, deprecation wrappers, a decoder layer and an attention module per layer.
+On this 2-core EPYC that machinery was ~8 ms of a ~60 ms 1-row step of the embedded model
+(benchmarks/results/concurrent_sessions.md). ``decode_forward`` runs the same modules
+(embeddings, the rotary embedding, each layer's norms, projections, MLP, the final norm, the
+LM head) and the family's own ``apply_rotary_pos_emb``, in the decoder layer's order, and
+hands attention to the caller's cache and attention function (batched_decode.py).
+
+Only for families whose decoder layer is exactly that (``LEAN_MODEL_TYPES``: pre-norm,
+q/k/v projections with an optional per-head q/k norm, rotary, attention, o_proj, residual,
+post-attention norm, MLP, residual) and without sliding-window attention; any other model
+runs transformers' forward. Logits equal transformers' forward within fp32 rounding (tests).
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from server.engines.hf.fused_projections import LinearSlice
+
+# transformers model types whose decoder layer is the Llama layer (Qwen3 adds q/k norms)
+LEAN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+_INNER = ("embed_tokens", "layers", "norm", "rotary_emb")
+_LAYER = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
+
+Attention = Callable[..., tuple[torch.Tensor, Any]]
+
+
+def _rope(model: Any) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    module = inspect.getmodule(type(model))
+    return getattr(module, "apply_rotary_pos_emb", None)
+
+
+def lean_decode_supported(model: Any) -> bool:
+    """Whether ``decode_forward`` reproduces ``model``'s forward (else use transformers')."""
+    config = model.config
+    inner = getattr(model, "model", None)
+    if config.model_type not in LEAN_MODEL_TYPES or inner is None or _rope(model) is None:
+        return False
+    if not all(hasattr(inner, name) for name in _INNER) or len(inner.layers) != config.num_hidden_layers:
+        return False
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        if not all(hasattr(layer, name) for name in _LAYER) or not all(hasattr(attn, n) for n in _ATTN):
+            return False
+        # a sliding window changes which keys a row attends to: transformers' forward knows it
+        if getattr(attn, "sliding_window", getattr(config, "sliding_window", None)) is not None:
+            return False
+    return True
+
+
+Tensors = Callable[[torch.Tensor], Any]
+
+
+def _norm(module: Any, dtype: torch.dtype) -> Tensors:
+    """The layer's RMSNorm: fp32 as ONE fused op (``F.rms_norm``, the module's formula)."""
+    eps = getattr(module, "variance_epsilon", None)
+    if dtype != torch.float32 or eps is None or not type(module).__name__.endswith("RMSNorm"):
+        return module.forward  # type: ignore[no-any-return]
+    return lambda x: F.rms_norm(x, (x.shape[-1],), module.weight, eps)
+
+
+def _qkv(attn: Any) -> Tensors:
+    """q, k, v of the layer's input: one matmul when they are slices of one shared linear."""
+    q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+    if all(isinstance(p, LinearSlice) for p in (q, k, v)) and q.shared is k.shared is v.shared:
+        shared = q.shared
+
+        def fused(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            y = shared.linear.forward(x)
+            return y[..., q.start : q.stop], y[..., k.start : k.stop], y[..., v.start : v.stop]
+
+        return fused
+    return lambda x: (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+
+
+def _mlp(mlp: Any) -> Tensors:
+    """``down(act(gate(x)) * up(x))`` (the families' MLP): gate and up as one matmul when shared."""
+    gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+    shared = getattr(gate, "shared", None)
+    if not (isinstance(gate, LinearSlice) and isinstance(up, LinearSlice) and up.shared is shared):
+        return mlp.forward  # type: ignore[no-any-return]
+    act = mlp.act_fn
+
+    def fused(x: torch.Tensor) -> torch.Tensor:
+        y = shared.linear.forward(x)
+        hidden = act(y[..., gate.start : gate.stop]) * y[..., up.start : up.stop]
+        out: torch.Tensor = mlp.down_proj.forward(hidden)
+        return out
+
+    return fused
+
+
+class _Layer:
+    """One decoder layer's calls, resolved once (module ``__call__`` costs ~5 us; a step makes ~450)."""
+
+    def __init__(self, layer: Any, dtype: torch.dtype) -> None:
+        self.attn = layer.self_attn
+        self.norm1 = _norm(layer.input_layernorm, dtype)
+        self.norm2 = _norm(layer.post_attention_layernorm, dtype)
+        self.qkv = _qkv(self.attn)
+        self.mlp = _mlp(layer.mlp)
+        self.qk_norm = hasattr(self.attn, "q_norm")  # Qwen3: RMSNorm over each head before rotary
+
+
+_PLANS: weakref.WeakKeyDictionary[Any, list[_Layer]] = weakref.WeakKeyDictionary()
+
+
+def _plan(model: Any) -> list[_Layer]:
+    if model not in _PLANS:
+        dtype = model.model.embed_tokens.weight.dtype
+        _PLANS[model] = [_Layer(layer, dtype) for layer in model.model.layers]
+    return _PLANS[model]
+
+
+def decode_forward(
+    model: Any,
+    cache: Any,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    attention: Attention,
+    **attn_kwargs: Any,
+) -> torch.Tensor:
+    """Logits [B, V] of one new token per row (``ids``, ``positions`` [B, 1]) on top of ``cache``.
+
+    ``cache.update(k, v, layer)`` stores the step's keys/values and returns what the layer
+    attends to; ``attention(module, q, keys, values, None, scaling=..., **attn_kwargs)``
+    returns [B, 1, heads, head_dim] (transformers' attention-function signature).
+    """
+    inner = model.model
+    rope = _rope(model)
+    assert rope is not None
+    batch = ids.shape[0]
+    hidden = inner.embed_tokens(ids)
+    cos, sin = inner.rotary_emb(hidden, position_ids=positions)
+    for i, layer in enumerate(_plan(model)):
+        attn = layer.attn
+        q, k, v = layer.qkv(layer.norm1(hidden))
+        heads = (batch, 1, -1, attn.head_dim)
+        q, k, v = q.view(heads), k.view(heads), v.view(heads).transpose(1, 2)
+        if layer.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        keys, values = cache.update(k, v, i)
+        out, _ = attention(attn, q, keys, values, None, scaling=attn.scaling, **attn_kwargs)
+        hidden = hidden + attn.o_proj.forward(out.reshape(batch, 1, -1))
+        hidden = hidden + layer.mlp(layer.norm2(hidden))
+    logits: torch.Tensor = model.lm_head(inner.norm(hidden))[:, -1]
+    return logits
