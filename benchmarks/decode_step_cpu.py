@@ -48,7 +48,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from server.engines.hf import batched_decode
+    from server.engines.hf import lean_decode
     from server.engines.hf.batched_decode import decode_rows
     from server.engines.hf.fused_projections import fuse_projections
     from server.engines.hf.kv_growing import cache_kw, growing_cache
@@ -61,7 +61,7 @@ def main() -> None:
     stock = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     fast = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engine = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    batched_decode._LEAN[stock] = batched_decode._LEAN[fast] = False  # transformers' forward
+    lean_decode._SUPPORTED[stock] = lean_decode._SUPPORTED[fast] = False  # transformers' forward
     arms = [("stock", stock, False), ("onednn+slots", fast, True), ("engine", engine, True)]
 
     def prepare() -> None:

@@ -28,7 +28,6 @@ SDPA take ~28 us for the same call.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -137,16 +136,6 @@ def _attention(config: Any, name: str) -> Iterator[None]:
         config._attn_implementation = before
 
 
-_LEAN: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-
-def _lean(model: Any) -> bool:
-    """``lean_decode_supported``, asked once per model (a walk over its layers)."""
-    if model not in _LEAN:
-        _LEAN[model] = lean_decode_supported(model)
-    return _LEAN[model]
-
-
 def decode_rows(
     model: Any, caches: list[Any], tokens: list[int], device: torch.device, pool: KVSlots | None = None
 ) -> torch.Tensor:
@@ -167,9 +156,8 @@ def decode_rows(
     positions = torch.tensor([[n] for n in lengths], device=device)
     ids = torch.tensor([[t] for t in tokens], device=device)
     rows = RowsKV(caches, pooled)
-    if _lean(model):
-        extra = {"agentserve_pooled": pooled} if pooled is not None else {}
-        return decode_forward(model, rows, ids, positions, rows_attention, **extra)
+    if lean_decode_supported(model):
+        return decode_forward(model, rows, ids, positions, rows_attention, agentserve_pooled=pooled)
     placeholder = torch.zeros((len(tokens), 1, 1, 1), device=device, dtype=torch.bool)
     with _attention(model.config, ROWS_ATTENTION):
         out = model(

@@ -19,7 +19,6 @@ engine owns (``self.steps``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import queue
 import threading
@@ -39,6 +38,7 @@ from server.engines.base import (
     GenerationRequest,
     constraint_errors_as_400,
 )
+from server.engines.hf.admission import prefill_turn
 from server.engines.hf.fused_projections import fuse_projections
 from server.engines.hf.kv_blocks import cache_from_settings
 from server.engines.hf.kv_slots import KVSlots
@@ -228,29 +228,8 @@ class HFEngine(Engine):
                 self._wake.clear()
 
     def _prefill_turn(self, prefilling: SequenceState | None) -> SequenceState | None:
-        """Prefill up to one chunk's worth of prompt tokens, then the loop runs a decode step.
-
-        The tokens may span several queued requests: a burst of short prompts (sub-agents
-        starting together) joins the batch in one turn instead of one per decode step, and a
-        long prompt still stalls the running requests by one chunk at most. Returns the
-        request whose prefill goes on next turn, if any.
-        """
-        budget = self.steps.chunk_tokens
-        while budget > 0:
-            if prefilling is None:
-                try:
-                    prefilling = self._inbox.get_nowait()
-                except queue.Empty:
-                    return None
-            seq = prefilling
-            start = seq.prefill_at
-            done = self._run_guarded(seq, functools.partial(self.steps.prefill_chunk, limit=budget))
-            if done or seq.kv is None:
-                prefilling = None
-                if seq.kv is not None:
-                    self._running.append(seq)
-            budget -= max(1, seq.prefill_at - max(start, seq.cached_tokens))
-        return prefilling
+        """Up to one chunk of prompt tokens, in one forward (admission.py); who goes on next turn."""
+        return prefill_turn(self, prefilling)
 
     def _decode_running(self) -> None:
         """One decode step of every running request: sample each, then one batched forward."""
@@ -266,12 +245,7 @@ class HFEngine(Engine):
         except Exception as exc:  # the batch's forward failed: end those requests, keep the engine
             log.exception("decode step of %d requests failed", len(going))
             for seq in going:
-                seq.kv = None
-                seq.emit(
-                    GenerationChunk(
-                        [], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}"
-                    )
-                )
+                self._fail(seq, exc)
 
     def _run_guarded(self, seq: SequenceState, step: Callable[[SequenceState], Any]) -> Any:
         try:
@@ -282,11 +256,16 @@ class HFEngine(Engine):
             return step(seq)
         except Exception as exc:  # never let one request kill the engine thread
             log.exception("request %s failed", seq.request.request_id)
-            seq.kv = None
-            seq.emit(
-                GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}")
-            )
+            self._fail(seq, exc)
             return None
+
+    @staticmethod
+    def _fail(seq: SequenceState, exc: Exception) -> None:
+        """End ``seq`` with an error chunk that names the exception (the engine goes on)."""
+        seq.kv = None
+        seq.emit(
+            GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}")
+        )
 
     def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
         """The service says what the session's reply ended with: tool calls (named) or text."""

@@ -78,7 +78,7 @@ class LinearSlice(torch.nn.Module):
         return out
 
 
-def _fusable(linears: list[Any]) -> bool:
+def _fusable(linears: list[Any]) -> bool:  # nn.Linears of one input size, dtype, device, bias or not
     if not all(type(lin) is torch.nn.Linear for lin in linears):
         return False
     first = linears[0].weight
@@ -96,9 +96,10 @@ def fuse_projections(model: torch.nn.Module) -> int:
     fused = 0
     for module in list(model.modules()):
         for names in GROUPS:
-            linears = [getattr(module, name, None) for name in names]
-            if not _fusable(linears):
+            found = [getattr(module, name, None) for name in names]
+            if not _fusable(found):
                 continue
+            linears: list[torch.nn.Linear] = found  # type: ignore[assignment]  # checked by _fusable
             with torch.no_grad():
                 weight = torch.cat([lin.weight for lin in linears], dim=0)
                 bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])

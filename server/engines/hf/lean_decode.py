@@ -41,8 +41,17 @@ def _rope(model: Any) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None
     return getattr(module, "apply_rotary_pos_emb", None)
 
 
+_SUPPORTED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 def lean_decode_supported(model: Any) -> bool:
-    """Whether ``decode_forward`` reproduces ``model``'s forward (else use transformers')."""
+    """Whether ``decode_forward`` reproduces ``model``'s forward (else use transformers'); asked once."""
+    if model not in _SUPPORTED:
+        _SUPPORTED[model] = _supported(model)
+    return _SUPPORTED[model]
+
+
+def _supported(model: Any) -> bool:
     config = model.config
     inner = getattr(model, "model", None)
     if config.model_type not in LEAN_MODEL_TYPES or inner is None or _rope(model) is None:
@@ -129,31 +138,35 @@ def decode_forward(
     ids: torch.Tensor,
     positions: torch.Tensor,
     attention: Attention,
+    last: torch.Tensor | None = None,
     **attn_kwargs: Any,
 ) -> torch.Tensor:
-    """Logits [B, V] of one new token per row (``ids``, ``positions`` [B, 1]) on top of ``cache``.
+    """Logits [B, V] of ``ids`` [B, T] (at ``positions`` [B, T]) on top of ``cache``.
 
-    ``cache.update(k, v, layer)`` stores the step's keys/values and returns what the layer
+    A decode step has T = 1; a batched prefill (batched_prefill.py) T new tokens per row,
+    padded. ``cache.update(k, v, layer)`` stores the keys/values and returns what the layer
     attends to; ``attention(module, q, keys, values, None, scaling=..., **attn_kwargs)``
-    returns [B, 1, heads, head_dim] (transformers' attention-function signature).
+    returns [B, T, heads, head_dim] (transformers' attention-function signature). The logits
+    are row i's at token ``last[i]`` (default: the last one).
     """
     inner = model.model
     rope = _rope(model)
     assert rope is not None
-    batch = ids.shape[0]
+    batch, tokens = ids.shape
     hidden = inner.embed_tokens(ids)
     cos, sin = inner.rotary_emb(hidden, position_ids=positions)
     for i, layer in enumerate(_plan(model)):
         attn = layer.attn
         q, k, v = layer.qkv(layer.norm1(hidden))
-        heads = (batch, 1, -1, attn.head_dim)
+        heads = (batch, tokens, -1, attn.head_dim)
         q, k, v = q.view(heads), k.view(heads), v.view(heads).transpose(1, 2)
         if layer.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         keys, values = cache.update(k, v, i)
         out, _ = attention(attn, q, keys, values, None, scaling=attn.scaling, **attn_kwargs)
-        hidden = hidden + attn.o_proj.forward(out.reshape(batch, 1, -1))
+        hidden = hidden + attn.o_proj.forward(out.reshape(batch, tokens, -1))
         hidden = hidden + layer.mlp(layer.norm2(hidden))
-    logits: torch.Tensor = model.lm_head(inner.norm(hidden))[:, -1]
+    rows = hidden[:, -1] if last is None else hidden[torch.arange(batch, device=hidden.device), last]
+    logits: torch.Tensor = model.lm_head(inner.norm(rows))
     return logits

@@ -30,6 +30,7 @@ from server.constrain.bitmask import MaskApplier
 from server.constrain.interface import TokenConstraint
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
 from server.engines.hf.batched_decode import decode_attention, decode_rows
+from server.engines.hf.batched_prefill import prefill_rows, prefill_rows_supported
 from server.engines.hf.kv_blocks import BlockCutter, cached_kv
 from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
 from server.engines.hf.kv_slots import HEADROOM, KVSlots
@@ -131,14 +132,36 @@ class SequenceSteps:
         At most one chunk per engine-loop turn: a long prompt delays the running requests'
         decode by at most one chunk per step.
         """
+        chunk = self.prefill_take(seq, limit)
+        return self.prefill_end(seq, len(chunk), self.prefill_forward([seq], [chunk])[0])
+
+    def prefill_take(self, seq: SequenceState, limit: int | None = None) -> list[int]:
+        """The next chunk of ``seq``'s prompt to compute: ``chunk_tokens`` at most, ``limit`` at most."""
         if seq.prefill_at < 0:
             self.prefill_begin(seq)
-        ids = seq.request.prompt_ids
-        start = seq.prefill_at
         n = self.chunk_tokens if limit is None else max(1, min(limit, self.chunk_tokens))
-        chunk = torch.tensor([ids[start : start + n]], device=self.device)
-        out = self.model(input_ids=chunk, **cache_kw(self.model, seq.kv), use_cache=True, logits_to_keep=1)
-        seq.prefill_at = min(len(ids), start + n)
+        return seq.request.prompt_ids[seq.prefill_at : seq.prefill_at + n]
+
+    def prefill_forward(self, seqs: list[SequenceState], chunks: list[list[int]]) -> torch.Tensor:
+        """Each chunk appended to its sequence's KV; each one's last logits [B, V].
+
+        One forward for all (batched_prefill.py) where the family allows it, else one
+        transformers forward per sequence.
+        """
+        if prefill_rows_supported(self.model):
+            kvs = [s.kv for s in seqs]
+            return prefill_rows(self.model, kvs, chunks, [s.prefill_at for s in seqs], self.device)
+        rows = []
+        for seq, chunk in zip(seqs, chunks, strict=True):
+            ids = torch.tensor([chunk], device=self.device)
+            out = self.model(input_ids=ids, **cache_kw(self.model, seq.kv), use_cache=True, logits_to_keep=1)
+            rows.append(out.logits[0, -1])
+        return torch.stack(rows)
+
+    def prefill_end(self, seq: SequenceState, n: int, logits: torch.Tensor) -> bool:
+        """``n`` more prompt tokens are in ``seq``'s KV (``logits`` after the last); True once all are."""
+        ids = seq.request.prompt_ids
+        seq.prefill_at = min(len(ids), seq.prefill_at + n)
         if seq.prefill_at < len(ids):
             return False
         if self.cache.tier2 is not None:  # the cost model weighs restoring against this, measured
@@ -153,7 +176,7 @@ class SequenceSteps:
             BlockCutter(seq.kv, self.cache.block_size),
             session=seq.request.session_key,
         )
-        seq.next_logits = out.logits[0, -1]
+        seq.next_logits = logits
         return True
 
     def decode_step(self, seq: SequenceState) -> None:

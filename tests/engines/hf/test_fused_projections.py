@@ -64,7 +64,7 @@ def test_projections_of_different_inputs_or_shapes_stay_apart():
     assert type(holder.gate_proj) is torch.nn.Linear and type(holder.q_proj) is torch.nn.Linear
 
 
-@pytest.mark.skipif(not onednn_linear_available(CPU, torch.float32), reason="torch built without oneDNN's linear")
+@pytest.mark.skipif(not onednn_linear_available(CPU, torch.float32), reason="torch without oneDNN's linear")
 def test_the_oneDNN_swap_reorders_each_shared_linear_once():
     model = tiny("llama")
     fuse_projections(model)

@@ -1,0 +1,65 @@
+"""Prefill chunks of several sequences in one forward: each row as if prefilled alone.
+
+Rows of different cached lengths and chunk lengths (one token up), KV in slots or not:
+each row's last logits, its KV (the next decode step reads it) and nothing of the padding
+must equal transformers' prefill of that sequence alone, within fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from server.engines.hf.batched_prefill import prefill_rows
+from server.engines.hf.fused_projections import fuse_projections
+from server.engines.hf.kv_growing import cache_kw, growing_cache
+from server.engines.hf.kv_slots import KVSlots
+from server.engines.hf.onednn_linear import use_onednn_linears
+from tests.engines.hf.tiny_models import FAMILIES, tiny
+
+CPU = torch.device("cpu")
+TOLERANCE = 1e-4
+# (cached prefix, new chunk): a fresh prompt, a long chunk on a short prefix, one token, a mid one
+ROWS = [
+    (list(range(3, 3)), list(range(3, 40))),
+    (list(range(5, 15)), list(range(50, 90))),
+    (list(range(7, 60)), [99]),
+    (list(range(8, 30)), list(range(120, 137))),
+]
+
+
+def _forward(model, kv, ids):
+    out = model(input_ids=torch.tensor([ids]), **cache_kw(model, kv), use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1]
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+@pytest.mark.parametrize("variant", ["plain", "fused+onednn+pooled"])
+def test_prefill_rows_equal_each_sequence_prefilled_alone(model_type, variant):
+    reference = tiny(model_type)
+    model = tiny(model_type)
+    if variant != "plain":
+        fuse_projections(model)
+        use_onednn_linears(model, CPU, torch.float32)
+    pool = KVSlots(model.config, torch.float32, CPU, 2**24) if variant.endswith("pooled") else None
+    with torch.no_grad():
+        want, want_next = [], []
+        for prefix, chunk in ROWS:
+            kv = growing_cache(reference.config)
+            if prefix:
+                _forward(reference, kv, prefix)
+            want.append(_forward(reference, kv, chunk))
+            want_next.append(_forward(reference, kv, [11]))  # reads the chunk's KV
+        caches = []
+        for prefix, chunk in ROWS:
+            kv = growing_cache(model.config)
+            if pool is not None:
+                pool.admit(kv, len(prefix) + len(chunk) + 8)
+            if prefix:
+                _forward(model, kv, prefix)
+            caches.append(kv)
+        got = prefill_rows(model, caches, [c for _, c in ROWS], [len(p) for p, _ in ROWS], CPU)
+        assert [c.get_seq_length() for c in caches] == [len(p) + len(c) for p, c in ROWS]  # no padding kept
+        for i, kv in enumerate(caches):
+            assert torch.max(torch.abs(got[i] - want[i])).item() < TOLERANCE, (model_type, variant, i)
+            assert torch.max(torch.abs(_forward(model, kv, [11]) - want_next[i])).item() < TOLERANCE
