@@ -1,4 +1,4 @@
-"""A decode step's forward through the family's own layers, without transformers' model wrapper.
+"""A decode step's (or batched prefill's) forward through the family's own layers, no model wrapper.
 
 A decode step on CPU is small matmuls, and around them transformers' model forward does work
 a step of one new token per row does not need: output dataclasses, mask construction,
