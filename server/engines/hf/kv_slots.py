@@ -136,7 +136,8 @@ class PooledStep:
     """One batched decode step over the pool: rows, lengths after the step, the mask.
 
     ``rows[i]`` is sequence i's pool row relative to ``lo``; ``mask`` [span, 1, 1, longest]
-    is True where a row attends (its own tokens, the new one included).
+    is 0 where a row attends (its own tokens, the new one included) and -inf elsewhere: an
+    additive mask, made once a step (SDPA would turn a boolean one into it in every layer).
     """
 
     def __init__(self, pool: KVSlots, slots: list[int], lengths: list[int]) -> None:
@@ -151,8 +152,14 @@ class PooledStep:
         self.identity = slots == list(range(self.lo, self.lo + span))  # rows in slot order, no gaps
         after = torch.ones(span, dtype=torch.long, device=dev)  # rows outside the batch: token 0 only
         after[self.rows] = self.positions + 1
-        self.mask = (torch.arange(self.longest, device=dev)[None, :] < after[:, None])[:, None, None, :]
+        outside = torch.arange(self.longest, device=dev)[None, :] >= after[:, None]
+        mask = torch.zeros(outside.shape, dtype=pool.dtype, device=dev).masked_fill_(outside, float("-inf"))
+        self.mask = mask[:, None, None, :]
         self.span = span
+        # the new keys/values land at flat rows of a layer's [slots * kv_heads * cap, head_dim] view
+        heads = torch.arange(pool.kv_heads, device=dev)[None, :]
+        flat = (self.slots[:, None] * pool.kv_heads + heads) * pool.cap + self.positions[:, None]
+        self.flat = flat.reshape(-1)
 
     @staticmethod
     def fits(slots: list[int], lengths: list[int]) -> bool:
@@ -165,7 +172,8 @@ class PooledStep:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the step's keys/values [B, kv_heads, 1, head_dim]; the K/V the attention reads."""
         k, v = self.pool.k[layer], self.pool.v[layer]
-        k[self.slots, :, self.positions] = keys[:, :, 0]
-        v[self.slots, :, self.positions] = values[:, :, 0]
+        dim = k.shape[-1]
+        k.view(-1, dim).index_copy_(0, self.flat, keys.reshape(-1, dim))
+        v.view(-1, dim).index_copy_(0, self.flat, values.reshape(-1, dim))
         hi = self.lo + self.span
         return k[self.lo : hi, :, : self.longest], v[self.lo : hi, :, : self.longest]

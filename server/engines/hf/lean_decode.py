@@ -6,18 +6,20 @@ kwargs routing, deprecation wrappers, a decoder layer and an attention module pe
 On this 2-core EPYC that machinery was ~8 ms of a ~60 ms 1-row step of the embedded model
 (benchmarks/results/concurrent_sessions.md). ``decode_forward`` runs the same modules
 (embeddings, the rotary embedding, each layer's norms, projections, MLP, the final norm, the
-LM head) and the family's own ``apply_rotary_pos_emb``, in the decoder layer's order, and
-hands attention to the caller's cache and attention function (batched_decode.py).
+LM head) in the decoder layer's order, with the layer's work in fewer tensor ops: the norms
+as ``F.rms_norm`` (fp32), q/k/v (and gate/up) as one matmul when fused
+(fused_projections.py), q and k rotated at once; attention goes to the caller's cache and
+attention function (batched_decode.py, batched_prefill.py).
 
 Only for families whose decoder layer is exactly that (``LEAN_MODEL_TYPES``: pre-norm,
-q/k/v projections with an optional per-head q/k norm, rotary, attention, o_proj, residual,
+q/k/v projections with an optional per-head q/k norm, ``rotate_half`` rotary over the whole
+head, attention, o_proj, residual,
 post-attention norm, MLP, residual) and without sliding-window attention; any other model
 runs transformers' forward. Logits equal transformers' forward within fp32 rounding (tests).
 """
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -36,11 +38,6 @@ _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
 Attention = Callable[..., tuple[torch.Tensor, Any]]
 
 
-def _rope(model: Any) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
-    module = inspect.getmodule(type(model))
-    return getattr(module, "apply_rotary_pos_emb", None)
-
-
 _SUPPORTED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
@@ -54,7 +51,7 @@ def lean_decode_supported(model: Any) -> bool:
 def _supported(model: Any) -> bool:
     config = model.config
     inner = getattr(model, "model", None)
-    if config.model_type not in LEAN_MODEL_TYPES or inner is None or _rope(model) is None:
+    if config.model_type not in LEAN_MODEL_TYPES or inner is None:
         return False
     if not all(hasattr(inner, name) for name in _INNER) or len(inner.layers) != config.num_hidden_layers:
         return False
@@ -80,17 +77,28 @@ def _norm(module: Any, dtype: torch.dtype) -> Tensors:
 
 
 def _qkv(attn: Any) -> Tensors:
-    """q, k, v of the layer's input: one matmul when they are slices of one shared linear."""
+    """(q and k side by side, v) of the layer's input: one matmul when they share a linear.
+
+    q and k side by side get their rotary in one go; fused, they already are (a view).
+    """
     q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
-    if all(isinstance(p, LinearSlice) for p in (q, k, v)) and q.shared is k.shared is v.shared:
+    fused = all(isinstance(p, LinearSlice) for p in (q, k, v)) and q.shared is k.shared is v.shared
+    if fused and q.stop == k.start:
         shared = q.shared
 
-        def fused(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def one(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
             y = shared.linear.forward(x)
-            return y[..., q.start : q.stop], y[..., k.start : k.stop], y[..., v.start : v.stop]
+            return y[..., q.start : k.stop], y[..., v.start : v.stop]
 
-        return fused
-    return lambda x: (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+        return one
+    return lambda x: (torch.cat((attn.q_proj(x), attn.k_proj(x)), dim=-1), attn.v_proj(x))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` [B, heads, T, d] (cos/sin [B, 1, T, d]): the ``rotate_half`` form
+    every family in ``LEAN_MODEL_TYPES`` applies (its ``apply_rotary_pos_emb``), q and k at once."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def _mlp(mlp: Any) -> Tensors:
@@ -120,6 +128,7 @@ class _Layer:
         self.qkv = _qkv(self.attn)
         self.mlp = _mlp(layer.mlp)
         self.qk_norm = hasattr(self.attn, "q_norm")  # Qwen3: RMSNorm over each head before rotary
+        self.q_heads = self.attn.q_proj.out_features // self.attn.head_dim
 
 
 _PLANS: weakref.WeakKeyDictionary[Any, list[_Layer]] = weakref.WeakKeyDictionary()
@@ -150,21 +159,20 @@ def decode_forward(
     are row i's at token ``last[i]`` (default: the last one).
     """
     inner = model.model
-    rope = _rope(model)
-    assert rope is not None
     batch, tokens = ids.shape
     hidden = inner.embed_tokens(ids)
     cos, sin = inner.rotary_emb(hidden, position_ids=positions)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     for i, layer in enumerate(_plan(model)):
-        attn = layer.attn
-        q, k, v = layer.qkv(layer.norm1(hidden))
-        heads = (batch, tokens, -1, attn.head_dim)
-        q, k, v = q.view(heads), k.view(heads), v.view(heads).transpose(1, 2)
+        attn, nq = layer.attn, layer.q_heads
+        qk, v = layer.qkv(layer.norm1(hidden))
+        qk = qk.view(batch, tokens, -1, attn.head_dim)
+        v = v.view(batch, tokens, -1, attn.head_dim).transpose(1, 2)
         if layer.qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        keys, values = cache.update(k, v, i)
-        out, _ = attention(attn, q, keys, values, None, scaling=attn.scaling, **attn_kwargs)
+            qk = torch.cat((attn.q_norm(qk[:, :, :nq]), attn.k_norm(qk[:, :, nq:])), dim=2)
+        qk = _rotate(qk.transpose(1, 2), cos, sin)
+        keys, values = cache.update(qk[:, nq:], v, i)
+        out, _ = attention(attn, qk[:, :nq], keys, values, None, scaling=attn.scaling, **attn_kwargs)
         hidden = hidden + attn.o_proj.forward(out.reshape(batch, tokens, -1))
         hidden = hidden + layer.mlp(layer.norm2(hidden))
     rows = hidden[:, -1] if last is None else hidden[torch.arange(batch, device=hidden.device), last]
