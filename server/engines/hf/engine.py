@@ -223,7 +223,7 @@ class HFEngine(Engine):
             self._running = [s for s in self._running if s.kv is not None]
             if not self._running and prefilling is None and self._inbox.empty():
                 if self.steps.slots is not None:
-                    self.steps.slots.collect()  # idle: an empty pool gives its memory back
+                    self.steps.slots.release_idle()  # idle: an empty pool gives its memory back, later
                 self._wake.wait(0.5)
                 self._wake.clear()
 

@@ -104,7 +104,7 @@ def test_the_pool_reallocates_under_live_caches_and_they_keep_their_kv(model, po
     assert torch.max(torch.abs(rows[1] - _alone(model, 35, 2, 6))).item() < TOLERANCE
 
 
-def test_dropped_caches_give_their_slot_back_and_an_empty_pool_its_memory(model):
+def test_dropped_caches_give_their_slot_back_and_an_idle_empty_pool_its_memory(model):
     pool = _pool(model)
     a, b = _cache(model, 20, 1, pool), _cache(model, 20, 2, pool)
     assert pool.slot_of(a) == 0 and pool.slot_of(b) == 1
@@ -115,7 +115,17 @@ def test_dropped_caches_give_their_slot_back_and_an_empty_pool_its_memory(model)
     del b, c
     gc.collect()
     pool.collect()
-    assert pool.slots == 0 and pool.k == [] and not pool.reserved
+    assert not pool.reserved and pool.slots == 2  # empty, its memory kept a while for the next burst
+    d = _cache(model, 20, 4, pool)
+    assert pool.slot_of(d) == 0 and pool.slots == 2  # reused: no regrowth
+    pool.release_idle(after_s=60.0)
+    assert pool.slots == 2  # not empty: kept
+    del d
+    gc.collect()
+    pool.release_idle(after_s=60.0)
+    assert pool.slots == 2  # empty for less than a minute: kept
+    pool.release_idle(after_s=0.0)
+    assert pool.slots == 0 and pool.k == [] and not pool.reserved  # empty long enough: given back
 
 
 def test_past_the_budget_a_sequence_keeps_its_own_buffers_and_decodes_per_row(model, pooled_steps):
