@@ -52,18 +52,24 @@ def ragged_attention(
     value: list[torch.Tensor],
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
-    agentserve_lengths: list[int] | None = None,
+    agentserve_masks: list[torch.Tensor | None] | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Row i's ``lengths[i]`` new queries over its cache, causal; [B, T, heads, head_dim] (padding 0)."""
-    assert agentserve_lengths is not None
+    """Row i's new queries over its cache under ``masks[i]`` (None: a fresh prompt, plain causal);
+    [B, T, heads, head_dim], padding 0."""
+    assert agentserve_masks is not None
     batch, heads, tokens, dim = query.shape
     out = query.new_zeros((batch, tokens, heads, dim))
-    for i, (k, v, n) in enumerate(zip(key, value, agentserve_lengths, strict=True)):
-        total = k.shape[2]  # cached + new
-        causal = torch.ones((n, total), dtype=torch.bool, device=query.device).tril(total - n)
+    for i, (k, v, mask) in enumerate(zip(key, value, agentserve_masks, strict=True)):
+        n = k.shape[2] if mask is None else mask.shape[0]
         rows = F.scaled_dot_product_attention(
-            query[i : i + 1, :, :n], k, v, attn_mask=causal, scale=scaling, enable_gqa=True
+            query[i : i + 1, :, :n],
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scaling,
+            enable_gqa=True,
         )
         out[i, :n] = rows[0].transpose(0, 1)
     return out, None
@@ -79,6 +85,12 @@ def prefill_rows(
     offsets = torch.arange(width, device=device)
     positions = torch.tensor(starts, device=device)[:, None] + offsets[None, :]
     last = torch.tensor([n - 1 for n in lengths], device=device)
+    # row i's n new tokens over its start + n keys: new token j sees keys 0 .. start + j (made once,
+    # not per layer); a fresh prompt (start 0) is plain causal: SDPA's is_causal, its fast path
+    masks = [
+        None if start == 0 else torch.ones((n, start + n), dtype=torch.bool, device=device).tril(start)
+        for n, start in zip(lengths, starts, strict=True)
+    ]
     return decode_forward(
         model,
         RaggedKV(caches, lengths),
@@ -86,5 +98,5 @@ def prefill_rows(
         positions,
         ragged_attention,
         last=last,
-        agentserve_lengths=lengths,
+        agentserve_masks=masks,
     )
