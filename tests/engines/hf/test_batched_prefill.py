@@ -63,3 +63,35 @@ def test_prefill_rows_equal_each_sequence_prefilled_alone(model_type, variant):
         for i, kv in enumerate(caches):
             assert torch.max(torch.abs(got[i] - want[i])).item() < TOLERANCE, (model_type, variant, i)
             assert torch.max(torch.abs(_forward(model, kv, [11]) - want_next[i])).item() < TOLERANCE
+
+
+def test_a_family_the_lean_forward_does_not_cover_prefills_through_transformers(
+    hf_engine, tokenizer, monkeypatch
+):
+    """The engine's prefill turn with a model outside ``LEAN_MODEL_TYPES`` (a sliding window): one
+    transformers forward per sequence, the same logits as prefilling each alone."""
+    from server.engines.base import GenerationRequest, SamplingParams
+    from server.engines.hf import steps as hf_steps
+    from server.engines.hf.engine import HFEngine
+    from server.engines.hf.steps import SequenceState
+    from tests.engines.hf.test_batched_decode import _Sink
+
+    model, reference = tiny("mistral", sliding_window=16), tiny("mistral", sliding_window=16)
+    engine = HFEngine(hf_engine.settings, model=model, tokenizer=tokenizer)  # no thread: turns by hand
+    prompts = [list(range(3, 40)), list(range(50, 61))]
+    seqs = [
+        SequenceState(
+            GenerationRequest(f"w{i}", ids, SamplingParams(2, 0.0), None, f"w{i}"), _Sink(), _Sink()
+        )
+        for i, ids in enumerate(prompts)
+    ]
+    calls = []
+    monkeypatch.setattr(hf_steps, "prefill_rows", lambda *a: calls.append(a))
+    with torch.no_grad():
+        chunks = [engine.steps.prefill_take(s) for s in seqs]
+        got = engine.steps.prefill_forward(seqs, chunks)
+        want = [_forward(reference, growing_cache(reference.config), ids) for ids in prompts]
+    assert not calls  # not the lean rows
+    assert chunks == prompts
+    for i in range(len(prompts)):
+        assert torch.max(torch.abs(got[i] - want[i])).item() < TOLERANCE
