@@ -26,6 +26,7 @@ zeroes the new pool and copies the old one: ~0.1 s of a burst's first token, mea
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from typing import Any
@@ -60,14 +61,23 @@ class KVSlots:
         self.homes: dict[int, list[Any]] = {}  # slot -> the GrowingLayers living in it
         self._dropped: list[int] = []  # slots whose cache was dropped (a finalizer may run on any thread)
         self._empty_since: float | None = None  # when the last slot came back (monotonic clock)
+        # admission, collection and release run on the engine thread, but ``HFEngine.prefill_logits``
+        # (tests, in-process benchmarks) admits from its caller's thread while the idle loop may
+        # release: each is one step under this lock (a release between an admission and its first
+        # write left a row of 0 slots)
+        self._lock = threading.RLock()
 
     def admit(self, kv: Any, need: int) -> int | None:
         """Give ``kv`` (a fresh ``growing_cache``) a slot for up to ``need`` tokens; None: stays private."""
         from server.engines.hf.kv_growing import GrowingLayer
 
+        with self._lock:
+            return self._admit(kv, need, GrowingLayer)
+
+    def _admit(self, kv: Any, need: int, growing: type) -> int | None:
         self.collect()
         layers = list(kv.layers)
-        if len(layers) != self.n_layers or not all(type(lay) is GrowingLayer for lay in layers):
+        if len(layers) != self.n_layers or not all(type(lay) is growing for lay in layers):
             return None  # other layer kinds (sliding window, linear attention) keep their own class
         slot = next((i for i in range(self.slots) if i not in self.reserved), self.slots)
         if not self._fit(slot + 1, need):
@@ -81,7 +91,8 @@ class KVSlots:
 
     def ensure(self, tokens: int) -> bool:
         """Rows of at least ``tokens`` tokens (reallocated within the budget); False past it."""
-        return self._fit(self.slots, tokens)
+        with self._lock:
+            return self._fit(self.slots, tokens)
 
     def _fit(self, slots: int, tokens: int) -> bool:
         """At least ``slots`` rows of ``tokens`` tokens: with spare room (rows doubled, tokens +1/4)
@@ -121,22 +132,24 @@ class KVSlots:
                 layer.rehome(*self.row(i, slot))
 
     def collect(self) -> None:
-        """Free the slots of dropped caches (the engine thread calls it: the pool is not thread-safe)."""
-        while self._dropped:
-            slot = self._dropped.pop()
-            self.reserved.pop(slot, None)
-            self.homes.pop(slot, None)
-        if self.reserved or not self.slots:
-            self._empty_since = None
-        elif self._empty_since is None:  # nothing lives in the pool from now on
-            self._empty_since = time.monotonic()
+        """Free the slots of dropped caches (their finalizers only queue them: any thread may run one)."""
+        with self._lock:
+            while self._dropped:
+                slot = self._dropped.pop()
+                self.reserved.pop(slot, None)
+                self.homes.pop(slot, None)
+            if self.reserved or not self.slots:
+                self._empty_since = None
+            elif self._empty_since is None:  # nothing lives in the pool from now on
+                self._empty_since = time.monotonic()
 
     def release_idle(self, after_s: float = IDLE_RELEASE_S) -> None:
         """Give the memory back once the pool has been empty ``after_s`` seconds (the engine's idle loop)."""
-        self.collect()
-        if self._empty_since is not None and time.monotonic() - self._empty_since >= after_s:
-            self.k, self.v, self.slots, self.cap = [], [], 0, 0
-            self._empty_since = None
+        with self._lock:
+            self.collect()
+            if self._empty_since is not None and time.monotonic() - self._empty_since >= after_s:
+                self.k, self.v, self.slots, self.cap = [], [], 0, 0
+                self._empty_since = None
 
     def slot_of(self, kv: Any) -> int | None:
         """The slot every layer of ``kv`` lives in, or None (not admitted, or a layer moved out)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 
 import pytest
 import torch
@@ -126,6 +127,36 @@ def test_dropped_caches_give_their_slot_back_and_an_idle_empty_pool_its_memory(m
     assert pool.slots == 2  # empty for less than a minute: kept
     pool.release_idle(after_s=0.0)
     assert pool.slots == 0 and pool.k == [] and not pool.reserved  # empty long enough: given back
+
+
+def test_a_release_cannot_slip_between_another_threads_admission_and_its_rows(model):
+    """``prefill_logits`` admits from its caller's thread while the engine's idle loop may release
+    an empty pool: an admission landing inside a release must not be left homed in 0 rows."""
+    pool = _pool(model)
+    a = _cache(model, 20, 1, pool)
+    del a
+    gc.collect()
+    pool.collect()
+    pool._empty_since -= 60.0  # empty for a minute: the next release_idle gives the memory back
+    real, other = pool.collect, {}
+
+    def collect_then_admit_elsewhere():  # the release has looked at the pool: admit from another thread now
+        real()
+        if not other:
+            other["thread"] = threading.Thread(
+                target=lambda: other.setdefault("kv", _cache(model, 20, 2, pool))
+            )
+            other["thread"].start()
+            other["thread"].join(timeout=0.5)  # it waits for the lock: the release finishes first
+
+    pool.collect = collect_then_admit_elsewhere
+    pool.release_idle(after_s=30.0)
+    other["thread"].join()
+    kv = other["kv"]
+    slot = pool.slot_of(kv)
+    assert slot is not None and pool.slots > slot and pool.cap >= 20  # its row exists in the pool
+    k, _ = pool.row(0, slot)
+    assert torch.equal(k[0, :, :20], kv.layers[0].keys[0])  # and the cache is that row
 
 
 def test_past_the_budget_a_sequence_keeps_its_own_buffers_and_decodes_per_row(model, pooled_steps):
