@@ -45,6 +45,14 @@ class RaggedKV:
         return out_k, out_v
 
 
+def gqa_in_sdpa(mask: torch.Tensor | None, device: torch.device) -> bool:
+    """Whether SDPA's ``enable_gqa`` keeps a fast kernel: on CPU (measured: 326 us vs 376 us with
+    the K/V repeated, 25 queries over 625 keys), or without a mask. CUDA's masked kernels do not
+    take grouped heads and would fall back to the math kernel, which holds every score in memory
+    (transformers' ``use_gqa_in_sdpa`` draws the same line)."""
+    return mask is None or device.type == "cpu"
+
+
 def ragged_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -62,6 +70,10 @@ def ragged_attention(
     out = query.new_zeros((batch, tokens, heads, dim))
     for i, (k, v, mask) in enumerate(zip(key, value, agentserve_masks, strict=True)):
         n = k.shape[2] if mask is None else mask.shape[0]
+        gqa = gqa_in_sdpa(mask, query.device)
+        if not gqa and k.shape[1] != heads:  # each query head its own copy of its KV head
+            k = k.repeat_interleave(heads // k.shape[1], dim=1)
+            v = v.repeat_interleave(heads // v.shape[1], dim=1)
         rows = F.scaled_dot_product_attention(
             query[i : i + 1, :, :n],
             k,
@@ -69,7 +81,7 @@ def ragged_attention(
             attn_mask=mask,
             is_causal=mask is None,
             scale=scaling,
-            enable_gqa=True,
+            enable_gqa=gqa,
         )
         out[i, :n] = rows[0].transpose(0, 1)
     return out, None

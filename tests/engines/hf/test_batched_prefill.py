@@ -95,3 +95,33 @@ def test_a_family_the_lean_forward_does_not_cover_prefills_through_transformers(
     assert chunks == prompts
     for i in range(len(prompts)):
         assert torch.max(torch.abs(got[i] - want[i])).item() < TOLERANCE
+
+
+def test_grouped_heads_go_to_sdpa_only_where_its_fast_kernels_take_them():
+    from server.engines.hf.batched_prefill import gqa_in_sdpa
+
+    mask = torch.ones((2, 5), dtype=torch.bool)
+    assert gqa_in_sdpa(mask, torch.device("cpu")) and gqa_in_sdpa(None, torch.device("cuda"))
+    assert not gqa_in_sdpa(mask, torch.device("cuda"))  # masked: the K/V are repeated per query head
+
+
+def test_prefill_rows_with_the_kv_repeated_per_head_equal_grouped_heads(monkeypatch):
+    from server.engines.hf import batched_prefill
+
+    model = tiny("llama")  # 4 query heads over 2 KV heads
+    chunks, starts = [c for _, c in ROWS], [len(p) for p, _ in ROWS]
+
+    def run():
+        caches = []
+        for prefix, _ in ROWS:
+            kv = growing_cache(model.config)
+            if prefix:
+                _forward(model, kv, prefix)
+            caches.append(kv)
+        return prefill_rows(model, caches, chunks, starts, CPU)
+
+    with torch.no_grad():
+        grouped = run()
+        monkeypatch.setattr(batched_prefill, "gqa_in_sdpa", lambda mask, device: mask is None)  # CUDA's rule
+        repeated = run()
+    assert torch.max(torch.abs(grouped - repeated)).item() < TOLERANCE
