@@ -166,7 +166,8 @@ class PooledStep:
 
     ``rows[i]`` is sequence i's pool row relative to ``lo``; ``mask`` [span, 1, 1, longest]
     is 0 where a row attends (its own tokens, the new one included) and -inf elsewhere: an
-    additive mask, made once a step (SDPA would turn a boolean one into it in every layer).
+    additive mask, made once a step (SDPA would turn a boolean one into it in every layer);
+    None when the span has no padding (a batch of one: SDPA's unmasked kernels, flash on CUDA).
     """
 
     def __init__(self, pool: KVSlots, slots: list[int], lengths: list[int]) -> None:
@@ -181,9 +182,11 @@ class PooledStep:
         self.identity = slots == list(range(self.lo, self.lo + span))  # rows in slot order, no gaps
         after = torch.ones(span, dtype=torch.long, device=dev)  # rows outside the batch: token 0 only
         after[self.rows] = self.positions + 1
-        outside = torch.arange(self.longest, device=dev)[None, :] >= after[:, None]
-        mask = torch.zeros(outside.shape, dtype=pool.dtype, device=dev).masked_fill_(outside, float("-inf"))
-        self.mask = mask[:, None, None, :]
+        self.mask: torch.Tensor | None = None  # no padding in the span (a batch of one): no mask
+        if not (self.identity and len(set(lengths)) == 1):
+            outside = torch.arange(self.longest, device=dev)[None, :] >= after[:, None]
+            mask = torch.zeros(outside.shape, dtype=pool.dtype, device=dev)
+            self.mask = mask.masked_fill_(outside, float("-inf"))[:, None, None, :]
         self.span = span
         # the new keys/values land at flat rows of a layer's [slots * kv_heads * cap, head_dim] view
         heads = torch.arange(pool.kv_heads, device=dev)[None, :]

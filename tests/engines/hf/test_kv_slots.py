@@ -91,6 +91,21 @@ def test_a_pooled_step_equals_each_row_alone_in_any_order_and_with_gaps(model, p
         assert torch.equal(c.layers[0].keys[0], pool.k[0][slot, :, :n])
 
 
+def test_a_step_without_padding_runs_unmasked_and_one_with_padding_masked(model, pooled_steps):
+    pool = _pool(model)
+    a, b, c = _cache(model, 30, 1, pool), _cache(model, 30, 2, pool), _cache(model, 29, 3, pool)
+    with torch.no_grad():
+        pair = decode_rows(model, [a, b], [6, 7], CPU, pool)  # slots 0-1, both 30 tokens
+        alone = decode_rows(model, [c], [5], CPU, pool)  # a batch of one
+        decode_rows(model, [a, b, c], [8, 9, 10], CPU, pool)  # 31, 31, 30 tokens: padding
+    assert [s.mask is None for s in pooled_steps] == [True, True, False]
+    mask = pooled_steps[2].mask
+    assert mask.shape == (3, 1, 1, 32) and mask[2, 0, 0, 31] == float("-inf") and mask[0, 0, 0, 31] == 0
+    for row, (seed, token) in zip(pair, [(1, 6), (2, 7)], strict=True):
+        assert torch.max(torch.abs(row - _alone(model, 30, seed, token))).item() < TOLERANCE
+    assert torch.max(torch.abs(alone[0] - _alone(model, 29, 3, 5))).item() < TOLERANCE
+
+
 def test_the_pool_reallocates_under_live_caches_and_they_keep_their_kv(model, pooled_steps):
     pool = _pool(model)
     a = _cache(model, 30, 1, pool, need=40)
