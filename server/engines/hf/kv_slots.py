@@ -57,7 +57,6 @@ class KVSlots:
         self.v: list[torch.Tensor] = []
         self.slots = 0  # rows allocated
         self.cap = 0  # tokens per row
-        self.reserved: dict[int, int] = {}  # slot -> tokens its sequence may reach
         self.homes: dict[int, list[Any]] = {}  # slot -> the GrowingLayers living in it
         self._dropped: list[int] = []  # slots whose cache was dropped (a finalizer may run on any thread)
         self._empty_since: float | None = None  # when the last slot came back (monotonic clock)
@@ -79,10 +78,9 @@ class KVSlots:
         layers = list(kv.layers)
         if len(layers) != self.n_layers or not all(type(lay) is growing for lay in layers):
             return None  # other layer kinds (sliding window, linear attention) keep their own class
-        slot = next((i for i in range(self.slots) if i not in self.reserved), self.slots)
+        slot = next((i for i in range(self.slots) if i not in self.homes), self.slots)
         if not self._fit(slot + 1, need):
             return None
-        self.reserved[slot] = need
         self.homes[slot] = layers
         for i, layer in enumerate(layers):
             layer.home(self, slot, i)
@@ -136,9 +134,8 @@ class KVSlots:
         with self._lock:
             while self._dropped:
                 slot = self._dropped.pop()
-                self.reserved.pop(slot, None)
                 self.homes.pop(slot, None)
-            if self.reserved or not self.slots:
+            if self.homes or not self.slots:
                 self._empty_since = None
             elif self._empty_since is None:  # nothing lives in the pool from now on
                 self._empty_since = time.monotonic()

@@ -76,7 +76,7 @@ def test_a_pooled_step_equals_each_row_alone_in_any_order_and_with_gaps(model, p
     del caches[1]  # slot 1 freed: rows 0, 2, 3 with a gap
     gc.collect()
     pool.collect()
-    assert pool.reserved.keys() == {0, 2, 3}
+    assert pool.homes.keys() == {0, 2, 3}
     batch = caches[::-1]  # and not in slot order
     tokens = [7, 8, 9]
     with torch.no_grad():
@@ -131,7 +131,7 @@ def test_dropped_caches_give_their_slot_back_and_an_idle_empty_pool_its_memory(m
     del b, c
     gc.collect()
     pool.collect()
-    assert not pool.reserved and pool.slots == 2  # empty, its memory kept a while for the next burst
+    assert not pool.homes and pool.slots == 2  # empty, its memory kept a while for the next burst
     d = _cache(model, 20, 4, pool)
     assert pool.slot_of(d) == 0 and pool.slots == 2  # reused: no regrowth
     pool.release_idle(after_s=60.0)
@@ -141,7 +141,7 @@ def test_dropped_caches_give_their_slot_back_and_an_idle_empty_pool_its_memory(m
     pool.release_idle(after_s=60.0)
     assert pool.slots == 2  # empty for less than a minute: kept
     pool.release_idle(after_s=0.0)
-    assert pool.slots == 0 and pool.k == [] and not pool.reserved  # empty long enough: given back
+    assert pool.slots == 0 and pool.k == [] and not pool.homes  # empty long enough: given back
 
 
 def test_a_release_cannot_slip_between_another_threads_admission_and_its_rows(model):
@@ -253,4 +253,4 @@ def test_the_engine_decodes_similar_requests_pooled_and_as_alone(hf_engine, toke
     assert together == alone
     assert taken and max(taken) >= 3  # the running requests shared pooled forwards
     hf_engine.steps.slots.collect()
-    assert not hf_engine.steps.slots.reserved  # every slot came back
+    assert not hf_engine.steps.slots.homes  # every slot came back
