@@ -50,11 +50,16 @@ class RowsKV:
     With a ``PooledStep`` (every cache lives in one ``KVSlots`` pool, padding within bounds)
     a layer's B new keys/values go into the pool with one indexed store, and the attention
     reads the pool's rows at once; otherwise each row appends to and reads its own cache.
+    ``lengths`` (a batched prefill, batched_prefill.py): row i appends only its first
+    ``lengths[i]`` tokens, so padding never reaches a cache.
     """
 
-    def __init__(self, caches: list[Any], pooled: PooledStep | None = None) -> None:
+    def __init__(
+        self, caches: list[Any], pooled: PooledStep | None = None, lengths: list[int] | None = None
+    ) -> None:
         self.caches = caches
         self.pooled = pooled
+        self.lengths = lengths
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -67,7 +72,10 @@ class RowsKV:
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         for i, cache in enumerate(self.caches):
-            k, v = cache.update(key_states[i : i + 1], value_states[i : i + 1], layer_idx)
+            k, v = key_states[i : i + 1], value_states[i : i + 1]
+            if self.lengths is not None:  # a prefill row: its real tokens only
+                k, v = k[:, :, : self.lengths[i]], v[:, :, : self.lengths[i]]
+            k, v = cache.update(k, v, layer_idx)
             keys.append(k)
             values.append(v)
         return keys, values

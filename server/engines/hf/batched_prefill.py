@@ -2,14 +2,15 @@
 
 When several requests arrive at once, each has a cached prefix (the shared system prompt)
 and a short rest of its own. Prefilled one after another, each rest is a forward whose cost
-is the weights (a 25-token chunk of the embedded model costs about a decode step): 8 of
-them took ~0.35 s before the first token of any. ``prefill_rows`` runs the chunks as the
+is mostly the weights: 8 rests of 25 tokens on a 600-token cached prefix took 609 ms one
+after another, 395 ms as one forward (benchmarks/prefill_rows_cpu.py). ``prefill_rows`` runs the chunks as the
 rows of ONE forward (``lean_decode.decode_forward`` with T = the longest chunk, shorter rows
 padded): the linears read the weights once for all rows; each row's attention runs alone,
-causal over its own cache and its own new tokens (``RaggedKV`` appends only the row's real
-tokens, padding never reaches a cache). A single long prompt's chunk is a batch of one.
+causal over its own cache and its own new tokens (``batched_decode.RowsKV`` with lengths
+appends only the row's real tokens, padding never reaches a cache). A single long prompt's
+chunk is a batch of one.
 
-Only for the families ``lean_decode`` covers (``prefill_rows_supported``); others prefill
+Only for the families ``lean_decode`` covers (``lean_decode_supported``); others prefill
 with transformers' forward, one sequence at a time. Logits equal transformers' prefill
 within fp32 rounding (tests).
 """
@@ -21,28 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from server.engines.hf.lean_decode import decode_forward, lean_decode_supported
-
-prefill_rows_supported = lean_decode_supported
-
-
-class RaggedKV:
-    """The stand-in cache of a batched prefill: row i appends its first ``lengths[i]`` tokens."""
-
-    def __init__(self, caches: list[Any], lengths: list[int]) -> None:
-        self.caches = caches
-        self.lengths = lengths
-
-    def update(
-        self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args: Any, **kwargs: Any
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        out_k: list[torch.Tensor] = []
-        out_v: list[torch.Tensor] = []
-        for i, (cache, n) in enumerate(zip(self.caches, self.lengths, strict=True)):
-            k, v = cache.update(keys[i : i + 1, :, :n], values[i : i + 1, :, :n], layer)
-            out_k.append(k)
-            out_v.append(v)
-        return out_k, out_v
+from server.engines.hf.batched_decode import RowsKV
+from server.engines.hf.lean_decode import decode_forward
 
 
 def gqa_in_sdpa(mask: torch.Tensor | None, device: torch.device) -> bool:
@@ -105,7 +86,7 @@ def prefill_rows(
     ]
     return decode_forward(
         model,
-        RaggedKV(caches, lengths),
+        RowsKV(caches, lengths=lengths),
         ids,
         positions,
         ragged_attention,

@@ -70,22 +70,19 @@ class KVSlots:
         """Give ``kv`` (a fresh ``growing_cache``) a slot for up to ``need`` tokens; None: stays private."""
         from server.engines.hf.kv_growing import GrowingLayer
 
-        with self._lock:
-            return self._admit(kv, need, GrowingLayer)
-
-    def _admit(self, kv: Any, need: int, growing: type) -> int | None:
-        self.collect()
         layers = list(kv.layers)
-        if len(layers) != self.n_layers or not all(type(lay) is growing for lay in layers):
+        if len(layers) != self.n_layers or not all(type(lay) is GrowingLayer for lay in layers):
             return None  # other layer kinds (sliding window, linear attention) keep their own class
-        slot = next((i for i in range(self.slots) if i not in self.homes), self.slots)
-        if not self._fit(slot + 1, need):
-            return None
-        self.homes[slot] = layers
-        for i, layer in enumerate(layers):
-            layer.home(self, slot, i)
-        weakref.finalize(kv, self._dropped.append, slot)
-        return slot
+        with self._lock:
+            self.collect()
+            slot = next((i for i in range(self.slots) if i not in self.homes), self.slots)
+            if not self._fit(slot + 1, need):
+                return None
+            self.homes[slot] = layers
+            for i, layer in enumerate(layers):
+                layer.home(self, slot, i)
+            weakref.finalize(kv, self._dropped.append, slot)
+            return slot
 
     def ensure(self, tokens: int) -> bool:
         """Rows of at least ``tokens`` tokens (reallocated within the budget); False past it."""

@@ -3,13 +3,13 @@
 A decode step on CPU is small matmuls, and around them transformers' model forward does work
 a step of one new token per row does not need: output dataclasses, mask construction,
 kwargs routing, deprecation wrappers, a decoder layer and an attention module per layer.
-On this 2-core EPYC that machinery was ~8 ms of a ~60 ms 1-row step of the embedded model
-(benchmarks/results/concurrent_sessions.md). ``decode_forward`` runs the same modules
-(embeddings, the rotary embedding, each layer's norms, projections, MLP, the final norm, the
-LM head) in the decoder layer's order, with the layer's work in fewer tensor ops: the norms
-as ``F.rms_norm`` (fp32), q/k/v (and gate/up) as one matmul when fused
-(fused_projections.py), q and k rotated at once; attention goes to the caller's cache and
-attention function (batched_decode.py, batched_prefill.py).
+On this 2-core EPYC, with fused projections, the engine's step went 41.1 -> 34.8 ms at 1 row
+and 58.9 -> 52.7 ms at 8 rows (benchmarks/decode_step_cpu.py; concurrent_sessions.md).
+``decode_forward`` runs the same modules (embeddings, the rotary embedding, each layer's
+norms, projections, MLP, the final norm, the LM head) in the decoder layer's order, with the
+layer's work in fewer tensor ops: the norms as ``F.rms_norm`` (fp32), q/k/v (and gate/up) as
+one matmul when fused (fused_projections.py), q and k rotated at once; attention goes to the
+caller's cache and attention function (batched_decode.py, batched_prefill.py).
 
 Only for families whose decoder layer is exactly that (``LEAN_MODEL_TYPES``: pre-norm,
 q/k/v projections with an optional per-head q/k norm, ``rotate_half`` rotary over the whole

@@ -30,10 +30,11 @@ from server.constrain.bitmask import MaskApplier
 from server.constrain.interface import TokenConstraint
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
 from server.engines.hf.batched_decode import decode_attention, decode_rows
-from server.engines.hf.batched_prefill import prefill_rows, prefill_rows_supported
+from server.engines.hf.batched_prefill import prefill_rows
 from server.engines.hf.kv_blocks import BlockCutter, cached_kv
 from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
 from server.engines.hf.kv_slots import HEADROOM, KVSlots
+from server.engines.hf.lean_decode import lean_decode_supported
 from server.engines.hf.sampling import TokenSampler
 from server.kvcache.prefix_cache import PrefixCache
 
@@ -148,7 +149,7 @@ class SequenceSteps:
         One forward for all (batched_prefill.py) where the family allows it, else one
         transformers forward per sequence.
         """
-        if prefill_rows_supported(self.model):
+        if lean_decode_supported(self.model):
             kvs = [s.kv for s in seqs]
             return prefill_rows(self.model, kvs, chunks, [s.prefill_at for s in seqs], self.device)
         rows = []
