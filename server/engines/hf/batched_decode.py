@@ -40,6 +40,7 @@ from transformers import AttentionInterface
 from server.engines.hf.kv_growing import cache_kw
 from server.engines.hf.kv_slots import KVSlots, PooledStep
 from server.engines.hf.lean_decode import decode_forward, lean_decode_supported
+from server.engines.hf.shared_prefix import shared_prefix_attention, shared_prefix_available, worth_sharing
 
 ROWS_ATTENTION = "agentserve_rows"
 
@@ -100,7 +101,9 @@ def rows_attention(
     With grouped-query attention the G query heads that share a KV head become G query
     positions of that head (one query token attends to past keys only, so no causal mask):
     no copy of the K/V is made to repeat heads. Pooled (``key`` one tensor over the pool's
-    rows ``lo..hi``): one SDPA with the step's padding mask, queries placed at their rows.
+    rows ``lo..hi``): one SDPA with the step's padding mask, queries placed at their rows --
+    or, when the step's rows share a prefix (``step.shared``), that prefix read once
+    (shared_prefix.py).
     """
     batch, heads, _, dim = query.shape
     if isinstance(key, torch.Tensor):
@@ -108,6 +111,9 @@ def rows_attention(
         step = agentserve_pooled
         kv_heads = key.shape[1]
         q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+        if step.shared:
+            out = shared_prefix_attention(q, key, value, step, scaling)
+            return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
         if not step.identity:
             q = q.new_zeros((step.span, *q.shape[1:])).index_copy_(0, step.rows, q)
         out = F.scaled_dot_product_attention(q, key, value, attn_mask=step.mask, scale=scaling)
@@ -145,7 +151,12 @@ def _attention(config: Any, name: str) -> Iterator[None]:
 
 
 def decode_rows(
-    model: Any, caches: list[Any], tokens: list[int], device: torch.device, pool: KVSlots | None = None
+    model: Any,
+    caches: list[Any],
+    tokens: list[int],
+    device: torch.device,
+    pool: KVSlots | None = None,
+    shared: int = 0,
 ) -> torch.Tensor:
     """Run ``tokens[i]`` through the model on top of ``caches[i]`` for every i; logits [B, V].
 
@@ -153,6 +164,8 @@ def decode_rows(
     every cache lives in ``pool`` and the padding is within bounds (kv_slots.py). The forward
     is ``lean_decode.decode_forward`` where the family allows it, else transformers' (a 4-D
     placeholder mask passed through untouched: attention is per row, causal by length).
+    ``shared``: tokens every row's sequence starts with (the caller knows the tokens); a pooled
+    step reads them once when that pays (shared_prefix.py).
     """
     lengths = [int(c.get_seq_length()) for c in caches]
     pooled = None
@@ -160,7 +173,9 @@ def decode_rows(
         slots = [pool.slot_of(c) for c in caches]
         fits = all(s is not None for s in slots) and PooledStep.fits(slots, lengths)  # type: ignore[arg-type]
         if fits and pool.ensure(max(lengths) + 1):  # every new token lands inside its row
-            pooled = PooledStep(pool, slots, lengths)  # type: ignore[arg-type]
+            share = min(shared, *lengths)
+            share = share if worth_sharing(len(caches), share) and shared_prefix_available(device) else 0
+            pooled = PooledStep(pool, slots, lengths, share)  # type: ignore[arg-type]
     positions = torch.tensor([[n] for n in lengths], device=device)
     ids = torch.tensor([[t] for t in tokens], device=device)
     rows = RowsKV(caches, pooled)

@@ -28,7 +28,47 @@ DEFAULT_RESERVE = 256
 
 
 class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
-    """A ``DynamicLayer`` whose keys/values live in a buffer with spare room (see module doc)."""
+    """A ``DynamicLayer`` whose keys/values live in a buffer with spare room (see module doc).
+
+    ``keys`` / ``values`` are views of the buffer's filled part made when read, not at every
+    write: a pooled decode step advances every layer of every row, and remaking the views
+    there took ~1.4 ms of an 8-row step (py-spy, concurrent_sessions.md). Assigning them
+    (transformers' offload, reorder, batch selection) makes the given tensors the buffer,
+    outside any pool.
+    """
+
+    _k: torch.Tensor | None = None
+    _v: torch.Tensor | None = None
+    _n = 0
+    _plain: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # before the first append
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        return self._plain[0] if self._k is None else self._k[:, :, : self._n]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        if self._k is None or value is None:
+            self._plain = (value, self._plain[1])
+        else:
+            self._adopt(value, self._v)
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        return self._plain[1] if self._v is None else self._v[:, :, : self._n]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        if self._v is None or value is None:
+            self._plain = (self._plain[0], value)
+        else:
+            self._adopt(self._k, value)
+
+    def _adopt(self, k: torch.Tensor | None, v: torch.Tensor | None) -> None:
+        """Tensors assigned from outside become the buffer, filled to their length (no pool row)."""
+        self._k, self._v = k, v
+        self._n = (k if k is not None else v).shape[-2]  # type: ignore[union-attr]
+        self.pool = self.slot = None
 
     def __init__(self, reserve: int = DEFAULT_RESERVE) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -50,7 +90,6 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         if self.pool is None or self._k is None:
             return  # not in the pool, or not begun (the first append takes the row and checks it)
         self._k, self._v = k, v
-        self.keys, self.values = k[:, :, : self._n], v[:, :, : self._n]
 
     def _pool_row(self, key_states: torch.Tensor, need: int) -> bool:
         """Take the pool row as the buffer if it fits (the pool's rows may grow within its budget);
@@ -91,13 +130,11 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self._k[:, :, n : n + add].copy_(key_states)
         self._v[:, :, n : n + add].copy_(value_states)
         self._n = n + add
-        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
 
     def advance(self, add: int) -> None:
         """``add`` tokens were written into this layer's pool row from outside (a pooled decode step)."""
         assert self._k is not None and self._v is not None
         self._n += add
-        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -119,9 +156,10 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         super().reset()
 
     def crop(self, tokens_to_remove: int) -> None:
-        super().crop(tokens_to_remove)
-        if self.is_initialized and self.keys is not None:
-            self._n = self.keys.shape[-2]
+        if self._k is None or tokens_to_remove > 0:  # transformers' checks and messages
+            super().crop(tokens_to_remove)
+            return
+        self._n = max(0, self._n - abs(tokens_to_remove))  # the buffer keeps its room
 
 
 def restore(kv: DynamicCache, stacked: torch.Tensor) -> None:

@@ -162,9 +162,11 @@ class PooledStep:
     is 0 where a row attends (its own tokens, the new one included) and -inf elsewhere: an
     additive mask, made once a step (SDPA would turn a boolean one into it in every layer);
     None when the span has no padding (a batch of one: SDPA's unmasked kernels, flash on CUDA).
+    ``shared`` > 0: the first ``shared`` tokens are the same in every row and the attention
+    reads them once, from row ``source`` (shared_prefix.py); ``own_mask`` is ``mask`` past them.
     """
 
-    def __init__(self, pool: KVSlots, slots: list[int], lengths: list[int]) -> None:
+    def __init__(self, pool: KVSlots, slots: list[int], lengths: list[int], shared: int = 0) -> None:
         self.pool = pool
         self.lo = min(slots)
         span = max(slots) - self.lo + 1
@@ -182,6 +184,9 @@ class PooledStep:
             mask = torch.zeros(outside.shape, dtype=pool.dtype, device=dev)
             self.mask = mask.masked_fill_(outside, float("-inf"))[:, None, None, :]
         self.span = span
+        self.shared = shared
+        self.source = slots[0] - self.lo
+        self.own_mask = None if self.mask is None or not shared else self.mask[..., shared:].contiguous()
         # the new keys/values land at flat rows of a layer's [slots * kv_heads * cap, head_dim] view
         heads = torch.arange(pool.kv_heads, device=dev)[None, :]
         flat = (self.slots[:, None] * pool.kv_heads + heads) * pool.cap + self.positions[:, None]

@@ -160,9 +160,10 @@ def decode_forward(
     """
     inner = model.model
     batch, tokens = ids.shape
-    hidden = inner.embed_tokens(ids)
-    cos, sin = inner.rotary_emb(hidden, position_ids=positions)
+    embedded = inner.embed_tokens(ids)
+    cos, sin = inner.rotary_emb(embedded, position_ids=positions)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    hidden = embedded.view(batch * tokens, -1)  # 2-D: a linear's input as it is (onednn_linear.py)
     for i, layer in enumerate(_plan(model)):
         attn, nq = layer.attn, layer.q_heads
         qk, v = layer.qkv(layer.norm1(hidden))
@@ -173,8 +174,9 @@ def decode_forward(
         qk = _rotate(qk.transpose(1, 2), cos, sin)
         keys, values = cache.update(qk[:, nq:], v, i)
         out, _ = attention(attn, qk[:, :nq], keys, values, None, scaling=attn.scaling, **attn_kwargs)
-        hidden = hidden + attn.o_proj.forward(out.reshape(batch, tokens, -1))
+        hidden = hidden + attn.o_proj.forward(out.reshape(batch * tokens, -1))
         hidden = hidden + layer.mlp(layer.norm2(hidden))
+    hidden = hidden.view(batch, tokens, -1)
     rows = hidden[:, -1] if last is None else hidden[torch.arange(batch, device=hidden.device), last]
     logits: torch.Tensor = model.lm_head(inner.norm(rows))
     return logits

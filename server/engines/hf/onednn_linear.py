@@ -66,11 +66,15 @@ class OneDNNLinear(torch.nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
+        if x.dim() == 2:  # rows already (the lean decode forward): no reshapes around the call
+            return self._rows(x)
+        return self._rows(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
             rows, self.reordered, self.bias, "none", [], ""
         )
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out
 
 
 def use_onednn_linears(model: Any, device: torch.device, dtype: torch.dtype) -> int:

@@ -36,6 +36,7 @@ from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
 from server.engines.hf.kv_slots import HEADROOM, KVSlots
 from server.engines.hf.lean_decode import lean_decode_supported
 from server.engines.hf.sampling import TokenSampler
+from server.engines.hf.shared_prefix import common_prefix
 from server.kvcache.prefix_cache import PrefixCache
 
 
@@ -88,6 +89,7 @@ class SequenceSteps:
         self.stats = stats  # the engine's: prefix queries / hits are counted here
         self.tokens_generated = 0  # all decode steps ever taken (cancellation tests read it)
         self.slots = slots  # the pool running sequences' KV lives in (None: each its own buffers)
+        self._shared: tuple[list[SequenceState], int] = ([], 0)  # the last step's rows, their common prefix
 
     def sampler(self, request: GenerationRequest) -> TokenSampler:
         """The request's sampler: bias, penalty state over the prompt, its seeded generator if any."""
@@ -235,11 +237,20 @@ class SequenceSteps:
         assert all(t is not None for t in tokens)
         with decode_attention(self.device):  # a batch of one too: the same (lean) forward
             kvs = [s.kv for s in seqs]
-            logits = decode_rows(self.model, kvs, tokens, self.device, self.slots)  # type: ignore[arg-type]
+            shared = self.shared_prefix(seqs)
+            logits = decode_rows(self.model, kvs, tokens, self.device, self.slots, shared)  # type: ignore[arg-type]
         for i, seq in enumerate(seqs):
             seq.next_logits = logits[i]
         for seq in seqs:
             seq.pending = None
+
+    def shared_prefix(self, seqs: list[SequenceState]) -> int:
+        """Prompt tokens every running sequence starts with; worked out again when the rows change."""
+        rows, shared = self._shared
+        if len(rows) != len(seqs) or any(a is not b for a, b in zip(rows, seqs, strict=True)):
+            prompts = [s.request.prompt_ids for s in seqs]
+            self._shared = (list(seqs), common_prefix(prompts, [s.request.cache_salt for s in seqs]))
+        return self._shared[1]
 
     def retain(self, seq: SequenceState) -> None:
         """Cache the KV of prompt + generated tokens, tail included: the next turn starts with them."""

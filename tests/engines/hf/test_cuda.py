@@ -142,10 +142,10 @@ def test_batched_decode_equals_alone_on_cuda(cuda_engine, monkeypatch):
     widths: list[int] = []
     real = hf_steps.decode_rows
 
-    def spy(model, caches, tokens, device):
+    def spy(model, caches, tokens, device, *args):
         assert device.type == "cuda"
         widths.append(len(tokens))
-        return real(model, caches, tokens, device)
+        return real(model, caches, tokens, device, *args)
 
     monkeypatch.setattr(hf_steps, "decode_rows", spy)
     tok = cuda_engine.tokenizer
