@@ -17,8 +17,8 @@ from server.api.responses import router as responses_router
 from server.api.responses_ws import router as responses_ws_router
 from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
-from server.auth import authenticate, check_worker_auth, needs_key
-from server.body_limit import BodyLimit, too_large
+from server.auth import check_worker_auth
+from server.body_limit import BodyLimit
 from server.chat.service import ChatService
 from server.config import ConfigError, Settings
 from server.constrain.compile_cache import set_compile_timeout
@@ -26,6 +26,7 @@ from server.constrain.row_cache import ROWS
 from server.dialects.messages.errors import shape_error
 from server.engines.base import Engine
 from server.errors import AgentServeError, internal_error_body
+from server.front_door import FrontDoor, route_paths
 from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -68,15 +69,6 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"invalid request: {param or 'body'}: {msg}{more}", param
 
 
-def _route_label(request: Request, known: frozenset[str]) -> str:
-    """The matched route's template, or a path that is one (a 401 before routing); never any other
-    raw path: a client could mint unbounded series."""
-    template = getattr(request.scope.get("route"), "path", None)
-    if isinstance(template, str):
-        return template
-    return request.url.path if request.url.path in known else "other"
-
-
 def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     check_settings(settings)
     set_compile_timeout(settings.limits.grammar_compile_timeout_s)
@@ -106,26 +98,15 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(responses_router)
     app.include_router(responses_ws_router)
     max_body = settings.limits.max_request_bytes
-    app.add_middleware(
-        BodyLimit, max_bytes=max_body, timeout_s=settings.limits.body_timeout_s
-    )  # inside front_door: auth runs first
+    app.add_middleware(BodyLimit, max_bytes=max_body, timeout_s=settings.limits.body_timeout_s)
 
-    @app.middleware("http")
-    async def front_door(request: Request, call_next):  # type: ignore[no-untyped-def]
-        """Auth (tenant), body-size limit, and request counting, before any route runs."""
-        path = request.url.path
-        try:
-            protected = needs_key(path, settings.auth.protect_metrics)
-            request.state.tenant = authenticate(request.headers, settings.auth) if protected else ""
-            length = request.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > max_body:
-                raise too_large(max_body, length)
-            response = await call_next(request)
-        except AgentServeError as exc:
-            response = JSONResponse(shape_error(path, exc.status, exc.body()), status_code=exc.status)
-        label = _route_label(request, frozenset(getattr(r, "path", "") for r in app.routes))
-        metrics.requests.labels(label, str(response.status_code)).inc()
-        return response
+    # outermost: auth and the Content-Length check run before BodyLimit reads a body (front_door.py)
+    app.add_middleware(
+        FrontDoor,
+        settings=settings,
+        metrics=metrics,
+        paths=lambda: route_paths(app.routes),
+    )
 
     @app.exception_handler(AgentServeError)
     async def on_agentserve_error(request: Request, exc: AgentServeError) -> JSONResponse:

@@ -24,6 +24,7 @@ LAYERS = {
     "server.chat": 3,
     "server.dialects": 4,
     "server.body_limit": 4,  # ASGI middleware of the app
+    "server.front_door": 4,  # ASGI middleware of the app
     "server.engines": 2,
     "server.constrain": 1,
     "server.kvcache": 1,

@@ -18,7 +18,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from transformers import PreTrainedTokenizerFast
+
 INCOMPLETE = "\ufffd"  # what a decode ends with while a UTF-8 sequence waits for its next byte
+
+
+def _plain_backend(tokenizer: Any) -> Any:
+    """The Rust ``tokenizers`` object behind ``tokenizer`` when its ``decode`` is that one's and
+    nothing more (transformers' fast tokenizer, no space clean-up): the same text without
+    transformers' Python layers around each call (two calls a token, on the event loop's thread)."""
+    if not isinstance(tokenizer, PreTrainedTokenizerFast) or tokenizer.clean_up_tokenization_spaces:
+        return None
+    cls = type(tokenizer)
+    if cls.decode is not PreTrainedTokenizerFast.decode or cls._decode is not PreTrainedTokenizerFast._decode:
+        return None
+    return tokenizer.backend_tokenizer
 
 
 class ReplyText:
@@ -26,12 +40,15 @@ class ReplyText:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._backend = _plain_backend(tokenizer)
         self.ids: list[int] = []
         self.text = ""  # the decode of ids[:read]
         self._prefix = 0
         self._read = 0
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return str(self._backend.decode(ids, skip_special_tokens=False))
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
     def push(self, new_ids: Iterable[int]) -> tuple[str, bool]:

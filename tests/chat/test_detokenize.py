@@ -79,3 +79,18 @@ def test_any_ids_in_any_chunks_decode_as_a_whole(name, data):
         full = tok.decode(ids[:i], skip_special_tokens=False)
         assert text == full
         assert complete == (not full.endswith(INCOMPLETE))
+
+
+def test_a_plain_fast_tokenizer_decodes_through_its_rust_backend_and_one_that_cleans_up_does_not():
+    tok = _tokenizer("embedded")
+    assert ReplyText(tok)._backend is tok.backend_tokenizer  # transformers' layers skipped
+    import copy
+
+    cleaning = copy.copy(tok)
+    cleaning.clean_up_tokenization_spaces = True  # decode() would change the text: keep it
+    assert ReplyText(cleaning)._backend is None
+    reply = ReplyText(tok)
+    ids = tok.encode(TEXT, add_special_tokens=False) + [tok.eos_token_id]
+    for i in ids:
+        text, _ = reply.push([i])
+    assert text == tok.decode(ids, skip_special_tokens=False)

@@ -198,3 +198,14 @@ def test_no_prompt_text_in_logs(server_url, caplog):
     secret = "the launch code is 0000-SECRET"
     assert chat(server_url, messages=[{"role": "user", "content": secret}]).status_code == 200
     assert "SECRET" not in caplog.text
+
+
+def test_the_front_door_counts_refusals_and_leaves_streams_unrelayed(keyed_url, hf_engine):
+    from starlette.middleware.base import BaseHTTPMiddleware
+
+    assert chat(keyed_url, None).status_code == 401
+    text = httpx.get(keyed_url + "/metrics").text
+    assert 'agentserve_requests_total{endpoint="/v1/chat/completions",status="401"}' in text
+    # no BaseHTTPMiddleware: it would pass every token of every stream through a task of its own
+    app = app_with(hf_engine)
+    assert not [m for m in app.user_middleware if issubclass(m.cls, BaseHTTPMiddleware)]

@@ -43,6 +43,7 @@ from server.engines.hf.fused_projections import fuse_projections
 from server.engines.hf.kv_blocks import cache_from_settings
 from server.engines.hf.kv_slots import KVSlots
 from server.engines.hf.onednn_linear import use_onednn_linears
+from server.engines.hf.outbox import one_wakeup
 from server.engines.hf.steps import SequenceState, SequenceSteps
 from server.kvcache.sessions import LookupReport
 from server.model_store import resolve_model
@@ -234,10 +235,11 @@ class HFEngine(Engine):
     def _decode_running(self) -> None:
         """One decode step of every running request: sample each, then one batched forward."""
         going = []
-        for seq in self._running:
-            self._run_guarded(seq, self.steps.pick)
-            if seq.kv is not None and seq.pending is not None:
-                going.append(seq)
+        with one_wakeup():  # the turn's tokens reach the event loop in one call (outbox.py)
+            for seq in self._running:
+                self._run_guarded(seq, self.steps.pick)
+                if seq.kv is not None and seq.pending is not None:
+                    going.append(seq)
         if not going:
             return
         try:

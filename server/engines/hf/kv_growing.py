@@ -40,9 +40,11 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     _k: torch.Tensor | None = None
     _v: torch.Tensor | None = None
     _n = 0
+    pool: Any = None  # the KVSlots this layer lives in (None: a buffer of its own)
+    slot: int | None = None
     _plain: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # before the first append
 
-    @property  # type: ignore[override]
+    @property
     def keys(self) -> torch.Tensor | None:
         return self._plain[0] if self._k is None else self._k[:, :, : self._n]
 
@@ -53,7 +55,7 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         else:
             self._adopt(value, self._v)
 
-    @property  # type: ignore[override]
+    @property
     def values(self) -> torch.Tensor | None:
         return self._plain[1] if self._v is None else self._v[:, :, : self._n]
 
@@ -73,11 +75,9 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     def __init__(self, reserve: int = DEFAULT_RESERVE) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.reserve = reserve
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
+        self._k = self._v = None
         self._n = 0
-        self.pool: Any = None  # the KVSlots this layer lives in (None: a buffer of its own)
-        self.slot: int | None = None
+        self.pool = self.slot = None
         self.layer_idx = 0
 
     def home(self, pool: Any, slot: int, layer_idx: int) -> None:

@@ -35,6 +35,7 @@ from server.engines.hf.kv_blocks import BlockCutter, cached_kv
 from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
 from server.engines.hf.kv_slots import HEADROOM, KVSlots
 from server.engines.hf.lean_decode import lean_decode_supported
+from server.engines.hf.outbox import send
 from server.engines.hf.sampling import TokenSampler
 from server.engines.hf.shared_prefix import common_prefix
 from server.kvcache.prefix_cache import PrefixCache
@@ -58,7 +59,7 @@ class SequenceState:
     pending: int | None = None  # the token sampled this step, to run through the model next
 
     def emit(self, chunk: GenerationChunk) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
+        send(self.loop, self.out, chunk)  # at once, or with the decode turn's others (outbox.py)
 
 
 class SequenceSteps:

@@ -1,0 +1,93 @@
+"""The worker's front door: auth (tenant), the body-size limit by Content-Length, request counts.
+
+A plain ASGI middleware, not Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``):
+that one relays every message of a streamed response through an anyio memory stream and a
+task of its own, on the event loop's thread, per token of every stream -- ~20 % of that
+thread's time at 8 concurrent streams (py-spy, benchmarks/results/concurrent_sessions.md),
+time the 2-core box's decode step then waits for. Here a response's messages go straight to
+the server; the request is counted when its response starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.auth import authenticate, needs_key
+from server.body_limit import too_large
+from server.config import Settings
+from server.dialects.messages.errors import shape_error
+from server.errors import AgentServeError
+from server.metrics import Metrics
+
+
+def route_label(scope: Scope, known: frozenset[str]) -> str:
+    """The matched route's template, or a path that is one (a 401 before routing); never any other
+    raw path: a client could mint unbounded series."""
+    template = getattr(scope.get("route"), "path", None)
+    if isinstance(template, str):
+        return template
+    path = scope["path"]
+    return path if path in known else "other"
+
+
+def route_paths(routes: list[Any]) -> frozenset[str]:
+    """Every route path, routers included (FastAPI keeps an included router as one entry)."""
+    out: set[str] = set()
+    for route in routes:
+        path = getattr(route, "path", "")
+        if isinstance(path, str) and path:
+            out.add(path)
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            out |= route_paths(list(inner.routes))
+    return frozenset(out)
+
+
+class FrontDoor:
+    """Auth and the Content-Length limit before any route runs; every response counted by route."""
+
+    def __init__(
+        self, app: ASGIApp, settings: Settings, metrics: Metrics, paths: Callable[[], frozenset[str]]
+    ):
+        self.app = app
+        self.settings = settings
+        self.metrics = metrics
+        self.paths = paths  # the app's route paths, asked at the first request (routes come after this)
+        self._known: frozenset[str] | None = None
+
+    def _count(self, scope: Scope, status: int) -> None:
+        if self._known is None:
+            self._known = self.paths()
+        self.metrics.requests.labels(route_label(scope, self._known), str(status)).inc()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        auth = self.settings.auth
+        headers = Headers(scope=scope)
+        try:
+            tenant = authenticate(headers, auth) if needs_key(path, auth.protect_metrics) else ""
+            scope.setdefault("state", {})["tenant"] = tenant  # request.state.tenant in the routes
+            length = headers.get("content-length")
+            limit = self.settings.limits.max_request_bytes
+            if length is not None and length.isdigit() and int(length) > limit:
+                raise too_large(limit, length)
+        except AgentServeError as exc:
+            response = JSONResponse(shape_error(path, exc.status, exc.body()), status_code=exc.status)
+            await response(scope, receive, send)
+            self._count(scope, exc.status)
+            return
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self._count(scope, int(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, counted)
