@@ -94,11 +94,20 @@ def _qkv(attn: Any) -> Tensors:
     return lambda x: (torch.cat((attn.q_proj(x), attn.k_proj(x)), dim=-1), attn.v_proj(x))
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of ``x`` [B, heads, T, d] (cos/sin [B, 1, T, d]): the ``rotate_half`` form
-    every family in ``LEAN_MODEL_TYPES`` applies (its ``apply_rotary_pos_emb``), q and k at once."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    every family in ``LEAN_MODEL_TYPES`` applies (its ``apply_rotary_pos_emb``), q and k at once.
+
+    ``rotate_half(x) * sin`` is ``roll(x, d/2) * signed_sin`` with the first half of ``sin``
+    negated (``_signed``, once a forward): three ops a layer instead of six.
+    """
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), signed_sin)
+
+
+def _signed(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated (see ``_rotate``)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 def _mlp(mlp: Any) -> Tensors:
@@ -162,7 +171,7 @@ def decode_forward(
     batch, tokens = ids.shape
     embedded = inner.embed_tokens(ids)
     cos, sin = inner.rotary_emb(embedded, position_ids=positions)
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    cos, sin = cos.unsqueeze(1), _signed(sin.unsqueeze(1))
     hidden = embedded.view(batch * tokens, -1)  # 2-D: a linear's input as it is (onednn_linear.py)
     for i, layer in enumerate(_plan(model)):
         attn, nq = layer.attn, layer.q_heads

@@ -37,17 +37,25 @@ def _deliver(items: list[Item]) -> None:
         queue.put_nowait(chunk)
 
 
+def flush() -> None:
+    """Send what this thread holds now (a request's last chunk before its KV is cached), hold on."""
+    held: dict[asyncio.AbstractEventLoop, list[Item]] | None = getattr(_held, "by_loop", None)
+    if not held:
+        return
+    for loop, items in list(held.items()):
+        try:
+            loop.call_soon_threadsafe(_deliver, items)
+        except RuntimeError:  # that loop is closed: nobody is left to read these chunks
+            log.debug("dropped %d chunks for a closed event loop", len(items))
+    held.clear()
+
+
 @contextmanager
 def one_wakeup() -> Iterator[None]:
     """Hold this thread's chunks until the block ends, then wake each event loop once."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[Item]] = {}
-    _held.by_loop = by_loop
+    _held.by_loop = {}
     try:
         yield
     finally:
+        flush()
         _held.by_loop = None
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # that loop is closed: nobody is left to read these chunks
-                log.debug("dropped %d chunks for a closed event loop", len(items))

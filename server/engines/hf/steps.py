@@ -35,7 +35,7 @@ from server.engines.hf.kv_blocks import BlockCutter, cached_kv
 from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
 from server.engines.hf.kv_slots import HEADROOM, KVSlots
 from server.engines.hf.lean_decode import lean_decode_supported
-from server.engines.hf.outbox import send
+from server.engines.hf.outbox import flush, send
 from server.engines.hf.sampling import TokenSampler
 from server.engines.hf.shared_prefix import common_prefix
 from server.kvcache.prefix_cache import PrefixCache
@@ -279,6 +279,7 @@ class SequenceSteps:
         logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error, logprobs))
+        flush()  # the reply's end reaches its client now, not after caching its KV (outbox.py)
         if reason != "error":
             self.retain(seq)
         seq.kv = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from server.engines.hf.outbox import one_wakeup, send
+from server.engines.hf.outbox import flush, one_wakeup, send
 
 
 class _Loop:
@@ -52,3 +52,17 @@ def test_outside_one_wakeup_a_chunk_goes_at_once_and_a_closed_loop_does_not_brea
     assert len(loop.calls) == 2  # the open loop still got its chunk
     send(loop, q, "after")  # and the thread is back to sending at once
     assert len(loop.calls) == 3
+
+
+def test_a_flush_inside_one_wakeup_sends_what_is_held_and_holds_on():
+    loop, q = _Loop(), asyncio.Queue()
+    with one_wakeup():
+        send(loop, q, "token")
+        send(loop, q, "last chunk")
+        flush()  # a request ended: its client hears it before its KV is cached
+        assert len(loop.calls) == 1
+        send(loop, q, "next request's token")
+        assert len(loop.calls) == 1  # held again
+    assert len(loop.calls) == 2
+    loop.run()
+    assert [q.get_nowait() for _ in range(3)] == ["token", "last chunk", "next request's token"]
