@@ -19,10 +19,11 @@ fp32 rounding (tests). Rows share a prefix only within one ``cache_salt`` (tenan
 The prefix half is arithmetic-bound (many queries, one read) while the full read is
 bandwidth-bound, so the split only wins with enough rows and a long enough prefix. Measured
 on this 2-core EPYC, 30 layers of SmolLM2-135M's attention (3 KV heads, 3 queries each),
-64 own tokens a row (full -> split): 8 rows on 620 shared 17.8 -> 11.0 ms, on 2000 46.8 ->
-22.0; 16 rows on 620 36.0 -> 16.3; 4 rows on 620 9.1 -> 7.7, on 256 4.5 -> 5.1 (a loss);
-2 rows never gained. Hence ``worth_sharing``: at least ``MIN_ROWS`` rows and
-``(rows - 1) x prefix >= MIN_SAVED`` tokens not re-read (``benchmarks/shared_prefix_cpu.py``).
+64 own tokens a row, full -> split (``benchmarks/shared_prefix_cpu.py``, results in
+``benchmarks/results/shared_prefix_cpu.md``): 8 rows on 620 shared 16.1 -> 9.9 ms, on 2000
+44.0 -> 22.1; 16 rows on 620 32.2 -> 18.1; 4 rows on 620 8.2 -> 7.1 but on 256 4.0 -> 4.6 (a
+loss); 2 rows never gained. Hence ``worth_sharing``: at least ``MIN_ROWS`` rows and
+``(rows - 1) x prefix >= MIN_SAVED`` tokens not read again.
 
 CPU only: it needs the CPU flash kernel's log-sum-exp
 (``aten._scaled_dot_product_flash_attention_for_cpu``); on CUDA each row reads its own copy.
