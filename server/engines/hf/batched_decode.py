@@ -114,11 +114,8 @@ def rows_attention(
         if step.shared:
             out = shared_prefix_attention(q, key, value, step, scaling)
             return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
-        if not step.identity:
-            q = q.new_zeros((step.span, *q.shape[1:])).index_copy_(0, step.rows, q)
-        out = F.scaled_dot_product_attention(q, key, value, attn_mask=step.mask, scale=scaling)
-        if not step.identity:
-            out = out.index_select(0, step.rows)
+        out = F.scaled_dot_product_attention(step.to_span(q), key, value, attn_mask=step.mask, scale=scaling)
+        out = step.from_span(out)
         return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
     outs = []
     for i, (k, v) in enumerate(zip(key, value, strict=True)):

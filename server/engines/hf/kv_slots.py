@@ -198,6 +198,16 @@ class PooledStep:
         span = max(slots) - min(slots) + 1
         return span * (max(lengths) + 1) <= MAX_PADDING * sum(n + 1 for n in lengths)
 
+    def to_span(self, rows: torch.Tensor) -> torch.Tensor:
+        """Row i of ``rows`` [B, ...] at its pool row of the span [span, ...] (zeros between)."""
+        if self.identity:
+            return rows
+        return rows.new_zeros((self.span, *rows.shape[1:])).index_copy_(0, self.rows, rows)
+
+    def from_span(self, spanned: torch.Tensor) -> torch.Tensor:
+        """The batch's rows [B, ...] of a tensor over the span [span, ...] (``to_span`` undone)."""
+        return spanned if self.identity else spanned.index_select(0, self.rows)
+
     def write(
         self, layer: int, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

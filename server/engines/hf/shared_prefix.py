@@ -86,11 +86,8 @@ def shared_prefix_attention(
     out_p, lse_p = _FLASH(together, shared_k, shared_v, scale=scaling)
     out_p = out_p.reshape(kv_heads, batch, group, dim).transpose(0, 1)
     lse_p = lse_p.reshape(kv_heads, batch, group).transpose(0, 1)
-    q = query
-    if not step.identity:  # queries at their pool rows
-        q = query.new_zeros((step.span, *query.shape[1:])).index_copy_(0, step.rows, query)
-    out_o, lse_o = _FLASH(q, key[:, :, prefix:], value[:, :, prefix:], attn_mask=step.own_mask, scale=scaling)
-    if not step.identity:
-        out_o, lse_o = out_o.index_select(0, step.rows), lse_o.index_select(0, step.rows)
+    own_k, own_v = key[:, :, prefix:], value[:, :, prefix:]
+    out_o, lse_o = _FLASH(step.to_span(query), own_k, own_v, attn_mask=step.own_mask, scale=scaling)
+    out_o, lse_o = step.from_span(out_o), step.from_span(lse_o)
     weight = torch.sigmoid(lse_p - lse_o).unsqueeze(-1).to(out_o.dtype)
     return torch.lerp(out_o, out_p, weight)
