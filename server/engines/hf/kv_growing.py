@@ -74,10 +74,7 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
 
     def __init__(self, reserve: int = DEFAULT_RESERVE) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.reserve = reserve
-        self._k = self._v = None
-        self._n = 0
-        self.pool = self.slot = None
+        self.reserve = reserve  # buffer, length, pool and slot start as the class's defaults
         self.layer_idx = 0
 
     def home(self, pool: Any, slot: int, layer_idx: int) -> None:

@@ -247,7 +247,7 @@ class SequenceSteps:
 
     def shared_prefix(self, seqs: list[SequenceState]) -> int:
         """Prompt tokens every running sequence starts with; worked out again when the rows change."""
-        rows, shared = self._shared
+        rows = self._shared[0]
         if len(rows) != len(seqs) or any(a is not b for a, b in zip(rows, seqs, strict=True)):
             prompts = [s.request.prompt_ids for s in seqs]
             self._shared = (list(seqs), common_prefix(prompts, [s.request.cache_salt for s in seqs]))
