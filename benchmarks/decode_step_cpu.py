@@ -28,12 +28,14 @@ import argparse
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.engine_thread import run_like_engine  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -106,7 +108,6 @@ def main() -> None:
         return 1000 * statistics.median(times)
 
     def worker() -> None:
-        torch.set_grad_enabled(False)
         if args.reorder_on == "engine":
             prepare()
         for rep in range(args.reps):
@@ -116,9 +117,7 @@ def main() -> None:
                     best[name, b] = min(best.get((name, b), ms), ms)
                     print(f"rep {rep + 1} rows {b:2d} {name:13s} {ms:6.1f} ms", file=sys.stderr, flush=True)
 
-    thread = threading.Thread(target=worker, name="engine-like")
-    thread.start()
-    thread.join()
+    run_like_engine(worker)
     names = [name for name, _, _ in arms]
     print(f"| rows | {' | '.join(names)} |  (reordered on the {args.reorder_on} thread)")
     print("|---|" + "---|" * len(names))

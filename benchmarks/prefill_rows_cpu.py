@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.engine_thread import run_like_engine  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 CASES = ((0, 1024, 1), (3000, 1024, 1), (3000, 200, 1), (600, 25, 8))  # cached, new, sequences
@@ -80,7 +82,6 @@ def main() -> None:
     ]
 
     def worker() -> None:  # the engine's layout: model work on one thread (onednn_linear.py)
-        torch.set_grad_enabled(False)
         fuse_projections(model)
         use_onednn_linears(model, cpu, torch.float32)
         gen = torch.Generator().manual_seed(0)
@@ -90,9 +91,7 @@ def main() -> None:
             lines.append(f"| {cached} | {new} | {rows} | {ms['stock']} | {ms['rows']} |")
             print(lines[-1], file=sys.stderr, flush=True)
 
-    thread = threading.Thread(target=worker, name="engine-like")
-    thread.start()
-    thread.join()
+    run_like_engine(worker)
     print("\n".join(lines))
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.engine_thread import run_like_engine  # noqa: E402
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 30, 9, 3, 64
 
@@ -90,18 +91,13 @@ def main() -> None:
     lines = ["| rows | shared prefix | full (every row's copy) | shared (read once) |", "|---|---|---|---|"]
 
     def worker() -> None:
-        import torch
-
-        torch.set_grad_enabled(False)
         for rows in (int(r) for r in args.rows.split(",")):
             for prefix in (int(p) for p in args.prefix.split(",")):
                 full, shared = _case(rows, prefix, args.own, args.reps)
                 lines.append(f"| {rows} | {prefix} | {full:.1f} ms | {shared:.1f} ms |")
                 print(lines[-1], file=sys.stderr, flush=True)
 
-    thread = threading.Thread(target=worker, name="engine-like")
-    thread.start()
-    thread.join()
+    run_like_engine(worker)
     print("\n".join(lines))
 
 
