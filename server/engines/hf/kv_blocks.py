@@ -2,8 +2,8 @@
 
 A block's payload is one tensor [layers, 2, kv_heads, tokens, head_dim] (tokens =
 block_size, or fewer for a tail). ``BlockCutter`` cuts blocks out of a prefilled cache;
-``cached_kv`` concatenates a match's blocks (each cut to the tokens it serves) into one
-tensor on the device; ``cache_from_settings`` builds the cache from the settings section.
+``match_parts`` cuts a match's blocks to the tokens they serve (``KVSlots.restore`` copies
+them straight into a slot), ``cached_kv`` concatenates them into one tensor on the device; ``cache_from_settings`` builds the cache from the settings section.
 """
 
 from __future__ import annotations
@@ -53,16 +53,17 @@ class BlockCutter:
         return block, block.numel() * block.element_size()
 
 
-def cached_kv(match: MatchResult, device: torch.device) -> torch.Tensor | None:
-    """The match's KV as one tensor [layers, 2, kv_heads, cached_tokens, head_dim] on ``device``."""
-    if not match.blocks:
-        return None
+def match_parts(match: MatchResult) -> list[torch.Tensor]:
+    """The match's blocks, each cut to the tokens it serves, where they are (tier 1 or 2)."""
     lengths = match.lengths or (match.block_size,) * len(match.blocks)
-    parts = [
-        (b if n == b.shape[3] else b[:, :, :, :n]).to(device, non_blocking=True)
-        for b, n in zip(match.blocks, lengths, strict=True)
-    ]
-    return torch.cat(parts, dim=3)
+    return [b if n == b.shape[3] else b[:, :, :, :n] for b, n in zip(match.blocks, lengths, strict=True)]
+
+
+def cached_kv(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A match's parts (``match_parts``, at least one) as one tensor [layers, 2, kv_heads,
+    cached_tokens, head_dim] on ``device``: a cache outside the ``KVSlots`` pool is filled from it
+    layer by layer."""
+    return torch.cat([p.to(device, non_blocking=True) for p in parts], dim=3)
 
 
 def cache_from_settings(pc: Any, device_type: str) -> PrefixCache:

@@ -128,6 +128,14 @@ class GrowingLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         self._v[:, :, n : n + add].copy_(value_states)
         self._n = n + add
 
+    def filled(self, tokens: int) -> None:
+        """This empty layer's pool row holds ``tokens`` tokens written from outside (``KVSlots.restore``)."""
+        assert self._n == 0 and self.pool is not None and self.slot is not None
+        k, v = self.pool.row(self.layer_idx, self.slot)
+        if not self.is_initialized:
+            self.lazy_initialization(k, v)
+        self._k, self._v, self._n = k, v, tokens
+
     def advance(self, add: int) -> None:
         """``add`` tokens were written into this layer's pool row from outside (a pooled decode step)."""
         assert self._k is not None and self._v is not None

@@ -31,7 +31,7 @@ from server.constrain.interface import TokenConstraint
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
 from server.engines.hf.batched_decode import decode_attention, decode_rows
 from server.engines.hf.batched_prefill import prefill_rows
-from server.engines.hf.kv_blocks import BlockCutter, cached_kv
+from server.engines.hf.kv_blocks import BlockCutter, cached_kv, match_parts
 from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
 from server.engines.hf.kv_slots import HEADROOM, KVSlots
 from server.engines.hf.lean_decode import lean_decode_supported
@@ -122,10 +122,10 @@ class SequenceSteps:
         if self.slots is not None:  # a slot for the prompt and some headroom (rows grow later)
             reply = min(seq.request.sampling.max_tokens, HEADROOM)
             self.slots.admit(kv, min(len(ids) + reply, self.max_model_len))
-        stacked = cached_kv(match, self.device)
+        parts = match_parts(match)
         seq.prefill_t0 = time.perf_counter()
-        if stacked is not None:
-            restore(kv, stacked)
+        if parts and (self.slots is None or not self.slots.restore(kv, parts)):
+            restore(kv, cached_kv(parts, self.device))
         seq.kv = kv
         seq.cached_tokens = n_cached
         seq.prefill_at = n_cached

@@ -17,8 +17,10 @@ import torch
 from server.engines.base import GenerationRequest, SamplingParams
 from server.engines.hf import batched_decode
 from server.engines.hf.batched_decode import decode_rows
-from server.engines.hf.kv_growing import cache_kw, growing_cache
+from server.engines.hf.kv_blocks import BlockCutter, cached_kv, match_parts
+from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
 from server.engines.hf.kv_slots import KVSlots, PooledStep
+from server.kvcache.prefix_cache import MatchResult
 from tests.kvcache.helpers import tiny_model
 
 CPU = torch.device("cpu")
@@ -254,3 +256,71 @@ def test_the_engine_decodes_similar_requests_pooled_and_as_alone(hf_engine, toke
     assert taken and max(taken) >= 3  # the running requests shared pooled forwards
     hf_engine.steps.slots.collect()
     assert not hf_engine.steps.slots.homes  # every slot came back
+
+
+def _blocks(kv, block_size: int) -> list[torch.Tensor]:
+    """``kv``'s tokens as prefix-cache blocks (the last one partial), as a match hands them over."""
+    n = kv.get_seq_length()
+    cut = BlockCutter(kv, block_size)
+    return [cut(i)[0] for i in range(-(-n // block_size))]
+
+
+def test_a_match_is_restored_straight_into_the_slot_and_decodes_as_the_original(model):
+    pool = _pool(model)
+    original = _cache(model, 45, 5)  # 45 tokens: blocks of 16, 16 and a 13-token tail
+    blocks = _blocks(original, 16)
+    match = MatchResult((b"a", b"b", b"c"), tuple(blocks), 16, lengths=(16, 16, 10))
+    parts = match_parts(match)  # the tail serves 10 of its 13 tokens
+    assert [p.shape[3] for p in parts] == [16, 16, 10]
+    other = _cache(model, 20, 6, pool)  # a neighbour in slot 0 keeps its KV
+    before = other.layers[-1].keys.clone()
+    kv = growing_cache(model.config)
+    assert pool.admit(kv, 100) == 1
+    assert pool.restore(kv, parts)
+    assert kv.get_seq_length() == 42 and pool.slot_of(kv) == 1
+    for mine, theirs in zip(kv.layers, original.layers, strict=True):
+        assert torch.equal(mine.keys, theirs.keys[:, :, :42]) and torch.equal(mine.values, theirs.values[:, :, :42])
+    assert torch.equal(other.layers[-1].keys, before)
+    with torch.no_grad():  # it goes on like a cache that computed those 42 tokens itself
+        rows = decode_rows(model, [kv], [9], CPU, pool)
+    ref = growing_cache(model.config)
+    restore(ref, cached_kv(parts, CPU))
+    with torch.no_grad():
+        alone = model(input_ids=torch.tensor([[9]]), **cache_kw(model, ref), use_cache=True).logits[0, -1]
+    assert torch.max(torch.abs(rows[0] - alone)).item() < TOLERANCE
+
+
+def test_restore_leaves_caches_outside_the_pool_or_filled_or_of_another_shape_alone(model):
+    pool = _pool(model)
+    parts = _blocks(_cache(model, 32, 7), 16)
+    private = growing_cache(model.config)  # never admitted
+    assert not pool.restore(private, parts) and private.get_seq_length() == 0
+    filled = _cache(model, 10, 8, pool)
+    assert not pool.restore(filled, parts) and filled.get_seq_length() == 10
+    fresh = growing_cache(model.config)
+    assert pool.admit(fresh, 64) is not None
+    short = [p[:-1] for p in parts]  # one layer too few
+    assert not pool.restore(fresh, short) and fresh.get_seq_length() == 0
+    assert pool.restore(fresh, parts) and fresh.get_seq_length() == 32
+
+
+def test_the_engine_restores_a_cached_prefix_into_the_slot(hf_engine, tokenizer, monkeypatch):
+    restored: list[bool] = []
+    real = KVSlots.restore
+
+    def spy(self, kv, parts):
+        restored.append(real(self, kv, parts))
+        return restored[-1]
+
+    monkeypatch.setattr(KVSlots, "restore", spy)
+    text = "<|im_start|>user\nTell me about the slots of a KV pool.<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    async def run(i: int) -> tuple[list[int], int]:
+        req = GenerationRequest(f"restore-{i}", ids, SamplingParams(10, 0.0), None, "restore")
+        chunks = [chunk async for chunk in hf_engine.generate(req)]
+        return [t for c in chunks for t in c.token_ids], chunks[-1].cached_tokens
+
+    (first, cached_first), (second, cached_second) = asyncio.run(run(0)), asyncio.run(run(1))
+    assert cached_first == 0 and cached_second > 0  # the second request's prefix came from the cache
+    assert restored == [True] and second == first
