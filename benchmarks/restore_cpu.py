@@ -58,7 +58,9 @@ def _case(tokens: int, block: int, reps: int) -> tuple[float, float]:
 
     best = {"layers": float("inf"), "slot": float("inf")}
     for rep in range(reps):
-        for name, fn in (("layers", layers), ("slot", slot)) if rep % 2 == 0 else (("slot", slot), ("layers", layers)):
+        for name, fn in (
+            (("layers", layers), ("slot", slot)) if rep % 2 == 0 else (("slot", slot), ("layers", layers))
+        ):
             times = []
             for _ in range(3):
                 t0 = time.perf_counter()
@@ -74,7 +76,10 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
-    lines = ["| cached tokens | layers (concatenate, then each layer) | slot (KVSlots.restore) |", "|---|---|---|"]
+    lines = [
+        "| cached tokens | layers (concatenate, then each layer) | slot (KVSlots.restore) |",
+        "|---|---|---|",
+    ]
 
     def worker() -> None:
         for tokens in (int(t) for t in args.tokens.split(",")):

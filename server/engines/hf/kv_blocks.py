@@ -3,7 +3,8 @@
 A block's payload is one tensor [layers, 2, kv_heads, tokens, head_dim] (tokens =
 block_size, or fewer for a tail). ``BlockCutter`` cuts blocks out of a prefilled cache;
 ``match_parts`` cuts a match's blocks to the tokens they serve (``KVSlots.restore`` copies
-them straight into a slot), ``cached_kv`` concatenates them into one tensor on the device; ``cache_from_settings`` builds the cache from the settings section.
+them straight into a slot), ``cached_kv`` concatenates them into one tensor on the device;
+``cache_from_settings`` builds the cache from the settings section.
 """
 
 from __future__ import annotations

@@ -139,7 +139,9 @@ class KVSlots:
         shape = (self.n_layers, 2, self.kv_heads, self.head_dim)
         if slot is None or not parts or any(lay.get_seq_length() for lay in kv.layers):
             return False
-        if any((p.shape[0], p.shape[1], p.shape[2], p.shape[4]) != shape or p.dtype != self.dtype for p in parts):
+        if any(
+            (p.shape[0], p.shape[1], p.shape[2], p.shape[4]) != shape or p.dtype != self.dtype for p in parts
+        ):
             return False
         if not self.ensure(tokens):
             return False

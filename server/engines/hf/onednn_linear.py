@@ -1,5 +1,9 @@
 """The model's linear layers as oneDNN matmuls on pre-reordered weights (CPU, fp32).
 
+``use_onednn_linears`` prefers the packed-panel kernel (panel_gemm.py), faster at every row
+count measured; a oneDNN matmul is what runs where that kernel cannot (no compiler, outputs
+that do not fill whole 32-column panels).
+
 A small model's decode step on CPU is its linear layers: SmolLM2-135M runs 211 of them a
 step (7 per layer, 30 layers, plus the 49k x 576 LM head). ``torch.nn.functional.linear``
 runs them as MKL sgemm on the plain weights, which is slow for the few rows a decode step
@@ -78,14 +82,20 @@ class OneDNNLinear(torch.nn.Module):
 
 
 def use_onednn_linears(model: Any, device: torch.device, dtype: torch.dtype) -> int:
-    """Swap every ``nn.Linear`` of ``model`` for a ``OneDNNLinear`` where available; how many."""
+    """Swap every ``nn.Linear`` of ``model`` for a ``PanelLinear`` (panel_gemm.py: faster on every
+    row count measured) where the kernel is built and the layer's outputs fill whole panels, else
+    a ``OneDNNLinear``, on CPU fp32; how many were swapped."""
     if not onednn_linear_available(device, dtype):
         return 0
+    from server.engines.hf.panel_gemm import PANEL, PanelLinear, panel_linear_available
+
+    panels = panel_linear_available(device, dtype)
     head = model.get_output_embeddings()
     swapped = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear:
-                setattr(module, name, OneDNNLinear(child, keep_weight=child is head))
+                kind = PanelLinear if panels and child.out_features % PANEL == 0 else OneDNNLinear
+                setattr(module, name, kind(child, keep_weight=child is head))
                 swapped += 1
     return swapped

@@ -8,6 +8,7 @@ import torch
 from server.engines.hf.fused_projections import LinearSlice, SharedLinear, fuse_projections
 from server.engines.hf.kv_growing import cache_kw, growing_cache
 from server.engines.hf.onednn_linear import OneDNNLinear, onednn_linear_available, use_onednn_linears
+from server.engines.hf.panel_gemm import PanelLinear
 from tests.engines.hf.tiny_models import tiny
 
 CPU = torch.device("cpu")
@@ -71,7 +72,11 @@ def test_the_oneDNN_swap_reorders_each_shared_linear_once():
     swapped = use_onednn_linears(model, CPU, torch.float32)
     # per layer: qkv, o, gate_up, down; plus the LM head
     assert swapped == 4 * model.config.num_hidden_layers + 1
-    assert all(isinstance(s.linear, OneDNNLinear) for s in model.modules() if isinstance(s, SharedLinear))
+    assert all(
+        isinstance(s.linear, OneDNNLinear | PanelLinear)
+        for s in model.modules()
+        if isinstance(s, SharedLinear)
+    )
     plain = tiny("llama")
     ids = list(range(3, 30))
     for want, got in zip(_prefill_then_step(plain, ids), _prefill_then_step(model, ids), strict=True):

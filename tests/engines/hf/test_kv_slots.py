@@ -279,7 +279,9 @@ def test_a_match_is_restored_straight_into_the_slot_and_decodes_as_the_original(
     assert pool.restore(kv, parts)
     assert kv.get_seq_length() == 42 and pool.slot_of(kv) == 1
     for mine, theirs in zip(kv.layers, original.layers, strict=True):
-        assert torch.equal(mine.keys, theirs.keys[:, :, :42]) and torch.equal(mine.values, theirs.values[:, :, :42])
+        assert torch.equal(mine.keys, theirs.keys[:, :, :42]) and torch.equal(
+            mine.values, theirs.values[:, :, :42]
+        )
     assert torch.equal(other.layers[-1].keys, before)
     with torch.no_grad():  # it goes on like a cache that computed those 42 tokens itself
         rows = decode_rows(model, [kv], [9], CPU, pool)

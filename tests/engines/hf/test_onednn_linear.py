@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from server.engines.hf.onednn_linear import OneDNNLinear, onednn_linear_available, use_onednn_linears
+from server.engines.hf.panel_gemm import PanelLinear, panel_linear_available
 
 CPU = torch.device("cpu")
 needs_onednn = pytest.mark.skipif(
@@ -64,9 +65,12 @@ def test_every_linear_is_swapped_the_tied_head_keeps_its_weight_and_only_cpu_fp3
     assert use_onednn_linears(model, torch.device("cuda"), torch.float32) == 0
     assert isinstance(model.head, torch.nn.Linear)
     assert use_onednn_linears(model, CPU, torch.float32) == 3
-    assert all(isinstance(m, OneDNNLinear) for m in (model.head, model.mlp[0], model.mlp[1]))
+    # 32 outputs fill a panel: the packed kernel where it is built (panel_gemm.py); else oneDNN
+    panels = PanelLinear if panel_linear_available(CPU, torch.float32) else OneDNNLinear
+    assert isinstance(model.mlp[0], panels)
+    assert all(isinstance(m, OneDNNLinear) for m in (model.head, model.mlp[1]))  # 100 and 16 outputs
     assert model.head.weight is model.embed.weight
-    assert not hasattr(model.mlp[1], "weight")  # the plain copy is dropped after the reorder
+    assert not hasattr(model.mlp[0], "weight") and not hasattr(model.mlp[1], "weight")  # no plain copy
     with torch.no_grad():
         assert torch.allclose(model(ids), want, atol=1e-4, rtol=1e-5)
 
@@ -79,5 +83,5 @@ def test_the_hf_engine_runs_its_linears_on_onednn_on_cpu(hf_engine):
     model = hf_engine.model
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
     head = model.get_output_embeddings()
-    assert isinstance(head, OneDNNLinear)
+    assert isinstance(head, PanelLinear if panel_linear_available(CPU, torch.float32) else OneDNNLinear)
     assert head.weight is model.get_input_embeddings().weight  # SmolLM2 ties them

@@ -1,0 +1,71 @@
+"""The packed-panel linear kernel (panel_gemm.py): stock linear's outputs within fp32 rounding,
+a row batched bit-for-bit as alone, and oneDNN kept when the kernel cannot be built."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from server.engines.hf import panel_gemm
+from server.engines.hf.onednn_linear import OneDNNLinear, onednn_linear_available, use_onednn_linears
+from server.engines.hf.panel_gemm import PanelLinear, panel_linear_available
+
+CPU = torch.device("cpu")
+needs_kernel = pytest.mark.skipif(
+    not panel_linear_available(CPU, torch.float32), reason="panel_gemm kernel not built (no cc / libgomp)"
+)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 16, 17, 176])
+@pytest.mark.parametrize(("k", "n", "bias"), [(70, 64, False), (576, 960, True), (33, 32, True)])
+def test_the_kernel_equals_the_stock_linear(rows, k, n, bias):
+    gen = torch.Generator().manual_seed(rows * 1000 + k)
+    linear = torch.nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(n, k, generator=gen) * 0.05)
+        x = torch.randn(rows, k, generator=gen)
+        want = linear(x)
+        got = PanelLinear(linear)(x)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+@needs_kernel
+def test_a_row_batched_is_bit_for_bit_the_row_alone_and_3d_inputs_keep_their_shape():
+    gen = torch.Generator().manual_seed(3)
+    layer = PanelLinear(torch.nn.Linear(96, 128, bias=False))
+    x = torch.randn(13, 96, generator=gen)
+    with torch.no_grad():
+        batched = layer(x)
+        for i in range(13):
+            assert torch.equal(layer(x[i : i + 1]), batched[i : i + 1])
+        assert torch.equal(layer(x.view(1, 13, 96)), batched.view(1, 13, 128))
+        with pytest.raises(TypeError, match="float32"):
+            layer(x.double())
+
+
+@pytest.mark.skipif(not onednn_linear_available(CPU, torch.float32), reason="torch without oneDNN's linear")
+def test_without_a_compiler_the_engine_keeps_onednn_and_says_why(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(panel_gemm, "_loaded", [])  # not built yet in this "process"
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("AGENTSERVE_KERNEL_DIR", str(tmp_path / "kernels"))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32))
+    model.get_output_embeddings = lambda: None  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="server.engines.hf.panel_gemm"):
+        assert not panel_linear_available(CPU, torch.float32)
+        assert use_onednn_linears(model, CPU, torch.float32) == 1
+    assert isinstance(model[0], OneDNNLinear)
+    assert "keeping oneDNN linears" in caplog.text and "no-such-cc" in caplog.text
+
+
+def test_a_kernel_that_fails_its_self_check_is_not_used(monkeypatch):
+    monkeypatch.setattr(panel_gemm, "_loaded", [])
+
+    def wrong(x_ptr, m, k, w_ptr, n, y_ptr, threads):  # writes nothing: garbage outputs
+        return None
+
+    monkeypatch.setattr(panel_gemm, "_build", lambda: wrong)
+    assert panel_gemm._kernel() is None
