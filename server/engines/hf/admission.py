@@ -33,6 +33,8 @@ def prefill_turn(engine: HFEngine, prefilling: SequenceState | None) -> Sequence
     """
     budget = engine.steps.chunk_tokens
     group: list[tuple[SequenceState, list[int]]] = []
+    if engine.steps.slots is not None:  # a burst's rows in one growth of the pool (kv_slots.py)
+        engine.steps.slots.expect(len(engine._running) + engine._inbox.qsize() + (prefilling is not None))
     while budget > 0:
         if prefilling is None:
             try:

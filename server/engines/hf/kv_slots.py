@@ -64,6 +64,7 @@ class KVSlots:
         self.homes: dict[int, list[Any]] = {}  # slot -> the GrowingLayers living in it
         self._dropped: list[int] = []  # slots whose cache was dropped (a finalizer may run on any thread)
         self._empty_since: float | None = None  # when the last slot came back (monotonic clock)
+        self.expected = 0  # sequences the engine expects to hold at once soon (``expect``)
         # admission, collection and release run on the engine thread, but ``HFEngine.prefill_logits``
         # (tests, in-process benchmarks) admits from its caller's thread while the idle loop may
         # release: each is one step under this lock (a release between an admission and its first
@@ -88,6 +89,13 @@ class KVSlots:
             weakref.finalize(kv, self._dropped.append, slot)
             return slot
 
+    def expect(self, rows: int) -> None:
+        """The engine holds ``rows`` sequences (running and queued): when the pool must grow for one
+        of them it grows to that many rows at once (within the budget) instead of doubling once per
+        admission. A burst of 16 after the pool was given back grew 1, 2, 4, 8, 16 rows, each a
+        fresh zeroed pool and a copy of the old: ~0.45 s of the burst's first token (measured)."""
+        self.expected = rows
+
     def ensure(self, tokens: int) -> bool:
         """Rows of at least ``tokens`` tokens (reallocated within the budget); False past it."""
         with self._lock:
@@ -99,7 +107,7 @@ class KVSlots:
         if slots <= self.slots and tokens <= self.cap:
             return True
         roomy = (
-            max(slots, 2 * self.slots) if slots > self.slots else self.slots,
+            max(slots, 2 * self.slots, self.expected) if slots > self.slots else self.slots,
             max(tokens, self.cap + self.cap // 4) if tokens > self.cap else self.cap,
         )
         for rows, cap in (roomy, (max(slots, self.slots), max(tokens, self.cap))):

@@ -116,7 +116,7 @@ def _build() -> Any:
     )
     target = folder / f"panel_gemm-{key}.so"
     if not target.exists():
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # its .so runs as our code: ours only
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             src, out = Path(tmp) / "panel_gemm.c", Path(tmp) / "panel_gemm.so"
             src.write_text(SOURCE)

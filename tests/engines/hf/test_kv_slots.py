@@ -326,3 +326,19 @@ def test_the_engine_restores_a_cached_prefix_into_the_slot(hf_engine, tokenizer,
     (first, cached_first), (second, cached_second) = asyncio.run(run(0)), asyncio.run(run(1))
     assert cached_first == 0 and cached_second > 0  # the second request's prefix came from the cache
     assert restored == [True] and second == first
+
+
+def test_an_expected_burst_grows_the_pool_once_within_the_budget(model):
+    pool = _pool(model)
+    resized: list[int] = []
+    real = pool._resize
+    pool._resize = lambda rows, cap: (resized.append(rows), real(rows, cap))  # type: ignore[method-assign]
+    pool.expect(6)
+    caches = [_cache(model, 10, i, pool, need=64) for i in range(6)]
+    assert resized == [6]  # not 1, 2, 4, 8
+    pool.expect(20)
+    caches += [_cache(model, 10, i, pool, need=64) for i in range(14)]
+    assert resized == [6, 20] and all(pool.slot_of(c) is not None for c in caches)  # not 12, 24
+    small = KVSlots(model.config, torch.float32, CPU, 3 * 64 * pool.token_bytes)
+    small.expect(50)  # more than the budget holds: each admission still fits exactly
+    assert small.admit(growing_cache(model.config), 64) is not None and small.slots == 1
