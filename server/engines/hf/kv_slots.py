@@ -22,9 +22,10 @@ layers move to buffers of their own (copied once) and it decodes per row. The sl
 back when the sequence's cache is dropped (``weakref.finalize``: never while anything still
 reads it). New rows are zeroed: a masked position still multiplies its value row by 0, and
 uninitialised memory could hold NaN. An empty pool keeps its memory for ``IDLE_RELEASE_S``
-(``release_idle``, from the engine's idle loop): a burst of sessions a few seconds after the
-last one ended reuses it instead of growing it again 1 -> 2 -> 4 -> 8 rows (each growth
-zeroes the new pool and copies the old one: ~0.1 s of a burst's first token, measured).
+(``release_idle``, from the engine's idle loop): a burst of sessions after a tool pause reuses
+it instead of growing it again (fresh memory is zeroed and page-faulted in: a 16-session burst
+after the pool was given back waited 0.6-1.5 s for its first token instead of 0.2 s, measured
+at 10 s; agents' tool pauses often pass 10 s, hence 60). ``expect`` lets a burst grow it once.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ MAX_PADDING = 2.0
 # tokens a sequence reserves past its prompt at admission; rows grow past that within the budget
 HEADROOM = 256
 # seconds an empty pool keeps its memory before giving it back
-IDLE_RELEASE_S = 10.0
+IDLE_RELEASE_S = 60.0
 
 
 class KVSlots:
