@@ -23,7 +23,8 @@ blocked, its error against an fp64 reference is below the stock linear's (tested
 speed in decode and +1 % at 176 rows (measured on this box's Xeon).
 
 The kernel is C compiled at first use (``cc -O3 -march=native -fopenmp``, ~0.3 s) into the
-user's cache (``AGENTSERVE_KERNEL_DIR``, default ``~/.cache/agentserve/kernels``), keyed by
+user's cache (``AGENTSERVE_KERNEL_DIR``, default ``kernels`` in the agentserve cache folder,
+``AGENTSERVE_CACHE_DIR`` or ``~/.cache/agentserve``), keyed by
 the source, the compiler flags, this CPU's flags and torch's lib folder, and linked to the
 ``libgomp`` torch itself loads: the same OpenMP runtime, so its threads are torch's team
 (a second runtime would oversubscribe the cores, see onednn_linear.py). With no compiler,
@@ -46,6 +47,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+
+from server.model_store import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +126,13 @@ def _build() -> Any:
     if gomp is None:
         raise RuntimeError("torch does not run on its own libgomp (OpenMP)")
     key = hashlib.sha256("\0".join((SOURCE, cc, *FLAGS, _cpu_flags(), str(gomp))).encode()).hexdigest()[:16]
-    folder = Path(
-        os.environ.get("AGENTSERVE_KERNEL_DIR") or Path.home() / ".cache" / "agentserve" / "kernels"
-    )
+    folder = Path(os.environ.get("AGENTSERVE_KERNEL_DIR") or cache_dir() / "kernels")
     target = folder / f"panel_gemm-{key}.so"
-    if not target.exists():
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # its .so runs as our code: ours only
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # its .so runs as our code: ours only
+    _own_only(folder)
+    if target.exists():
+        _own_only(target)
+    else:
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             src, out = Path(tmp) / "panel_gemm.c", Path(tmp) / "panel_gemm.so"
             src.write_text(SOURCE)
@@ -138,12 +142,24 @@ def _build() -> Any:
             )
             if done.returncode != 0:
                 raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
+            out.chmod(0o755)  # whatever the umask: a group-writable file would be refused next time
             os.replace(out, target)  # atomic: a worker beside this one sees all of it or nothing
     fn = ctypes.CDLL(str(target)).panel_gemm
     fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long]
     fn.argtypes += [ctypes.c_void_p, ctypes.c_int]
     fn.restype = None
     return fn
+
+
+def _own_only(path: Path) -> None:
+    """Refuse a kernel folder or file that another user owns or can write: loading it runs its code."""
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise RuntimeError(
+            f"{path} is owned by uid {st.st_uid} with mode {st.st_mode & 0o777:o}: the kernel is only loaded "
+            f"from a folder and file of this user's (uid {os.getuid()}) that no one else can write; "
+            "fix its owner and mode (chmod go-w) or set AGENTSERVE_KERNEL_DIR to such a folder"
+        )
 
 
 def _kernel() -> Any:

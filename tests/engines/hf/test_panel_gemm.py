@@ -86,3 +86,21 @@ def test_a_kernel_that_fails_its_self_check_is_not_used(monkeypatch):
 
     monkeypatch.setattr(panel_gemm, "_build", lambda: wrong)
     assert panel_gemm._kernel() is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("victim", ["folder", "file"])
+def test_a_kernel_folder_or_file_others_can_write_is_not_loaded(monkeypatch, tmp_path, caplog, victim):
+    """Loading the cached .so runs its code: a folder or file another user can write is refused."""
+    folder = tmp_path / "kernels"
+    monkeypatch.setenv("AGENTSERVE_KERNEL_DIR", str(folder))
+    monkeypatch.setattr(panel_gemm, "_loaded", [])
+    assert panel_gemm._kernel() is not None  # builds into the folder, mode 0700, file 0755
+    assert folder.stat().st_mode & 0o777 == 0o700
+    (built,) = folder.glob("panel_gemm-*.so")
+    assert built.stat().st_mode & 0o022 == 0
+    (folder if victim == "folder" else built).chmod(0o777)
+    monkeypatch.setattr(panel_gemm, "_loaded", [])
+    with caplog.at_level(logging.WARNING, logger="server.engines.hf.panel_gemm"):
+        assert panel_gemm._kernel() is None
+    assert "no one else can write" in caplog.text and "keeping oneDNN linears" in caplog.text
