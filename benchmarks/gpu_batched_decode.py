@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import report  # noqa: E402
 from benchmarks.inproc import engine_for, random_model  # noqa: E402
+from server.engines.hf.kv_slots import kv_token_bytes  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -58,15 +59,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    per = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
-    return per * torch.empty((), dtype=dtype).element_size()
-
-
 def fits(config: Any, dtype: torch.dtype, batch: int, context: int, budget_gb: float) -> bool:
     """Whether B caches of ``context`` tokens fit in ``budget_gb`` (GrowingLayer keeps 1/4 spare room)."""
-    need = kv_bytes_per_token(config, dtype) * batch * (context + max(256, context // 4) + 64)
+    need = kv_token_bytes(config, dtype) * batch * (context + max(256, context // 4) + 64)
     return need <= budget_gb * 1e9
 
 

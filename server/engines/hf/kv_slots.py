@@ -45,17 +45,30 @@ HEADROOM = 256
 IDLE_RELEASE_S = 60.0
 
 
+def kv_shape(config: Any) -> tuple[int, int, int]:
+    """A transformers config's (layers, kv_heads, head_dim)."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    return (
+        int(config.num_hidden_layers),
+        kv_heads,
+        int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+    )
+
+
+def kv_token_bytes(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of K and V a token takes over every layer."""
+    layers, kv_heads, head_dim = kv_shape(config)
+    return layers * 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
 class KVSlots:
     """The pool (see module doc). ``admit`` homes a fresh cache's layers in a slot."""
 
     def __init__(self, config: Any, dtype: torch.dtype, device: torch.device, budget_bytes: int) -> None:
-        heads = int(config.num_attention_heads)
-        self.n_layers = int(config.num_hidden_layers)
-        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        self.n_layers, self.kv_heads, self.head_dim = kv_shape(config)
         self.dtype, self.device = dtype, device
-        elem = torch.empty((), dtype=dtype).element_size()
-        self.token_bytes = self.n_layers * 2 * self.kv_heads * self.head_dim * elem
+        self.token_bytes = kv_token_bytes(config, dtype)
         self.budget_bytes = budget_bytes
         self.kv: torch.Tensor | None = None  # [layers, 2, slots, kv_heads, cap, head_dim]
         self.k: list[torch.Tensor] = []  # layer i's K: kv[i, 0]
