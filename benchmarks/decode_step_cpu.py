@@ -14,8 +14,8 @@ load drifts) and the best median is printed. Arms:
   (``kv_slots.py``: one SDPA a layer), transformers' forward (the engine before fused
   projections and the lean forward);
 * ``engine``: what the engine runs now: q/k/v and gate/up fused (``fused_projections.py``),
-  oneDNN linears, KV slots, and ``lean_decode.decode_forward`` instead of transformers'
-  forward (B = 1 included).
+  the panel kernel's linears (``panel_gemm.py``; oneDNN where it cannot be built), KV slots,
+  and ``lean_decode.decode_forward`` instead of transformers' forward (B = 1 included).
 
 ``--reorder-on main`` reorders the oneDNN weights on the main thread, which thereby gets an
 OpenMP team of its own, while the steps run on the worker (the engine's layout before it
@@ -68,7 +68,7 @@ def main() -> None:
 
     def prepare() -> None:
         with torch.no_grad():
-            use_onednn_linears(fast, cpu, torch.float32)
+            use_onednn_linears(fast, cpu, torch.float32, panels=False)
             fuse_projections(engine)
             use_onednn_linears(engine, cpu, torch.float32)
 

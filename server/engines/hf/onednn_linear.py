@@ -81,15 +81,15 @@ class OneDNNLinear(torch.nn.Module):
         return out
 
 
-def use_onednn_linears(model: Any, device: torch.device, dtype: torch.dtype) -> int:
-    """Swap every ``nn.Linear`` of ``model`` for a ``PanelLinear`` (panel_gemm.py: faster on every
-    row count measured) where the kernel is built and the layer's outputs fill whole panels, else
-    a ``OneDNNLinear``, on CPU fp32; how many were swapped."""
+def use_onednn_linears(model: Any, device: torch.device, dtype: torch.dtype, *, panels: bool = True) -> int:
+    """Swap every ``nn.Linear`` of ``model`` for a ``PanelLinear`` (panel_gemm.py: faster at decode
+    sizes) where the kernel is built and the layer's outputs fill whole panels, else a
+    ``OneDNNLinear``, on CPU fp32; how many were swapped. ``panels=False``: oneDNN only (benchmarks)."""
     if not onednn_linear_available(device, dtype):
         return 0
     from server.engines.hf.panel_gemm import PANEL, PanelLinear, panel_linear_available
 
-    panels = panel_linear_available(device, dtype)
+    panels = panels and panel_linear_available(device, dtype)
     head = model.get_output_embeddings()
     swapped = 0
     for module in list(model.modules()):
