@@ -2,17 +2,19 @@
 
 A decode step on CPU is weight-bound: every step reads every weight once, and the fewer
 rows it has (1 to 16) the more the read speed is the step's speed. oneDNN's matmul on its
-reordered weights (onednn_linear.py) reads them at ~22-24 GB/s on this 2-core EPYC, while a
+reordered weights (onednn_linear.py) reads them at ~22-24 GB/s on a 2-core EPYC, while a
 plain ``sum`` over the same tensors reads at ~33 GB/s with one thread: its kernel is bound
 by its own instruction stream, not by memory. ``panel_gemm`` is the plain loop that memory
 bound wants: the weight [N, K] packed once at load as [N/32, K, 32] (each 32-column panel
 one contiguous stream), and for each panel and up to 8 rows at a time, 16 accumulators
 (2 x 16 lanes x 8 rows) that take one FMA per loaded weight vector and row; panels split
-across torch's OpenMP threads. Measured on this box, SmolLM2-135M's 120 layer linears
+across torch's OpenMP threads. Measured on that EPYC, SmolLM2-135M's 120 layer linears
 (benchmarks/linears_cpu.py, results/linears_cpu.md): 8 rows 19.8 -> 13.6 ms, 1 row
-18.8 -> 13.6 ms, 16 rows 25.1 -> 19.3 ms, and no slower at 176 or 512 rows (prefill), so
-it replaces oneDNN's weights instead of keeping a second copy. The engine's 8-row decode
-step went 44 -> 33 ms.
+18.8 -> 13.6 ms, 16 rows 25.1 -> 19.3 ms, and no slower at 176 or 512 rows (prefill); the
+engine's 8-row decode step went 44 -> 33 ms. On a 2-core Xeon: 8 rows 26.6 -> 21.0 ms, but
+1024 rows (the CPU prefill chunk) 1.13-1.18x oneDNN's time and a whole 4k-token prefill
++6-9 %. It replaces oneDNN's weights all the same (a second copy would double the linears'
+memory): an agent's turn spends most of its time in decode steps.
 
 Each output is one row's dot product summed in the same order whatever else is in the
 batch, so a row batched gives bit-for-bit what it gives alone; against the stock linear it
