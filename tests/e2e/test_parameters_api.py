@@ -48,14 +48,19 @@ def test_logprobs_equal_the_log_softmax_of_the_models_logits(server_url, hf_engi
     content = r.json()["choices"][0]["logprobs"]["content"]
     assert len(content) == r.json()["usage"]["completion_tokens"] == 4
     ids = prompt_ids(server_url, HI)
+    # The reference prefills prompt + reply so far in one forward; the server decoded token by token
+    # over a KV pool whose padding depends on earlier requests. Those two fp32 paths differ by up to
+    # ~1.5e-4 in logprob on this model (seen: 1.0e-4 and 1.5e-4 in main-suite runs, a flaky failure
+    # at abs=1e-4); a wrong distribution (biased, penalised, tempered, off by a token) is off by far more.
+    tol = 5e-4
     for entry in content:
         logits, _ = hf_engine.prefill_logits(ids, cache_salt="logprob-reference")
         ref = torch.log_softmax(logits.float(), dim=-1)
         tid = token_id(hf_engine, entry)
-        assert entry["logprob"] == pytest.approx(ref[tid].item(), abs=1e-4)
+        assert entry["logprob"] == pytest.approx(ref[tid].item(), abs=tol)
         values, top_ids = torch.topk(ref, 5)
         assert [token_id(hf_engine, t) for t in entry["top_logprobs"]] == top_ids.tolist()
-        assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx(values.tolist(), abs=1e-4)
+        assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx(values.tolist(), abs=tol)
         assert entry["token"] == bytes(entry["bytes"]).decode("utf-8", "replace")
         ids = ids + [tid]
 
