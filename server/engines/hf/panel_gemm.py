@@ -8,7 +8,10 @@ by its own instruction stream, not by memory. ``panel_gemm`` is the plain loop t
 bound wants: the weight [N, K] packed once at load as [N/32, K, 32] (each 32-column panel
 one contiguous stream), and for each panel and up to 8 rows at a time, 16 accumulators
 (2 x 16 lanes x 8 rows) that take one FMA per loaded weight vector and row; panels split
-across torch's OpenMP threads. Measured on that EPYC, SmolLM2-135M's 120 layer linears
+across torch's OpenMP threads. The vector width follows the build: AVX-512 as above, AVX2
+(a laptop's: 16 registers of 8 lanes) 3 rows x 4 vectors a call; a CPU with neither keeps
+oneDNN. (Written once for 16-lane vectors only, the AVX2 build ran 8 rows in 378 ms against
+oneDNN's 36: gcc split each vector through memory.) Measured on that EPYC, SmolLM2-135M's 120 layer linears
 (benchmarks/linears_cpu.py, results/linears_cpu.md): 8 rows 19.8 -> 13.6 ms, 1 row
 18.8 -> 13.6 ms, 16 rows 25.1 -> 19.3 ms, and no slower at 176 or 512 rows (prefill); the
 engine's 8-row decode step went 44 -> 33 ms. On a 2-core Xeon: 8 rows 26.6 -> 21.0 ms, but
@@ -60,42 +63,67 @@ PANEL = 32  # output columns per panel (the kernel's 2 x 16 lanes)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 SOURCE = r"""
-typedef float v16 __attribute__((vector_size(64)));
 #define PANEL 32
 #define AHEAD 16 /* weight rows fetched ahead (2 KB): the prefetcher alone lagged at 8-16 rows */
 #define KB 128 /* K summed in blocks: each block's sum added to y (fp32 error ~5x less than one long sum) */
-static inline v16 ld(const float* p) { v16 v; __builtin_memcpy(&v, p, 64); return v; }
-static inline void st(float* p, v16 v) { __builtin_memcpy(p, &v, 64); }
+#if defined(__AVX512F__)
+#define VB 64 /* bytes a vector register holds */
+#define ISA 512
+#ifndef RMAX
+#define RMAX 8 /* rows a kernel call: 8 x 2 accumulators of the 32 registers */
+#endif
+#else
+#define VB 32
+#if defined(__AVX2__) && defined(__FMA__)
+#define ISA 256
+#else
+#define ISA 0
+#endif
+#ifndef RMAX
+#define RMAX 3 /* 3 x 4 accumulators of the 16 registers */
+#endif
+#endif
+#define LANES (VB / 4)
+#define NV (PANEL / LANES) /* vectors in a panel's row */
+typedef float vec __attribute__((vector_size(VB)));
+static inline vec ld(const float* p) { vec v; __builtin_memcpy(&v, p, VB); return v; }
+static inline void st(float* p, vec v) { __builtin_memcpy(p, &v, VB); }
 /* rows m0..m0+MM of y[:, panel] = x[rows] @ W[panel]^T; P is the panel [K, 32] */
 #define KERNEL(MM) \
 static void k##MM(const float* x, long K, const float* P, float* y, long N) { \
   for (long k0 = 0; k0 < K; k0 += KB) { \
     long kend = k0 + KB < K ? k0 + KB : K; \
-    v16 a0[MM], a1[MM]; \
-    for (int m = 0; m < MM; m++) { a0[m] = (v16){0}; a1[m] = (v16){0}; } \
+    vec a[MM][NV]; \
+    for (int m = 0; m < MM; m++) for (int j = 0; j < NV; j++) a[m][j] = (vec){0}; \
     for (long k = k0; k < kend; k++) { \
-      v16 w0 = ld(P + k * PANEL), w1 = ld(P + k * PANEL + 16); \
+      vec w[NV]; \
+      for (int j = 0; j < NV; j++) w[j] = ld(P + k * PANEL + j * LANES); \
       __builtin_prefetch(P + (k + AHEAD) * PANEL); __builtin_prefetch(P + (k + AHEAD) * PANEL + 16); \
-      for (int m = 0; m < MM; m++) { float xv = x[m * K + k]; a0[m] += w0 * xv; a1[m] += w1 * xv; } \
+      for (int m = 0; m < MM; m++) { \
+        float xv = x[m * K + k]; \
+        for (int j = 0; j < NV; j++) a[m][j] += w[j] * xv; \
+      } \
     } \
-    for (int m = 0; m < MM; m++) { \
-      float* ym = y + m * N; \
-      if (k0) { a0[m] += ld(ym); a1[m] += ld(ym + 16); } \
-      st(ym, a0[m]); st(ym + 16, a1[m]); \
+    for (int m = 0; m < MM; m++) for (int j = 0; j < NV; j++) { \
+      float* yj = y + m * N + j * LANES; \
+      if (k0) a[m][j] += ld(yj); \
+      st(yj, a[m][j]); \
     } \
   } \
 }
 KERNEL(1) KERNEL(2) KERNEL(3) KERNEL(4) KERNEL(5) KERNEL(6) KERNEL(7) KERNEL(8)
 typedef void (*kfn)(const float*, long, const float*, float*, long);
 static const kfn KS[9] = {0, k1, k2, k3, k4, k5, k6, k7, k8};
+/* the vector width this build runs on: 512 (AVX-512), 256 (AVX2 + FMA) or 0 (neither: not used) */
+int panel_gemm_isa(void) { return ISA; }
 /* y [M, N] = x [M, K] @ W^T, W packed as [N / 32, K, 32]; panels split across threads */
 void panel_gemm(const float* x, long M, long K, const float* W, long N, float* y, int threads) {
   long NB = N / PANEL;
   #pragma omp parallel for schedule(static) num_threads(threads)
   for (long nb = 0; nb < NB; nb++) {
     const float* P = W + nb * K * PANEL;
-    for (long m0 = 0; m0 < M; m0 += 8) {
-      long mm = M - m0 < 8 ? M - m0 : 8;
+    for (long m0 = 0; m0 < M; m0 += RMAX) {
+      long mm = M - m0 < RMAX ? M - m0 : RMAX;
       KS[mm](x + m0 * K, K, P, y + m0 * N + nb * PANEL, N);
     }
   }
@@ -123,7 +151,7 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build() -> Any:
+def _build(flags: tuple[str, ...] = FLAGS) -> Any:
     """Compile (or reuse) and load the kernel; the ctypes function, or raise why not."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     gomp = _torch_gomp()
@@ -131,7 +159,7 @@ def _build() -> Any:
         raise RuntimeError("no C compiler (cc / gcc) on PATH")
     if gomp is None:
         raise RuntimeError("torch does not run on its own libgomp (OpenMP)")
-    key = hashlib.sha256("\0".join((SOURCE, cc, *FLAGS, _cpu_flags(), str(gomp))).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join((SOURCE, cc, *flags, _cpu_flags(), str(gomp))).encode()).hexdigest()[:16]
     folder = Path(os.environ.get("AGENTSERVE_KERNEL_DIR") or cache_dir() / "kernels")
     target = folder / f"panel_gemm-{key}.so"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # its .so runs as our code: ours only
@@ -144,13 +172,16 @@ def _build() -> Any:
             src.write_text(SOURCE)
             link = [f"-L{gomp.parent}", f"-l:{gomp.name}", f"-Wl,-rpath,{gomp.parent}"]
             done = subprocess.run(
-                [cc, *FLAGS, str(src), "-o", str(out), *link], capture_output=True, text=True, timeout=120
+                [cc, *flags, str(src), "-o", str(out), *link], capture_output=True, text=True, timeout=120
             )
             if done.returncode != 0:
                 raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
             out.chmod(0o755)  # whatever the umask: a group-writable file would be refused next time
             os.replace(out, target)  # atomic: a worker beside this one sees all of it or nothing
-    fn = ctypes.CDLL(str(target)).panel_gemm
+    lib = ctypes.CDLL(str(target))
+    if lib.panel_gemm_isa() == 0:
+        raise RuntimeError("this CPU has neither AVX-512 nor AVX2 with FMA, which the kernel is written for")
+    fn = lib.panel_gemm
     fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long]
     fn.argtypes += [ctypes.c_void_p, ctypes.c_int]
     fn.restype = None
