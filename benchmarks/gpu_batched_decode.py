@@ -44,11 +44,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 class _NoLoop:
     """Stands in for the request's event loop and queue: the benchmark reads no chunks, but
-    an error chunk ends the run (a step that failed must not be timed)."""
+    an error chunk ends the run (a step that failed must not be timed). The engine sends a
+    chunk alone, or a decode turn's (queue, chunk) pairs in one call (server/engines/hf/outbox.py)."""
 
-    def call_soon_threadsafe(self, fn: Any, chunk: Any) -> None:
-        if chunk.error is not None:
-            raise RuntimeError(f"engine error during the benchmark: {chunk.error}")
+    def call_soon_threadsafe(self, fn: Any, arg: Any) -> None:
+        for chunk in (c for _, c in arg) if isinstance(arg, list) else (arg,):
+            if chunk.error is not None:
+                raise RuntimeError(f"engine error during the benchmark: {chunk.error}")
 
     def put_nowait(self, chunk: Any) -> None:
         pass
@@ -146,21 +148,31 @@ def reference_ms(model: Any, vocab: int, context: int, batch: int, warmup: int, 
 
 
 def row_agreement(eng: Any, seqs: list[Any]) -> dict[str, float]:
-    """bf16 on the GPU: logits of each row of one batched forward vs the same request alone."""
-    import copy
-
+    """Logits in the model dtype of each row of one pooled batched forward (the engine's decode path,
+    ``batched_decode.decode_rows`` over a ``KVSlots`` pool) vs the same request alone, on copies of
+    the requests' KV (theirs live in the engine's pool and cannot be deep-copied)."""
     from server.engines.hf import steps as hf_steps
     from server.engines.hf.batched_decode import decode_rows
-    from server.engines.hf.kv_growing import cache_kw
+    from server.engines.hf.kv_growing import cache_kw, growing_cache
+    from server.engines.hf.kv_slots import KVSlots
 
-    caches = [copy.deepcopy(s.kv) for s in seqs]
+    pool = KVSlots(eng.model.config, eng.dtype, eng.device, 1 << 40)  # grows only to what it holds
+
+    def copy(kv: Any, pooled: bool) -> Any:
+        out = growing_cache(eng.model.config)
+        if pooled:
+            pool.admit(out, kv.get_seq_length() + 8)
+        for mine, theirs in zip(out.layers, kv.layers, strict=True):
+            mine.append(theirs.keys, theirs.values)
+        return out
+
     with torch.no_grad(), hf_steps.decode_attention(eng.device):
-        rows = decode_rows(eng.model, caches, [17] * len(seqs), eng.device).float()
+        caches = [copy(s.kv, pooled=True) for s in seqs]
+        rows = decode_rows(eng.model, caches, [17] * len(seqs), eng.device, pool).float()
         alone = []
         for s in seqs:
-            kv = copy.deepcopy(s.kv)
             token = torch.tensor([[17]], device=eng.device)
-            out = eng.model(input_ids=token, **cache_kw(eng.model, kv), use_cache=True)
+            out = eng.model(input_ids=token, **cache_kw(eng.model, copy(s.kv, pooled=False)), use_cache=True)
             alone.append(out.logits[0, -1].float())
     ref = torch.stack(alone)
     return {
