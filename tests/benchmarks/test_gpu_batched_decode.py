@@ -9,7 +9,7 @@ import json
 from benchmarks import gpu_batched_decode
 
 
-def test_the_gpu_decode_benchmark_runs_on_the_tiny_shape(tmp_path, capsys):
+def test_the_gpu_decode_benchmark_runs_on_the_tiny_shape(tmp_path):
     gpu_batched_decode.main(
         [
             "--shapes", "tiny", "--contexts", "48", "--batches", "1,3", "--steps", "2", "--warmup", "1",

@@ -11,7 +11,9 @@ one contiguous stream), and for each panel and up to 8 rows at a time, 16 accumu
 across torch's OpenMP threads. The vector width follows the build: AVX-512 as above, AVX2
 (a laptop's: 16 registers of 8 lanes) 3 rows x 4 vectors a call; a CPU with neither keeps
 oneDNN. (Written once for 16-lane vectors only, the AVX2 build ran 8 rows in 378 ms against
-oneDNN's 36: gcc split each vector through memory.) Measured on that EPYC, SmolLM2-135M's 120 layer linears
+oneDNN's 36: gcc split each vector through memory.)
+
+Measured on a 2-core EPYC, SmolLM2-135M's 120 layer linears
 (benchmarks/linears_cpu.py, results/linears_cpu.md): 8 rows 19.8 -> 13.6 ms, 1 row
 18.8 -> 13.6 ms, 16 rows 25.1 -> 19.3 ms, and no slower at 176 or 512 rows (prefill); the
 engine's 8-row decode step went 44 -> 33 ms. On a 2-core Xeon: 8 rows 26.6 -> 21.0 ms, but
@@ -59,7 +61,7 @@ from server.model_store import cache_dir
 
 log = logging.getLogger(__name__)
 
-PANEL = 32  # output columns per panel (the kernel's 2 x 16 lanes)
+PANEL = 32  # output columns per panel (2 AVX-512 vectors, 4 AVX2 vectors; 128 bytes a weight row)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 SOURCE = r"""

@@ -107,15 +107,10 @@ def test_a_kernel_folder_or_file_others_can_write_is_not_loaded(monkeypatch, tmp
     assert "no one else can write" in caplog.text and "keeping oneDNN linears" in caplog.text
 
 
-def _cpu_has(flag: str) -> bool:
-    try:
-        return any(line.startswith("flags") and flag in line.split() for line in open("/proc/cpuinfo"))
-    except OSError:
-        return False
-
-
 @needs_kernel
-@pytest.mark.skipif(not (_cpu_has("avx2") and _cpu_has("fma")), reason="CPU without AVX2 + FMA")
+@pytest.mark.skipif(
+    not {"avx2", "fma"} <= set(panel_gemm._cpu_flags().split()), reason="CPU without AVX2 + FMA"
+)
 def test_the_avx2_build_of_a_laptop_equals_the_stock_linear_and_batched_is_alone(monkeypatch, tmp_path):
     """The kernel built for AVX2 (16 registers of 8 lanes: 3 rows a call) as on a laptop without
     AVX-512. Its 64-byte vectors written for AVX-512 compiled for AVX2 ran 8 rows 15x slower than
