@@ -9,8 +9,8 @@ set -euo pipefail
 # name@version, one a line: the exact versions the tests and the README were checked with
 PACKAGES=(
   "opencode-ai@1.18.33"                 # opencode: OpenAI-compatible provider (chat completions)
-  "@openai/codex@0.169.0"               # Codex CLI: /v1/responses
-  "@anthropic-ai/claude-code@2.1.328"   # Claude Code: /v1/messages
+  "@openai/codex@0.171.0"               # Codex CLI: /v1/responses
+  "@anthropic-ai/claude-code@2.1.332"   # Claude Code: /v1/messages
 )
 
 PREFIX=${AGENTSERVE_CACHE_DIR:-$HOME/.cache/agentserve}/npm
