@@ -50,12 +50,12 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from server.engines.hf import lean_decode
-    from server.engines.hf.batched_decode import decode_rows
-    from server.engines.hf.fused_projections import fuse_projections
-    from server.engines.hf.kv_growing import cache_kw, growing_cache
-    from server.engines.hf.kv_slots import KVSlots
-    from server.engines.hf.onednn_linear import use_onednn_linears
+    from server.engines.hf.kv.growing import cache_kw, growing_cache
+    from server.engines.hf.kv.slots import KVSlots
+    from server.engines.hf.linears.fused import fuse_projections
+    from server.engines.hf.linears.onednn import use_onednn_linears
+    from server.engines.hf.model import lean as lean_decode
+    from server.engines.hf.model.rows import decode_rows
     from server.model_store import resolve_model
 
     cpu = torch.device("cpu")

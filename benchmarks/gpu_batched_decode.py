@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import report  # noqa: E402
 from benchmarks.inproc import engine_for, random_model  # noqa: E402
-from server.engines.hf.kv_slots import kv_token_bytes  # noqa: E402
+from server.engines.hf.kv.slots import kv_token_bytes  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -70,8 +70,8 @@ def fits(config: Any, dtype: torch.dtype, batch: int, context: int, budget_gb: f
 def prefilled_requests(eng: Any, vocab: int, context: int, batch: int, steps: int) -> list[Any]:
     """``batch`` requests prefilled through the engine (ragged lengths), ready to decode."""
     from server.engines.base import GenerationRequest, SamplingParams
-    from server.engines.hf.sampling import TokenSampler
-    from server.engines.hf.steps import SequenceState
+    from server.engines.hf.runner import SequenceState
+    from server.engines.hf.sampler import TokenSampler
 
     gen = torch.Generator().manual_seed(context + batch)
     seqs = []
@@ -124,8 +124,8 @@ def engine_rows(eng: Any, seqs: list[Any], batch: int, warmup: int, steps: int) 
 
 def reference_ms(model: Any, vocab: int, context: int, batch: int, warmup: int, steps: int) -> float:
     """Stock batched forward over one [B, ...] cache of equal lengths (GrowingLayer: no cat per step)."""
-    from server.engines.hf import steps as hf_steps
-    from server.engines.hf.kv_growing import cache_kw, growing_cache
+    from server.engines.hf import runner
+    from server.engines.hf.kv.growing import cache_kw, growing_cache
 
     device = next(model.parameters()).device
     one = growing_cache(model.config)
@@ -139,7 +139,7 @@ def reference_ms(model: Any, vocab: int, context: int, batch: int, warmup: int, 
         tokens = torch.full((batch, 1), 17, device=device)
 
         def forward() -> None:
-            with hf_steps.decode_attention(device):  # the SDPA backends the engine's decode uses
+            with runner.decode_attention(device):  # the SDPA backends the engine's decode uses
                 out = model(input_ids=tokens, **cache_kw(model, kv), use_cache=True)
             out.logits[:, -1].argmax(-1).tolist()  # the tokens to the host, as a server must
 
@@ -151,10 +151,10 @@ def row_agreement(eng: Any, seqs: list[Any]) -> dict[str, float]:
     """Logits in the model dtype of each row of one pooled batched forward (the engine's decode path,
     ``batched_decode.decode_rows`` over a ``KVSlots`` pool) vs the same request alone, on copies of
     the requests' KV (theirs live in the engine's pool and cannot be deep-copied)."""
-    from server.engines.hf import steps as hf_steps
-    from server.engines.hf.batched_decode import decode_rows
-    from server.engines.hf.kv_growing import cache_kw, growing_cache
-    from server.engines.hf.kv_slots import KVSlots
+    from server.engines.hf import runner
+    from server.engines.hf.kv.growing import cache_kw, growing_cache
+    from server.engines.hf.kv.slots import KVSlots
+    from server.engines.hf.model.rows import decode_rows
 
     pool = KVSlots(eng.model.config, eng.dtype, eng.device, 1 << 40)  # grows only to what it holds
 
@@ -166,7 +166,7 @@ def row_agreement(eng: Any, seqs: list[Any]) -> dict[str, float]:
             mine.append(theirs.keys, theirs.values)
         return out
 
-    with torch.no_grad(), hf_steps.decode_attention(eng.device):
+    with torch.no_grad(), runner.decode_attention(eng.device):
         caches = [copy(s.kv, pooled=True) for s in seqs]
         rows = decode_rows(eng.model, caches, [17] * len(seqs), eng.device, pool).float()
         alone = []
@@ -316,9 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.allow_cudnn_sdp:
         from contextlib import nullcontext
 
-        from server.engines.hf import steps as hf_steps
+        from server.engines.hf import runner
 
-        hf_steps.decode_attention = lambda device: nullcontext()  # type: ignore[assignment]
+        runner.decode_attention = lambda device: nullcontext()  # type: ignore[assignment]
 
     rows = run(args)
     print(write(rows, args, len(load_tokenizer(args.tokenizer))))

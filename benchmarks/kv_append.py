@@ -36,7 +36,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
+    from server.engines.hf.kv.growing import cache_kw, growing_cache, restore
     from server.model_store import resolve_model
 
     torch.set_num_threads(args.threads)

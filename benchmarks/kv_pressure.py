@@ -216,8 +216,8 @@ def make_engine(
 def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     """One request through the engine's own prefill / retain path; (ttft_s, cached, tier2_tokens)."""
     from server.engines.base import GenerationRequest, SamplingParams
-    from server.engines.hf.kv_growing import cache_kw
-    from server.engines.hf.steps import SequenceState
+    from server.engines.hf.kv.growing import cache_kw
+    from server.engines.hf.runner import SequenceState
 
     req = GenerationRequest(key, turn.prompt, SamplingParams(len(turn.reply) + 1), None, "", key)
     seq = SequenceState(req, None, None)  # type: ignore[arg-type]

@@ -35,8 +35,8 @@ def main() -> None:
     def worker() -> None:
         import torch
 
-        from server.engines.hf.onednn_linear import OneDNNLinear
-        from server.engines.hf.panel_gemm import PanelLinear, panel_linear_available
+        from server.engines.hf.linears.onednn import OneDNNLinear
+        from server.engines.hf.linears.panel import PanelLinear, panel_linear_available
 
         if not panel_linear_available(torch.device("cpu"), torch.float32):
             raise SystemExit("panel_gemm kernel not available (see the warning above)")

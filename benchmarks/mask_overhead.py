@@ -148,7 +148,7 @@ def xgrammar_alone(compiled, vocab_size, tokens, n_name, reps):
 
 def apply_cost(factory, tools, plan, device, batches, reps, eos=(2, 0)):
     """µs per step for a batch: (MaskApplier fill + copy + kernel, kernel alone)."""
-    from server.engines.hf.logits_processor import MaskApplier
+    from server.constrain.bitmask import MaskApplier
 
     v = factory.vocab.vocab_size
     out = {}

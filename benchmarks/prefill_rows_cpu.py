@@ -32,8 +32,8 @@ def _case(model: Any, cached: int, new: int, rows: int, reps: int, gen: Any) -> 
     """Best seconds of each arm for ``rows`` sequences of ``cached`` + ``new`` tokens."""
     import torch
 
-    from server.engines.hf.batched_prefill import prefill_rows
-    from server.engines.hf.kv_growing import cache_kw, growing_cache
+    from server.engines.hf.kv.growing import cache_kw, growing_cache
+    from server.engines.hf.model.prefill_rows import prefill_rows
 
     prefix = torch.randint(0, 49000, (cached,), generator=gen).tolist()
     chunks = [torch.randint(0, 49000, (new,), generator=gen).tolist() for _ in range(rows)]
@@ -70,8 +70,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from server.engines.hf.fused_projections import fuse_projections
-    from server.engines.hf.onednn_linear import use_onednn_linears
+    from server.engines.hf.linears.fused import fuse_projections
+    from server.engines.hf.linears.onednn import use_onednn_linears
     from server.model_store import resolve_model
 
     cpu = torch.device("cpu")

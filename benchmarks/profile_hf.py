@@ -41,9 +41,9 @@ def main() -> None:
     from server.config import load_settings
     from server.engines.base import GenerationRequest, SamplingParams
     from server.engines.hf.engine import HFEngine
-    from server.engines.hf.kv_growing import cache_kw
-    from server.engines.hf.sampling import TokenSampler
-    from server.engines.hf.steps import SequenceState
+    from server.engines.hf.kv.growing import cache_kw
+    from server.engines.hf.runner import SequenceState
+    from server.engines.hf.sampler import TokenSampler
 
     def say(msg: str) -> None:
         print(f"[profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

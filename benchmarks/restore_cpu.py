@@ -31,9 +31,9 @@ def _case(tokens: int, block: int, reps: int) -> tuple[float, float]:
     import torch
     from transformers import LlamaConfig
 
-    from server.engines.hf.kv_blocks import cached_kv
-    from server.engines.hf.kv_growing import growing_cache, restore
-    from server.engines.hf.kv_slots import KVSlots
+    from server.engines.hf.kv.blocks import cached_kv
+    from server.engines.hf.kv.growing import growing_cache, restore
+    from server.engines.hf.kv.slots import KVSlots
 
     config = LlamaConfig(
         num_attention_heads=HEADS,

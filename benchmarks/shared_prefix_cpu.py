@@ -32,8 +32,8 @@ def _case(rows: int, prefix: int, own: int, reps: int) -> tuple[float, float]:
     import torch
     import torch.nn.functional as F
 
-    from server.engines.hf.kv_slots import KVSlots, PooledStep
-    from server.engines.hf.shared_prefix import shared_prefix_attention
+    from server.engines.hf.kv.slots import KVSlots, PooledStep
+    from server.engines.hf.model.shared_prefix import shared_prefix_attention
 
     config = SimpleNamespace(
         num_attention_heads=HEADS,

@@ -116,7 +116,7 @@ def test_the_checker_catches_an_upward_import(tmp_path):
         "server.cache_diag.reporter": [(1, "server.families.rendered.RenderedPrompt")],
         "server.protocol": [(2, "server.constrain.spec.ToolSpec")],
         "server.cli": [(5, "server.app.build_app")],
-        "server.kvcache.tiers": [(6, "server.engines.hf.kv_blocks.BlockCutter")],
+        "server.kvcache.tiers": [(6, "server.engines.hf.kv.blocks.BlockCutter")],
         "server.constrain.arguments": [(7, "server.errors.InvalidRequest"), (8, "server.families.envelope")],
         "server.kvcache.index": [(2, "server.constrain.trie")],
     }

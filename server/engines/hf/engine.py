@@ -38,13 +38,13 @@ from server.engines.base import (
     GenerationRequest,
     constraint_errors_as_400,
 )
-from server.engines.hf.admission import prefill_turn
-from server.engines.hf.fused_projections import fuse_projections
-from server.engines.hf.kv_blocks import cache_from_settings
-from server.engines.hf.kv_slots import KVSlots
-from server.engines.hf.onednn_linear import use_onednn_linears
+from server.engines.hf.kv.blocks import cache_from_settings
+from server.engines.hf.kv.slots import KVSlots
+from server.engines.hf.linears.fused import fuse_projections
+from server.engines.hf.linears.onednn import use_onednn_linears
 from server.engines.hf.outbox import one_wakeup
-from server.engines.hf.steps import SequenceState, SequenceSteps
+from server.engines.hf.runner import SequenceState, SequenceSteps
+from server.engines.hf.scheduler import prefill_turn
 from server.kvcache.sessions import LookupReport
 from server.model_store import resolve_model
 

@@ -136,18 +136,18 @@ def test_masked_tool_call_on_cuda(cuda_engine):
 
 def test_batched_decode_equals_alone_on_cuda(cuda_engine, monkeypatch):
     """Batched decode on the GPU: the same tokens at T=0 (and logprobs within fp32 rounding) as alone."""
-    from server.engines.hf import steps as hf_steps
-    from tests.engines.hf.test_batched_decode import TOLERANCE, _requests, _run
+    from server.engines.hf import runner
+    from tests.engines.hf.model.test_rows import TOLERANCE, _requests, _run
 
     widths: list[int] = []
-    real = hf_steps.decode_rows
+    real = runner.decode_rows
 
     def spy(model, caches, tokens, device, *args):
         assert device.type == "cuda"
         widths.append(len(tokens))
         return real(model, caches, tokens, device, *args)
 
-    monkeypatch.setattr(hf_steps, "decode_rows", spy)
+    monkeypatch.setattr(runner, "decode_rows", spy)
     tok = cuda_engine.tokenizer
 
     async def run():

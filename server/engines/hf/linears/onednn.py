@@ -87,7 +87,7 @@ def use_onednn_linears(model: Any, device: torch.device, dtype: torch.dtype, *, 
     ``OneDNNLinear``, on CPU fp32; how many were swapped. ``panels=False``: oneDNN only (benchmarks)."""
     if not onednn_linear_available(device, dtype):
         return 0
-    from server.engines.hf.panel_gemm import PANEL, PanelLinear, panel_linear_available
+    from server.engines.hf.linears.panel import PANEL, PanelLinear, panel_linear_available
 
     panels = panels and panel_linear_available(device, dtype)
     head = model.get_output_embeddings()

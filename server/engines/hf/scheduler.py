@@ -14,7 +14,7 @@ import logging
 import queue
 from typing import TYPE_CHECKING
 
-from server.engines.hf.steps import SequenceState
+from server.engines.hf.runner import SequenceState
 
 if TYPE_CHECKING:
     from server.engines.hf.engine import HFEngine

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from server.engines.hf.batched_decode import RowsKV
-from server.engines.hf.lean_decode import decode_forward
+from server.engines.hf.model.lean import decode_forward
+from server.engines.hf.model.rows import RowsKV
 
 
 def gqa_in_sdpa(mask: torch.Tensor | None, device: torch.device) -> bool:

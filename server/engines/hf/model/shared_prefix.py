@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
-from server.engines.hf.kv_slots import PooledStep
+from server.engines.hf.kv.slots import PooledStep
 
 # a step shares its rows' common prefix with at least this many rows ...
 MIN_ROWS = 4

@@ -9,7 +9,7 @@ import torch
 
 from server.chat.sampling import check_fields, parse_logit_bias
 from server.engines.base import SamplingParams
-from server.engines.hf.sampling import TokenSampler, candidates, sample_rows, token_logprobs
+from server.engines.hf.sampler import TokenSampler, candidates, sample_rows, token_logprobs
 from server.errors import InvalidRequest
 from server.protocol import ChatCompletionRequest
 

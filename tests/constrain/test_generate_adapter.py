@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from server.chat.tool_choice import plan_tools
+from server.constrain.generate_adapter import ConstraintLogitsProcessor, MaskApplier
 from server.constrain.vocab import TokenVocab
-from server.engines.hf.logits_processor import ConstraintLogitsProcessor, MaskApplier
 from tests.constrain.decode import EOS
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engines.hf.fused_projections import LinearSlice, SharedLinear, fuse_projections
-from server.engines.hf.kv_growing import cache_kw, growing_cache
-from server.engines.hf.onednn_linear import OneDNNLinear, onednn_linear_available, use_onednn_linears
-from server.engines.hf.panel_gemm import PanelLinear
+from server.engines.hf.kv.growing import cache_kw, growing_cache
+from server.engines.hf.linears.fused import LinearSlice, SharedLinear, fuse_projections
+from server.engines.hf.linears.onednn import OneDNNLinear, onednn_linear_available, use_onednn_linears
+from server.engines.hf.linears.panel import PanelLinear
 from tests.engines.hf.tiny_models import tiny
 
 CPU = torch.device("cpu")

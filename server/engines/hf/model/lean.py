@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from server.engines.hf.fused_projections import LinearSlice
+from server.engines.hf.linears.fused import LinearSlice
 
 # transformers model types whose decoder layer is the Llama layer (Qwen3 adds q/k norms)
 LEAN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})

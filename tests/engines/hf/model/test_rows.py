@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from server.engines.base import GenerationRequest, SamplingParams
-from server.engines.hf import steps as hf_steps
-from server.engines.hf.batched_decode import decode_rows
-from server.engines.hf.kv_growing import cache_kw, growing_cache
+from server.engines.hf import runner
+from server.engines.hf.kv.growing import cache_kw, growing_cache
+from server.engines.hf.model.rows import decode_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -101,13 +101,13 @@ def _requests(tokenizer, tag):
 
 def test_batched_requests_equal_alone_and_run_in_one_forward(hf_engine, tokenizer, monkeypatch):
     widths: list[int] = []
-    real = hf_steps.decode_rows
+    real = runner.decode_rows
 
     def spy(model, caches, tokens, *args):
         widths.append(len(tokens))
         return real(model, caches, tokens, *args)
 
-    monkeypatch.setattr(hf_steps, "decode_rows", spy)
+    monkeypatch.setattr(runner, "decode_rows", spy)
 
     async def run():
         alone = [await _run(hf_engine, r) for r in _requests(tokenizer, "alone")]
@@ -177,7 +177,7 @@ def test_a_long_prefill_stalls_running_decodes_by_one_chunk_at_most(hf_engine, t
 
 def test_decode_attention_leaves_out_cudnn_sdpa_on_cuda_only():
     """cuDNN SDPA builds a plan per KV length (3.7 ms of host time per call on an H100): never in decode."""
-    from server.engines.hf.batched_decode import decode_attention
+    from server.engines.hf.model.rows import decode_attention
 
     cuda = torch.backends.cuda
     before = cuda.cudnn_sdp_enabled()
@@ -203,7 +203,7 @@ def test_a_burst_of_short_prompts_joins_in_one_turn_and_a_long_one_takes_the_res
     hf_engine, tokenizer
 ):
     from server.engines.hf.engine import HFEngine
-    from server.engines.hf.steps import SequenceState
+    from server.engines.hf.runner import SequenceState
 
     engine = HFEngine(
         hf_engine.settings, model=hf_engine.model, tokenizer=tokenizer

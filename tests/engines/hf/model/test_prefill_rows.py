@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engines.hf.batched_prefill import prefill_rows
-from server.engines.hf.fused_projections import fuse_projections
-from server.engines.hf.kv_growing import cache_kw, growing_cache
-from server.engines.hf.kv_slots import KVSlots
-from server.engines.hf.onednn_linear import use_onednn_linears
+from server.engines.hf.kv.growing import cache_kw, growing_cache
+from server.engines.hf.kv.slots import KVSlots
+from server.engines.hf.linears.fused import fuse_projections
+from server.engines.hf.linears.onednn import use_onednn_linears
+from server.engines.hf.model.prefill_rows import prefill_rows
 from tests.engines.hf.tiny_models import FAMILIES, tiny
 
 CPU = torch.device("cpu")
@@ -71,10 +71,10 @@ def test_a_family_the_lean_forward_does_not_cover_prefills_through_transformers(
     """The engine's prefill turn with a model outside ``LEAN_MODEL_TYPES`` (a sliding window): one
     transformers forward per sequence, the same logits as prefilling each alone."""
     from server.engines.base import GenerationRequest, SamplingParams
-    from server.engines.hf import steps as hf_steps
+    from server.engines.hf import runner
     from server.engines.hf.engine import HFEngine
-    from server.engines.hf.steps import SequenceState
-    from tests.engines.hf.test_batched_decode import _Sink
+    from server.engines.hf.runner import SequenceState
+    from tests.engines.hf.model.test_rows import _Sink
 
     model, reference = tiny("mistral", sliding_window=16), tiny("mistral", sliding_window=16)
     engine = HFEngine(hf_engine.settings, model=model, tokenizer=tokenizer)  # no thread: turns by hand
@@ -86,7 +86,7 @@ def test_a_family_the_lean_forward_does_not_cover_prefills_through_transformers(
         for i, ids in enumerate(prompts)
     ]
     calls = []
-    monkeypatch.setattr(hf_steps, "prefill_rows", lambda *a: calls.append(a))
+    monkeypatch.setattr(runner, "prefill_rows", lambda *a: calls.append(a))
     with torch.no_grad():
         chunks = [engine.steps.prefill_take(s) for s in seqs]
         got = engine.steps.prefill_forward(seqs, chunks)
@@ -98,7 +98,7 @@ def test_a_family_the_lean_forward_does_not_cover_prefills_through_transformers(
 
 
 def test_grouped_heads_go_to_sdpa_only_where_its_fast_kernels_take_them():
-    from server.engines.hf.batched_prefill import gqa_in_sdpa
+    from server.engines.hf.model.prefill_rows import gqa_in_sdpa
 
     mask = torch.ones((2, 5), dtype=torch.bool)
     assert gqa_in_sdpa(mask, torch.device("cpu")) and gqa_in_sdpa(None, torch.device("cuda"))
@@ -106,7 +106,7 @@ def test_grouped_heads_go_to_sdpa_only_where_its_fast_kernels_take_them():
 
 
 def test_prefill_rows_with_the_kv_repeated_per_head_equal_grouped_heads(monkeypatch):
-    from server.engines.hf import batched_prefill
+    from server.engines.hf.model import prefill_rows as batched_prefill
 
     model = tiny("llama")  # 4 query heads over 2 KV heads
     chunks, starts = [c for _, c in ROWS], [len(p) for p, _ in ROWS]

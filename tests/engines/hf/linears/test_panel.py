@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
-from server.engines.hf import panel_gemm
-from server.engines.hf.onednn_linear import OneDNNLinear, onednn_linear_available, use_onednn_linears
-from server.engines.hf.panel_gemm import PanelLinear, panel_linear_available
+from server.engines.hf.linears import panel as panel_gemm
+from server.engines.hf.linears.onednn import OneDNNLinear, onednn_linear_available, use_onednn_linears
+from server.engines.hf.linears.panel import PanelLinear, panel_linear_available
 
 CPU = torch.device("cpu")
 needs_kernel = pytest.mark.skipif(
@@ -72,7 +72,7 @@ def test_without_a_compiler_the_engine_keeps_onednn_and_says_why(monkeypatch, tm
     monkeypatch.setenv("AGENTSERVE_KERNEL_DIR", str(tmp_path / "kernels"))
     model = torch.nn.Sequential(torch.nn.Linear(16, 32))
     model.get_output_embeddings = lambda: None  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING, logger="server.engines.hf.panel_gemm"):
+    with caplog.at_level(logging.WARNING, logger="server.engines.hf.linears.panel"):
         assert not panel_linear_available(CPU, torch.float32)
         assert use_onednn_linears(model, CPU, torch.float32) == 1
     assert isinstance(model[0], OneDNNLinear)
@@ -102,7 +102,7 @@ def test_a_kernel_folder_or_file_others_can_write_is_not_loaded(monkeypatch, tmp
     assert built.stat().st_mode & 0o022 == 0
     (folder if victim == "folder" else built).chmod(0o777)
     monkeypatch.setattr(panel_gemm, "_loaded", [])
-    with caplog.at_level(logging.WARNING, logger="server.engines.hf.panel_gemm"):
+    with caplog.at_level(logging.WARNING, logger="server.engines.hf.linears.panel"):
         assert panel_gemm._kernel() is None
     assert "no one else can write" in caplog.text and "keeping oneDNN linears" in caplog.text
 

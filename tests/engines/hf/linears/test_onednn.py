@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engines.hf.onednn_linear import OneDNNLinear, onednn_linear_available, use_onednn_linears
-from server.engines.hf.panel_gemm import PanelLinear, panel_linear_available
+from server.engines.hf.linears.onednn import OneDNNLinear, onednn_linear_available, use_onednn_linears
+from server.engines.hf.linears.panel import PanelLinear, panel_linear_available
 
 CPU = torch.device("cpu")
 needs_onednn = pytest.mark.skipif(

@@ -37,10 +37,14 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 
-from server.engines.hf.kv_growing import cache_kw
-from server.engines.hf.kv_slots import KVSlots, PooledStep
-from server.engines.hf.lean_decode import decode_forward, lean_decode_supported
-from server.engines.hf.shared_prefix import shared_prefix_attention, shared_prefix_available, worth_sharing
+from server.engines.hf.kv.growing import cache_kw
+from server.engines.hf.kv.slots import KVSlots, PooledStep
+from server.engines.hf.model.lean import decode_forward, lean_decode_supported
+from server.engines.hf.model.shared_prefix import (
+    shared_prefix_attention,
+    shared_prefix_available,
+    worth_sharing,
+)
 
 ROWS_ATTENTION = "agentserve_rows"
 

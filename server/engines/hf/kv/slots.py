@@ -87,7 +87,7 @@ class KVSlots:
 
     def admit(self, kv: Any, need: int) -> int | None:
         """Give ``kv`` (a fresh ``growing_cache``) a slot for up to ``need`` tokens; None: stays private."""
-        from server.engines.hf.kv_growing import GrowingLayer
+        from server.engines.hf.kv.growing import GrowingLayer
 
         layers = list(kv.layers)
         if len(layers) != self.n_layers or not all(type(lay) is GrowingLayer for lay in layers):

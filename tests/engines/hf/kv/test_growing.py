@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engines.hf.kv_blocks import BlockCutter
-from server.engines.hf.kv_growing import GrowingLayer, cache_kw, growing_cache
+from server.engines.hf.kv.blocks import BlockCutter
+from server.engines.hf.kv.growing import GrowingLayer, cache_kw, growing_cache
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_restore_then_prefill_and_decode_match_dynamic_cache(tiny_model):
     """The engine's path: a prefix-cache match's stacked KV restored, the rest prefilled, then decoded."""
     from transformers import DynamicCache
 
-    from server.engines.hf.kv_growing import restore
+    from server.engines.hf.kv.growing import restore
 
     prompt = torch.randint(0, 512, (1, 120), generator=torch.Generator().manual_seed(4))
     warm = DynamicCache(config=tiny_model.config)

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from server.engines.base import GenerationRequest, SamplingParams
-from server.engines.hf import batched_decode, shared_prefix
-from server.engines.hf.batched_decode import decode_rows
-from server.engines.hf.kv_growing import cache_kw, growing_cache
-from server.engines.hf.kv_slots import KVSlots, PooledStep
-from server.engines.hf.shared_prefix import common_prefix, worth_sharing
+from server.engines.hf.kv.growing import cache_kw, growing_cache
+from server.engines.hf.kv.slots import KVSlots, PooledStep
+from server.engines.hf.model import rows as model_rows
+from server.engines.hf.model import shared_prefix
+from server.engines.hf.model.rows import decode_rows
+from server.engines.hf.model.shared_prefix import common_prefix, worth_sharing
 from tests.kvcache.helpers import tiny_model
 
 CPU = torch.device("cpu")
@@ -45,7 +46,7 @@ def steps(monkeypatch):
         return real_attention(*args)
 
     monkeypatch.setattr(PooledStep, "__init__", spy_init)
-    monkeypatch.setattr(batched_decode, "shared_prefix_attention", spy_attention)
+    monkeypatch.setattr(model_rows, "shared_prefix_attention", spy_attention)
     return taken, calls
 
 

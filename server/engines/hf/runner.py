@@ -29,15 +29,15 @@ from transformers import DynamicCache
 from server.constrain.bitmask import MaskApplier
 from server.constrain.interface import TokenConstraint
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
-from server.engines.hf.batched_decode import decode_attention, decode_rows
-from server.engines.hf.batched_prefill import prefill_rows
-from server.engines.hf.kv_blocks import BlockCutter, cached_kv, match_parts
-from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
-from server.engines.hf.kv_slots import HEADROOM, KVSlots
-from server.engines.hf.lean_decode import lean_decode_supported
+from server.engines.hf.kv.blocks import BlockCutter, cached_kv, match_parts
+from server.engines.hf.kv.growing import cache_kw, growing_cache, restore
+from server.engines.hf.kv.slots import HEADROOM, KVSlots
+from server.engines.hf.model.lean import lean_decode_supported
+from server.engines.hf.model.prefill_rows import prefill_rows
+from server.engines.hf.model.rows import decode_attention, decode_rows
+from server.engines.hf.model.shared_prefix import common_prefix
 from server.engines.hf.outbox import flush, send
-from server.engines.hf.sampling import TokenSampler
-from server.engines.hf.shared_prefix import common_prefix
+from server.engines.hf.sampler import TokenSampler
 from server.kvcache.prefix_cache import PrefixCache
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engines.hf import batched_decode
-from server.engines.hf.batched_decode import decode_rows
-from server.engines.hf.fused_projections import fuse_projections
-from server.engines.hf.kv_growing import cache_kw, growing_cache
-from server.engines.hf.kv_slots import KVSlots
-from server.engines.hf.lean_decode import lean_decode_supported
-from server.engines.hf.onednn_linear import use_onednn_linears
+from server.engines.hf.kv.growing import cache_kw, growing_cache
+from server.engines.hf.kv.slots import KVSlots
+from server.engines.hf.linears.fused import fuse_projections
+from server.engines.hf.linears.onednn import use_onednn_linears
+from server.engines.hf.model import rows as model_rows
+from server.engines.hf.model.lean import lean_decode_supported
+from server.engines.hf.model.rows import decode_rows
 from tests.engines.hf.tiny_models import FAMILIES, tiny
 
 CPU = torch.device("cpu")
@@ -53,7 +53,7 @@ def test_a_sliding_window_or_another_layout_runs_transformers_forward(monkeypatc
     assert not lean_decode_supported(tiny("mistral", sliding_window=16))
     assert not lean_decode_supported(tiny("gpt2"))
     calls = []
-    monkeypatch.setattr(batched_decode, "decode_forward", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(model_rows, "decode_forward", lambda *a, **k: calls.append(a))
     model = tiny("mistral", sliding_window=16)
     caches = [_prefilled(model, ids) for ids in PROMPTS]
     logits = decode_rows(model, caches, [3, 4, 5], CPU)
@@ -73,9 +73,9 @@ def test_lean_rows_equal_transformers_forward_alone(model_type, variant, monkeyp
         use_onednn_linears(model, CPU, torch.float32)
     pool = KVSlots(model.config, torch.float32, CPU, 2**24) if variant.endswith("pooled") else None
     lean_calls = []
-    real = batched_decode.decode_forward
+    real = model_rows.decode_forward
     spy = lambda *a, **k: lean_calls.append(1) or real(*a, **k)  # noqa: E731
-    monkeypatch.setattr(batched_decode, "decode_forward", spy)
+    monkeypatch.setattr(model_rows, "decode_forward", spy)
     caches = [_prefilled(model, ids, pool) for ids in PROMPTS]
     for n, tokens in enumerate(steps):
         with torch.no_grad():  # as on the engine thread

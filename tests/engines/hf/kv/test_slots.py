@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from server.engines.base import GenerationRequest, SamplingParams
-from server.engines.hf import batched_decode
-from server.engines.hf.batched_decode import decode_rows
-from server.engines.hf.kv_blocks import BlockCutter, cached_kv, match_parts
-from server.engines.hf.kv_growing import cache_kw, growing_cache, restore
-from server.engines.hf.kv_slots import KVSlots, PooledStep
+from server.engines.hf.kv.blocks import BlockCutter, cached_kv, match_parts
+from server.engines.hf.kv.growing import cache_kw, growing_cache, restore
+from server.engines.hf.kv.slots import KVSlots, PooledStep
+from server.engines.hf.model import rows as model_rows
+from server.engines.hf.model.rows import decode_rows
 from server.kvcache.prefix_cache import MatchResult
 from tests.kvcache.helpers import tiny_model
 
@@ -230,13 +230,13 @@ def test_past_the_budget_a_row_that_runs_out_moves_out_with_its_kv(model):
 
 def test_the_engine_decodes_similar_requests_pooled_and_as_alone(hf_engine, tokenizer, monkeypatch):
     taken: list[int] = []
-    real = batched_decode.PooledStep.__init__
+    real = model_rows.PooledStep.__init__
 
     def spy(self, *args):
         real(self, *args)
         taken.append(self.span)
 
-    monkeypatch.setattr(batched_decode.PooledStep, "__init__", spy)
+    monkeypatch.setattr(model_rows.PooledStep, "__init__", spy)
 
     def request(i: int) -> GenerationRequest:
         question = f"Session {i}: tell me about robot number {i}."
