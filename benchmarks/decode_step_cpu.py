@@ -10,12 +10,12 @@ load drifts) and the best median is printed. Arms:
 
 * ``stock``: transformers' forward and linears (MKL sgemm), each row's attention over its
   own KV (at B = 1 the plain ``model(...)`` forward);
-* ``onednn+slots``: the linears as oneDNN matmuls (``onednn_linear.py``) and KV slots
-  (``kv_slots.py``: one SDPA a layer), transformers' forward (the engine before fused
+* ``onednn+slots``: the linears as oneDNN matmuls (``linears/onednn.py``) and KV slots
+  (``kv/slots.py``: one SDPA a layer), transformers' forward (the engine before fused
   projections and the lean forward);
-* ``engine``: what the engine runs now: q/k/v and gate/up fused (``fused_projections.py``),
-  the panel kernel's linears (``panel_gemm.py``; oneDNN where it cannot be built), KV slots,
-  and ``lean_decode.decode_forward`` instead of transformers' forward (B = 1 included).
+* ``engine``: what the engine runs now: q/k/v and gate/up fused (``linears/fused.py``),
+  the panel kernel's linears (``linears/panel.py``; oneDNN where it cannot be built), KV slots,
+  and ``model/lean.py``'s forward instead of transformers' (B = 1 included).
 
 ``--reorder-on main`` reorders the oneDNN weights on the main thread, which thereby gets an
 OpenMP team of its own, while the steps run on the worker (the engine's layout before it
@@ -54,7 +54,7 @@ def main() -> None:
     from server.engines.hf.kv.slots import KVSlots
     from server.engines.hf.linears.fused import fuse_projections
     from server.engines.hf.linears.onednn import use_onednn_linears
-    from server.engines.hf.model import lean as lean_decode
+    from server.engines.hf.model.lean import use_transformers_forward
     from server.engines.hf.model.rows import decode_rows
     from server.model_store import resolve_model
 
@@ -63,7 +63,8 @@ def main() -> None:
     stock = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     fast = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     engine = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    lean_decode._SUPPORTED[stock] = lean_decode._SUPPORTED[fast] = False  # transformers' forward
+    use_transformers_forward(stock)
+    use_transformers_forward(fast)
     arms = [("stock", stock, False), ("onednn+slots", fast, True), ("engine", engine, True)]
 
     def prepare() -> None:

@@ -70,8 +70,8 @@ def fits(config: Any, dtype: torch.dtype, batch: int, context: int, budget_gb: f
 def prefilled_requests(eng: Any, vocab: int, context: int, batch: int, steps: int) -> list[Any]:
     """``batch`` requests prefilled through the engine (ragged lengths), ready to decode."""
     from server.engines.base import GenerationRequest, SamplingParams
-    from server.engines.hf.runner import SequenceState
     from server.engines.hf.sampler import TokenSampler
+    from server.engines.hf.sequence import SequenceState
 
     gen = torch.Generator().manual_seed(context + batch)
     seqs = []
@@ -84,7 +84,7 @@ def prefilled_requests(eng: Any, vocab: int, context: int, batch: int, steps: in
         seq = SequenceState(req, stub, stub)  # type: ignore[arg-type]
         seq.sampler = TokenSampler(params, ids, eng.vocab_size, eng.device, None)
         seq.stop_ids = frozenset()  # random weights: never stop early
-        eng.steps.prefill(seq)
+        eng.runner.prefill(seq)
         seqs.append(seq)
     _sync(eng.device)
     return seqs
@@ -107,8 +107,8 @@ def engine_rows(eng: Any, seqs: list[Any], batch: int, warmup: int, steps: int) 
     running = seqs[:batch]
 
     def step() -> None:
-        eng._running = running
-        eng._decode_running()
+        eng.scheduler.running = running
+        eng.scheduler.decode_turn()
         assert all(s.kv is not None for s in running), "a request ended during the benchmark"
 
     step_t = time_steps(step, eng.device, warmup, steps)
@@ -116,7 +116,7 @@ def engine_rows(eng: Any, seqs: list[Any], batch: int, warmup: int, steps: int) 
     def forward() -> None:
         for s in running:
             s.pending = 17
-        eng.steps.forward(running)
+        eng.runner.forward(running)
 
     fwd_t = time_steps(forward, eng.device, warmup, steps)
     return {"step_ms": 1000 * statistics.median(step_t), "forward_ms": 1000 * statistics.median(fwd_t)}

@@ -217,19 +217,19 @@ def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     """One request through the engine's own prefill / retain path; (ttft_s, cached, tier2_tokens)."""
     from server.engines.base import GenerationRequest, SamplingParams
     from server.engines.hf.kv.growing import cache_kw
-    from server.engines.hf.runner import SequenceState
+    from server.engines.hf.sequence import SequenceState
 
     req = GenerationRequest(key, turn.prompt, SamplingParams(len(turn.reply) + 1), None, "", key)
     seq = SequenceState(req, None, None)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     with torch.no_grad():
-        eng.steps.prefill(seq)
+        eng.runner.prefill(seq)
         ttft = time.perf_counter() - t0
         if turn.reply:
             ids = torch.tensor([turn.reply], device=eng.device)
             eng.model(input_ids=ids, **cache_kw(eng.model, seq.kv), use_cache=True, logits_to_keep=1)
             seq.generated = list(turn.reply)
-        eng.steps.retain(seq)
+        eng.runner.retain(seq)
     eng.reply_finished(key, turn.tools)
     report = eng.lookup_report(key)
     return ttft, seq.cached_tokens, report.tier2_tokens if report else 0
@@ -302,7 +302,7 @@ def unbounded_arms(
     eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
     unbounded = run_arm("unbounded", eng, clock, sessions, reqs, cache_only)
     eng, clock = make_engine(model, tok, "lru", None, 0, Path("."))
-    eng.steps.retain = lambda seq: None  # type: ignore[method-assign]
+    eng.runner.retain = lambda seq: None  # type: ignore[method-assign]
     if CACHE_ONLY if cache_only is None else cache_only:
         # the old engine's reuse: full prompt blocks only, nothing retained at the end
         eng.cache.insert = partial(_full_blocks_only, eng.cache.insert)

@@ -33,7 +33,7 @@ def _case(model: Any, cached: int, new: int, rows: int, reps: int, gen: Any) -> 
     import torch
 
     from server.engines.hf.kv.growing import cache_kw, growing_cache
-    from server.engines.hf.model.prefill_rows import prefill_rows
+    from server.engines.hf.model.rows import prefill_rows
 
     prefix = torch.randint(0, 49000, (cached,), generator=gen).tolist()
     chunks = [torch.randint(0, 49000, (new,), generator=gen).tolist() for _ in range(rows)]

@@ -4,7 +4,7 @@
 
 Builds the engine as ``agentserve serve`` does (embedded model), prefills one synthetic agent
 prompt of about ``--context`` tokens, then runs ``--tokens`` decode steps of the engine
-(``HFEngine.steps.decode_step``, on this thread) under cProfile; then the same number of steps of
+(``HFEngine.runner.decode_step``, on this thread) under cProfile; then the same number of steps of
 the bare model (forward with a DynamicCache, argmax) for the floor. Prints ms/token of each,
 the engine's overhead over the floor, and the top functions by own time.
 """
@@ -42,8 +42,8 @@ def main() -> None:
     from server.engines.base import GenerationRequest, SamplingParams
     from server.engines.hf.engine import HFEngine
     from server.engines.hf.kv.growing import cache_kw
-    from server.engines.hf.runner import SequenceState
     from server.engines.hf.sampler import TokenSampler
+    from server.engines.hf.sequence import SequenceState
 
     def say(msg: str) -> None:
         print(f"[profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -68,14 +68,14 @@ def main() -> None:
     seq.stop_ids = frozenset(eng.eos_token_ids)
     out: list[int] = []
     seq.emit = lambda chunk: out.extend(chunk.token_ids)  # type: ignore[method-assign]
-    eng.steps.prefill(seq)
+    eng.runner.prefill(seq)
     say("prefilled; engine decode under cProfile")
     steps = 0
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
     while seq.kv is not None and steps < n:
-        eng.steps.decode_step(seq)
+        eng.runner.decode_step(seq)
         steps += 1
     prof.disable()
     engine_s = time.perf_counter() - t0

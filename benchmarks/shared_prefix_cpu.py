@@ -44,7 +44,7 @@ def _case(rows: int, prefix: int, own: int, reps: int) -> tuple[float, float]:
     )
     pool = KVSlots(config, torch.float32, torch.device("cpu"), 2**34)
     lengths = [prefix + own - 2 * i for i in range(rows)]
-    assert pool.ensure(max(lengths) + 1) and pool._fit(rows, max(lengths) + 1)
+    assert pool.ensure(max(lengths) + 1) and pool.fit(rows, max(lengths) + 1)
     gen = torch.Generator().manual_seed(0)
     for k, v in zip(pool.k, pool.v, strict=True):
         k.normal_(generator=gen)

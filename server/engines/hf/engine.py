@@ -1,29 +1,34 @@
-"""The hf engine: transformers + torch, a block-hash prefix cache, one scheduler thread.
+"""The hf engine: transformers + torch, a block-hash prefix cache, one engine thread.
 
-Requests are queued to a single engine thread that owns the model. Each loop turn it
-prefills one chunk of the request being admitted (reusing the longest cached prefix) and
-then advances every running request by one token in ONE batched forward (continuous
-batching: requests join after their prefill and leave when they finish, between steps;
-each keeps its own KV -- a slot of the ``KVSlots`` pool when it fits, so one attention call
-a layer serves the step -- and a reused prefix is copied once, at admission, never per
-step). A long prompt delays the others' decode by one chunk per step, no more.
+This module is the engine's shell: it loads the model, builds the parts, runs the engine
+thread and answers the ``Engine`` contract (base.py). The parts, each in its own module:
+
+* ``Scheduler`` (scheduler.py): waiting → prefilling → running; each loop turn prefills one
+  chunk of prompt tokens (reusing the longest cached prefix), then advances every running
+  request by one token in ONE batched forward (continuous batching: requests join after
+  their prefill and leave when they finish, between steps). A long prompt delays the
+  others' decode by one chunk per step, no more.
+* ``Runner`` (runner.py): the model's work on sequences (``SequenceState``, sequence.py):
+  prefill, pick (sampler.py, the masks), the rows forward (model/), finish, retain.
+* KV memory (kv/): each request keeps its own KV -- a slot of the ``KVSlots`` pool when it
+  fits, so one attention call a layer serves the step -- and a reused prefix is copied once,
+  at admission, never per step.
+* Linears (linears/): fused projections and the CPU kernels, installed on the engine thread.
+
 Torch work that may run in parallel (the linears' reorder, a sampler's tensors, every
 forward) runs on the engine thread only: a second thread's OpenMP team makes libgomp stop
-spinning between parallel regions, and a decode step slows by a quarter (onednn_linear.py).
-Tokens go back to each request's asyncio queue; closing the request's iterator
-cancels it at the next step. This module loads the model and runs that loop; the
-steps themselves (prefill, decode, finish, retain) are ``steps.SequenceSteps``, which the
-engine owns (``self.steps``).
+spinning between parallel regions, and a decode step slows by a quarter (linears/onednn.py).
+Tokens go back to each request's asyncio queue (outbox.py); closing the request's iterator
+cancels it at the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import torch
@@ -42,9 +47,9 @@ from server.engines.hf.kv.blocks import cache_from_settings
 from server.engines.hf.kv.slots import KVSlots
 from server.engines.hf.linears.fused import fuse_projections
 from server.engines.hf.linears.onednn import use_onednn_linears
-from server.engines.hf.outbox import one_wakeup
-from server.engines.hf.runner import SequenceState, SequenceSteps
-from server.engines.hf.scheduler import prefill_turn
+from server.engines.hf.runner import Runner
+from server.engines.hf.scheduler import Scheduler
+from server.engines.hf.sequence import SequenceState
 from server.kvcache.sessions import LookupReport
 from server.model_store import resolve_model
 
@@ -105,14 +110,12 @@ class HFEngine(Engine):
         self.cache = cache_from_settings(pc, self.device.type)
         # cached_tokens is token-granular (tails, the reply's KV), not a multiple of pc.block_size
         self.block_size = 1
-        self._inbox: queue.SimpleQueue[SequenceState] = queue.SimpleQueue()
-        self._running: list[SequenceState] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats = EngineStats()
-        # the model steps on sequences (prefill, decode, retain): a part of the engine, not a base
-        self.steps = SequenceSteps(
+        # the model's work on sequences (prefill, decode, retain): a part of the engine, not a base
+        self.runner = Runner(
             self.model,
             self.device,
             self.cache,
@@ -121,14 +124,15 @@ class HFEngine(Engine):
             self.vocab_size,
             self._stats,
             # the running sequences' KV side by side (one attention call a decode step), within the
-            # KV budget the operator gave the prefix cache (kv_slots.py)
+            # KV budget the operator gave the prefix cache (kv/slots.py)
             KVSlots(config, self.dtype, self.device, pc.memory_mb * 2**20),
         )
+        self.scheduler = Scheduler(self.runner)  # which sequences run each turn of the engine thread
 
     @property
     def tokens_generated(self) -> int:
         """All decode steps ever taken (cancellation tests read it)."""
-        return self.steps.tokens_generated
+        return self.runner.tokens_generated
 
     # -- lifecycle --------------------------------------------------------------
     async def start(self) -> None:
@@ -157,9 +161,9 @@ class HFEngine(Engine):
         return EngineStats(
             prefix_queries_tokens=s.prefix_queries_tokens,
             prefix_hits_tokens=s.prefix_hits_tokens,
-            running=len(self._running),
-            waiting=self._inbox.qsize(),
-            extra={**self.cache.stats(), "tokens_generated": float(self.steps.tokens_generated)},
+            running=len(self.scheduler.running),
+            waiting=self.scheduler.waiting.qsize(),
+            extra={**self.cache.stats(), "tokens_generated": float(self.runner.tokens_generated)},
         )
 
     # -- public API ---------------------------------------------------------------
@@ -172,7 +176,7 @@ class HFEngine(Engine):
         if seq.constraint is None and request.tool_spec is not None:  # a caller that sent only the spec
             with constraint_errors_as_400():
                 seq.constraint = self.constraints.build(request.tool_spec)
-        self._inbox.put(seq)
+        self.scheduler.add(seq)
         self._wake.set()
         try:
             while True:
@@ -200,7 +204,7 @@ class HFEngine(Engine):
             None,  # type: ignore[arg-type]  # and no queue
         )
         with torch.no_grad():
-            self.steps.prefill(seq)
+            self.runner.prefill(seq)
         assert seq.next_logits is not None
         return seq.next_logits, seq.cached_tokens
 
@@ -211,63 +215,18 @@ class HFEngine(Engine):
             # CPU fp32: the linears as oneDNN matmuls, reordered HERE. The first torch op that runs
             # in parallel on a thread gives it an OpenMP team of its own; with a second team alive
             # (the loading thread's) libgomp counts more threads than cores and stops spinning
-            # between parallel regions: a decode step took 54 ms instead of 42 (onednn_linear.py)
-            fuse_projections(self.model)  # q/k/v and gate/up: one matmul each (fused_projections.py)
+            # between parallel regions: a decode step took 54 ms instead of 42 (linears/onednn.py)
+            fuse_projections(self.model)  # q/k/v and gate/up: one matmul each (linears/fused.py)
             use_onednn_linears(self.model, self.device, self.dtype)
         finally:
             ready.set()
-        prefilling: SequenceState | None = None
         while not self._stop.is_set():
-            prefilling = self._prefill_turn(prefilling)
-            if self._running:
-                self._decode_running()
-            self._running = [s for s in self._running if s.kv is not None]
-            if not self._running and prefilling is None and self._inbox.empty():
-                if self.steps.slots is not None:
-                    self.steps.slots.release_idle()  # idle: an empty pool gives its memory back, later
+            self.scheduler.turn()
+            if self.scheduler.idle():
+                if self.runner.slots is not None:
+                    self.runner.slots.release_idle()  # idle: an empty pool gives its memory back, later
                 self._wake.wait(0.5)
                 self._wake.clear()
-
-    def _prefill_turn(self, prefilling: SequenceState | None) -> SequenceState | None:
-        """Up to one chunk of prompt tokens, in one forward (admission.py); who goes on next turn."""
-        return prefill_turn(self, prefilling)
-
-    def _decode_running(self) -> None:
-        """One decode step of every running request: sample each, then one batched forward."""
-        going = []
-        with one_wakeup():  # the turn's tokens reach the event loop in one call (outbox.py)
-            for seq in self._running:
-                self._run_guarded(seq, self.steps.pick)
-                if seq.kv is not None and seq.pending is not None:
-                    going.append(seq)
-        if not going:
-            return
-        try:
-            self.steps.forward(going)
-        except Exception as exc:  # the batch's forward failed: end those requests, keep the engine
-            log.exception("decode step of %d requests failed", len(going))
-            for seq in going:
-                self._fail(seq, exc)
-
-    def _run_guarded(self, seq: SequenceState, step: Callable[[SequenceState], Any]) -> Any:
-        try:
-            if seq.cancelled:
-                self.steps.retain(seq)
-                seq.kv = None
-                return None
-            return step(seq)
-        except Exception as exc:  # never let one request kill the engine thread
-            log.exception("request %s failed", seq.request.request_id)
-            self._fail(seq, exc)
-            return None
-
-    @staticmethod
-    def _fail(seq: SequenceState, exc: Exception) -> None:
-        """End ``seq`` with an error chunk that names the exception (the engine goes on)."""
-        seq.kv = None
-        seq.emit(
-            GenerationChunk([], seq.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}")
-        )
 
     def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
         """The service says what the session's reply ended with: tool calls (named) or text."""

@@ -1,69 +1,44 @@
-"""The hf engine's work on one sequence: prefill, one decode step, finish, and keeping its KV.
+"""The model runner: the model's work on sequences (prefill, one decode step, finish, keep the KV).
 
-``SequenceState`` is a request as the engine thread holds it (KV, next logits, sampler,
-constraint, tokens so far). ``SequenceSteps`` (the engine's ``steps``, a part it owns, not
-a base class) runs the model on one sequence (prefill) or all running ones (decode); the
-engine's loop (engine.py) decides when.
+``Runner`` (the engine's ``runner``, a part it owns, not a base class) runs the model on the
+sequences the scheduler hands it (scheduler.py decides which and when); a sequence is a
+``SequenceState`` (sequence.py).
 
-* ``prefill_chunk``: the longest cached prefix from the prefix cache, then the rest one
-  chunk of ``chunk_tokens`` tokens per call (the loop interleaves chunks with decode
-  steps), the prompt's blocks inserted at the end.
+* ``prefill_take`` / ``prefill_forward`` / ``prefill_end``: the longest cached prefix from
+  the prefix cache, then the rest one chunk of at most ``chunk_tokens`` tokens a turn,
+  several sequences' chunks as the rows of one forward (``model/rows.py``), the prompt's
+  blocks inserted into the prefix cache at the end.
 * ``pick`` + ``forward``: bias and penalties, then the tool mask, sample one token, check
   it against the constraint and the stop ids, emit it; then every running sequence's token
-  goes through the model in ONE forward (``batched_decode.decode_rows``: batched decode,
-  each row over its own KV).
+  goes through the model in ONE forward (``model/rows.py`` ``decode_rows``: batched decode,
+  each row over its own KV or its slot of the pool).
 * ``finish`` / ``retain``: the last chunk; on a normal end the KV of prompt + generated
   tokens (tail included) goes into the prefix cache for the session's next turn.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from server.constrain.bitmask import MaskApplier
-from server.constrain.interface import TokenConstraint
 from server.engines.base import EngineStats, GenerationChunk, GenerationRequest, TokenLogprob
 from server.engines.hf.kv.blocks import BlockCutter, cached_kv, match_parts
 from server.engines.hf.kv.growing import cache_kw, growing_cache, restore
 from server.engines.hf.kv.slots import HEADROOM, KVSlots
 from server.engines.hf.model.lean import lean_decode_supported
-from server.engines.hf.model.prefill_rows import prefill_rows
-from server.engines.hf.model.rows import decode_attention, decode_rows
+from server.engines.hf.model.rows import decode_attention, decode_rows, prefill_rows
 from server.engines.hf.model.shared_prefix import common_prefix
-from server.engines.hf.outbox import flush, send
+from server.engines.hf.outbox import flush
 from server.engines.hf.sampler import TokenSampler
+from server.engines.hf.sequence import SequenceState
 from server.kvcache.prefix_cache import PrefixCache
 
 
-@dataclass
-class SequenceState:
-    request: GenerationRequest
-    loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue[GenerationChunk]
-    cancelled: bool = False
-    kv: DynamicCache | None = None
-    next_logits: torch.Tensor | None = None  # logits for the next token, [V]
-    cached_tokens: int = 0
-    generated: list[int] = field(default_factory=list)
-    sampler: TokenSampler | None = None  # built at prefill, on the engine thread (bias, penalties, seed)
-    constraint: TokenConstraint | None = None  # built from request.tool_spec by the engine
-    stop_ids: frozenset[int] = frozenset()  # the model's EOS ids + the request's stop_token_ids
-    prefill_at: int = -1  # next prompt position to prefill (-1: prefill not begun)
-    prefill_t0: float = 0.0
-    pending: int | None = None  # the token sampled this step, to run through the model next
-
-    def emit(self, chunk: GenerationChunk) -> None:
-        send(self.loop, self.out, chunk)  # at once, or with the decode turn's others (outbox.py)
-
-
-class SequenceSteps:
-    """Model steps on sequences, owned by the engine (``HFEngine.steps``); its loop decides when.
+class Runner:
+    """Model steps on sequences, owned by the engine (``HFEngine.runner``); its scheduler decides when.
 
     Holds what the steps need: the model, its device, the prefix cache, the prefill chunk
     size, the context window, the bitmask buffers and the engine's prefix counters.
@@ -149,7 +124,7 @@ class SequenceSteps:
     def prefill_forward(self, seqs: list[SequenceState], chunks: list[list[int]]) -> torch.Tensor:
         """Each chunk appended to its sequence's KV; each one's last logits [B, V].
 
-        One forward for all (batched_prefill.py) where the family allows it, else one
+        One forward for all (``model/rows.py`` ``prefill_rows``) where the family allows it, else one
         transformers forward per sequence.
         """
         if lean_decode_supported(self.model):

@@ -8,7 +8,7 @@ works on a ``[B, V]`` logits tensor (B rows, one per request), vectorized over t
 
 Order, as vLLM applies it (checked against vLLM 0.32's ``Sampler``): raw logits →
 logprobs (the model's log-softmax, vLLM's default ``raw_logprobs``) → logit_bias →
-penalties (repetition, frequency, presence) → the tool mask (in ``hf.py``, last: -inf
+penalties (repetition, frequency, presence) → the tool mask (in ``runner.py``, last: -inf
 stays -inf, so no bias or penalty can re-allow a masked token) → greedy argmax at
 temperature 0, else temperature → min_p → top_k → top_p → a draw from the request's
 seeded generator.

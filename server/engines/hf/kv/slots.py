@@ -7,7 +7,7 @@ tokens, head_dim]``) there with one copy. A sequence admitted
 at prefill gets a slot (the lowest free one) and its ``GrowingLayer`` buffers become views of
 that slot's row: restore, prefill and decode write there in place, and everything that reads
 the cache (attention, ``BlockCutter``) sees the same views as before. A batched decode step
-(``batched_decode.decode_rows``) then writes the B new keys/values with one indexed store per
+(``model/rows.py`` ``decode_rows``) then writes the B new keys/values with one indexed store per
 layer and runs ONE SDPA over rows ``lo..hi`` of the pool with a bool mask hiding each row's
 padding, instead of one SDPA per sequence (measured in benchmarks/results/
 concurrent_sessions.md).
@@ -95,7 +95,7 @@ class KVSlots:
         with self._lock:
             self.collect()
             slot = next((i for i in range(self.slots) if i not in self.homes), self.slots)
-            if not self._fit(slot + 1, need):
+            if not self.fit(slot + 1, need):
                 return None
             self.homes[slot] = layers
             for i, layer in enumerate(layers):
@@ -113,11 +113,12 @@ class KVSlots:
     def ensure(self, tokens: int) -> bool:
         """Rows of at least ``tokens`` tokens (reallocated within the budget); False past it."""
         with self._lock:
-            return self._fit(self.slots, tokens)
+            return self.fit(self.slots, tokens)
 
-    def _fit(self, slots: int, tokens: int) -> bool:
+    def fit(self, slots: int, tokens: int) -> bool:
         """At least ``slots`` rows of ``tokens`` tokens: with spare room (rows doubled, tokens +1/4)
-        when the budget allows, else exactly; False when even that would pass the budget."""
+        when the budget allows, else exactly; False when even that would pass the budget. Another
+        thread may admit or release: call it under the pool's lock (``ensure``, ``admit`` do)."""
         if slots <= self.slots and tokens <= self.cap:
             return True
         roomy = (
@@ -126,7 +127,7 @@ class KVSlots:
         )
         for rows, cap in (roomy, (max(slots, self.slots), max(tokens, self.cap))):
             if rows * cap * self.token_bytes <= self.budget_bytes:
-                self._resize(rows, cap)
+                self.resize(rows, cap)
                 return True
         return False
 
@@ -134,7 +135,8 @@ class KVSlots:
         """Slot ``slot``'s K and V of layer ``layer``: views [1, kv_heads, cap, head_dim]."""
         return self.k[layer][slot : slot + 1], self.v[layer][slot : slot + 1]
 
-    def _resize(self, slots: int, cap: int) -> None:
+    def resize(self, slots: int, cap: int) -> None:
+        """A new zeroed pool of ``slots`` rows x ``cap`` tokens; the live caches' KV copied and rehomed."""
         kv = torch.zeros(
             (self.n_layers, 2, slots, self.kv_heads, cap, self.head_dim), dtype=self.dtype, device=self.device
         )

@@ -18,8 +18,8 @@ gives the same numbers, only the one transformers uses is fast. Outputs are the 
 ones: each output column is the same dot product (bit-identical on CPU, measured).
 
 Fusing runs before ``use_onednn_linears`` (which reorders the shared linears like any
-other) and, like it, on the engine thread (``HFEngine._loop``): ``torch.cat`` of the
-weights is the thread's first parallel op (onednn_linear.py).
+other) and, like it, on the engine thread (``HFEngine``'s thread, engine.py): ``torch.cat`` of the
+weights is the thread's first parallel op (linears/onednn.py).
 """
 
 from __future__ import annotations

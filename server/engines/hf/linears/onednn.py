@@ -1,6 +1,6 @@
 """The model's linear layers as oneDNN matmuls on pre-reordered weights (CPU, fp32).
 
-``use_onednn_linears`` prefers the packed-panel kernel (panel_gemm.py), faster at every row
+``use_onednn_linears`` prefers the packed-panel kernel (``panel.py``), faster at every row
 count measured; a oneDNN matmul is what runs where that kernel cannot (no compiler, outputs
 that do not fill whole 32-column panels).
 
@@ -16,7 +16,7 @@ EPYC, whole decode step of the embedded model at ~620-token KV, 2 threads
 hint; any number of rows can run against it, and 16 (the engine's generating limit) was
 best at 8 and 16 rows.
 
-The engine reorders on its own thread (``HFEngine._loop``), the one that runs the model: a
+The engine reorders on its own thread (``HFEngine``'s thread, engine.py), the one that runs the model: a
 thread's first parallel op gives it an OpenMP team, and with two teams alive libgomp sees
 more threads than cores and stops spinning between parallel regions. Reordered on the
 loading thread, a 1-row step took 54 ms on the engine thread instead of 42 (measured in
@@ -82,7 +82,7 @@ class OneDNNLinear(torch.nn.Module):
 
 
 def use_onednn_linears(model: Any, device: torch.device, dtype: torch.dtype, *, panels: bool = True) -> int:
-    """Swap every ``nn.Linear`` of ``model`` for a ``PanelLinear`` (panel_gemm.py: faster at decode
+    """Swap every ``nn.Linear`` of ``model`` for a ``PanelLinear`` (``panel.py``: faster at decode
     sizes) where the kernel is built and the layer's outputs fill whole panels, else a
     ``OneDNNLinear``, on CPU fp32; how many were swapped. ``panels=False``: oneDNN only (benchmarks)."""
     if not onednn_linear_available(device, dtype):

@@ -2,7 +2,7 @@
 
 A decode step on CPU is weight-bound: every step reads every weight once, and the fewer
 rows it has (1 to 16) the more the read speed is the step's speed. oneDNN's matmul on its
-reordered weights (onednn_linear.py) reads them at ~22-24 GB/s on a 2-core EPYC, while a
+reordered weights (linears/onednn.py) reads them at ~22-24 GB/s on a 2-core EPYC, while a
 plain ``sum`` over the same tensors reads at ~33 GB/s with one thread: its kernel is bound
 by its own instruction stream, not by memory. ``panel_gemm`` is the plain loop that memory
 bound wants: the weight [N, K] packed once at load as [N/32, K, 32] (each 32-column panel
@@ -36,7 +36,7 @@ user's cache (``AGENTSERVE_KERNEL_DIR``, default ``kernels`` in the agentserve c
 ``AGENTSERVE_CACHE_DIR`` or ``~/.cache/agentserve``), keyed by
 the source, the compiler flags, this CPU's flags and torch's lib folder, and linked to the
 ``libgomp`` torch itself loads: the same OpenMP runtime, so its threads are torch's team
-(a second runtime would oversubscribe the cores, see onednn_linear.py). With no compiler,
+(a second runtime would oversubscribe the cores, see onednn.py). With no compiler,
 no torch ``libgomp``, a failed build or a failed self-check at load, the engine keeps
 oneDNN's linears (logged once).
 """

@@ -8,8 +8,8 @@ and 58.9 -> 52.7 ms at 8 rows (benchmarks/decode_step_cpu.py; concurrent_session
 ``decode_forward`` runs the same modules (embeddings, the rotary embedding, each layer's
 norms, projections, MLP, the final norm, the LM head) in the decoder layer's order, with the
 layer's work in fewer tensor ops: the norms as ``F.rms_norm`` (fp32), q/k/v (and gate/up) as
-one matmul when fused (fused_projections.py), q and k rotated at once; attention goes to the
-caller's cache and attention function (batched_decode.py, batched_prefill.py).
+one matmul when fused (``linears/fused.py``), q and k rotated at once; attention goes to the
+caller's cache and attention function (rows.py: decode and prefill).
 
 Only for families whose decoder layer is exactly that (``LEAN_MODEL_TYPES``: pre-norm,
 q/k/v projections with an optional per-head q/k norm, ``rotate_half`` rotary over the whole
@@ -46,6 +46,11 @@ def lean_decode_supported(model: Any) -> bool:
     if model not in _SUPPORTED:
         _SUPPORTED[model] = _supported(model)
     return _SUPPORTED[model]
+
+
+def use_transformers_forward(model: Any) -> None:
+    """Run ``model`` through transformers' own forward even where the lean one applies (benchmarks)."""
+    _SUPPORTED[model] = False
 
 
 def _supported(model: Any) -> bool:
@@ -161,7 +166,7 @@ def decode_forward(
 ) -> torch.Tensor:
     """Logits [B, V] of ``ids`` [B, T] (at ``positions`` [B, T]) on top of ``cache``.
 
-    A decode step has T = 1; a batched prefill (batched_prefill.py) T new tokens per row,
+    A decode step has T = 1; a batched prefill (``rows.prefill_rows``) T new tokens per row,
     padded. ``cache.update(k, v, layer)`` stores the keys/values and returns what the layer
     attends to; ``attention(module, q, keys, values, None, scaling=..., **attn_kwargs)``
     returns [B, T, heads, head_dim] (transformers' attention-function signature). The logits
@@ -172,7 +177,7 @@ def decode_forward(
     embedded = inner.embed_tokens(ids)
     cos, sin = inner.rotary_emb(embedded, position_ids=positions)
     cos, sin = cos.unsqueeze(1), _signed(sin.unsqueeze(1))
-    hidden = embedded.view(batch * tokens, -1)  # 2-D: a linear's input as it is (onednn_linear.py)
+    hidden = embedded.view(batch * tokens, -1)  # 2-D: a linear's input as it is (linears/onednn.py)
     for i, layer in enumerate(_plan(model)):
         attn, nq = layer.attn, layer.q_heads
         qk, v = layer.qkv(layer.norm1(hidden))

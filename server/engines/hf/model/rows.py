@@ -1,4 +1,6 @@
-"""One forward pass that advances every running sequence by one token (batched decode).
+"""The rows forward: several sequences as the rows of ONE forward, each over its own KV.
+
+Decode (``decode_rows``): every running sequence advances by one token.
 
 Each running request keeps its own KV cache (a ``DynamicCache`` of ``GrowingLayer``s, of its
 own length, restored from the prefix cache without a copy). A decode step stacks the B new
@@ -8,7 +10,7 @@ attention differs per row: ``RowsKV`` stands in for the cache during that forwar
 ``update`` appends row i's new key/value to sequence i's own cache and hands back the list
 of per-row K/V, and the attention function registered as ``ROWS_ATTENTION`` runs SDPA row
 by row over each sequence's own K/V (no padding, no copy of a reused prefix) -- or, when
-every cache lives in a slot of the engine's ``KVSlots`` pool (kv_slots.py), one SDPA per
+every cache lives in a slot of the engine's ``KVSlots`` pool (``kv/slots.py``), one SDPA per
 layer over the pool's rows with a padding mask. Every other layer (projections, MLP, norms,
 rotary with per-row positions, the LM head) runs batched.
 
@@ -24,6 +26,18 @@ builds an execution plan for every new shape -- a decode step makes every KV one
 longer, so it never hits its plan cache: 3.7 ms of host time per attention call (per row,
 per layer), measured (benchmarks/results/GPU.md). Flash / memory-efficient
 SDPA take ~28 us for the same call.
+
+Prefill (``prefill_rows``): the chunks of several sequences in one forward (a burst of
+sub-agents starting together: each has a cached prefix, the shared system prompt, and a short
+rest of its own). Prefilled one after another, each rest is a forward whose cost is mostly
+the weights: 8 rests of 25 tokens on a 600-token cached prefix took 609 ms one after another,
+395 ms as one forward (benchmarks/prefill_rows_cpu.py). The chunks are the rows of
+``lean.decode_forward`` with T = the longest chunk, shorter rows padded: the linears read the
+weights once for all rows; each row's attention runs alone, causal over its own cache and its
+own new tokens (``RowsKV`` with lengths appends only the row's real tokens, padding never
+reaches a cache). A single long prompt's chunk is a batch of one. Only for the families
+``lean`` covers (``lean_decode_supported``); others prefill with transformers' forward, one
+sequence at a time (runner.py). Logits equal transformers' prefill within fp32 rounding (tests).
 """
 
 from __future__ import annotations
@@ -55,7 +69,7 @@ class RowsKV:
     With a ``PooledStep`` (every cache lives in one ``KVSlots`` pool, padding within bounds)
     a layer's B new keys/values go into the pool with one indexed store, and the attention
     reads the pool's rows at once; otherwise each row appends to and reads its own cache.
-    ``lengths`` (a batched prefill, batched_prefill.py): row i appends only its first
+    ``lengths`` (a batched prefill, ``prefill_rows``): row i appends only its first
     ``lengths[i]`` tokens, so padding never reaches a cache.
     """
 
@@ -162,8 +176,8 @@ def decode_rows(
     """Run ``tokens[i]`` through the model on top of ``caches[i]`` for every i; logits [B, V].
 
     Every cache grows by one token. Positions are each sequence's own length. Pooled when
-    every cache lives in ``pool`` and the padding is within bounds (kv_slots.py). The forward
-    is ``lean_decode.decode_forward`` where the family allows it, else transformers' (a 4-D
+    every cache lives in ``pool`` and the padding is within bounds (``kv/slots.py``). The forward
+    is ``lean.decode_forward`` where the family allows it, else transformers' (a 4-D
     placeholder mask passed through untouched: attention is per row, causal by length).
     ``shared``: tokens every row's sequence starts with (the caller knows the tokens); a pooled
     step reads them once when that pays (shared_prefix.py).
@@ -194,3 +208,72 @@ def decode_rows(
         )
     logits: torch.Tensor = out.logits[:, -1]
     return logits
+
+
+def gqa_in_sdpa(mask: torch.Tensor | None, device: torch.device) -> bool:
+    """Whether SDPA's ``enable_gqa`` keeps a fast kernel: on CPU (measured: 326 us vs 376 us with
+    the K/V repeated, 25 queries over 625 keys), or without a mask. CUDA's masked kernels do not
+    take grouped heads and would fall back to the math kernel, which holds every score in memory
+    (transformers' ``use_gqa_in_sdpa`` draws the same line)."""
+    return mask is None or device.type == "cpu"
+
+
+def ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: list[torch.Tensor],
+    value: list[torch.Tensor],
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    agentserve_masks: list[torch.Tensor | None] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Row i's new queries over its cache under ``masks[i]`` (None: a fresh prompt, plain causal);
+    [B, T, heads, head_dim], padding 0."""
+    assert agentserve_masks is not None
+    batch, heads, tokens, dim = query.shape
+    out = query.new_zeros((batch, tokens, heads, dim))
+    for i, (k, v, mask) in enumerate(zip(key, value, agentserve_masks, strict=True)):
+        n = k.shape[2] if mask is None else mask.shape[0]
+        gqa = gqa_in_sdpa(mask, query.device)
+        if not gqa and k.shape[1] != heads:  # each query head its own copy of its KV head
+            k = k.repeat_interleave(heads // k.shape[1], dim=1)
+            v = v.repeat_interleave(heads // v.shape[1], dim=1)
+        rows = F.scaled_dot_product_attention(
+            query[i : i + 1, :, :n],
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scaling,
+            enable_gqa=gqa,
+        )
+        out[i, :n] = rows[0].transpose(0, 1)
+    return out, None
+
+
+def prefill_rows(
+    model: Any, caches: list[Any], chunks: list[list[int]], starts: list[int], device: torch.device
+) -> torch.Tensor:
+    """Append ``chunks[i]`` (at positions ``starts[i]``..) to ``caches[i]``; each row's last logits [B, V]."""
+    lengths = [len(c) for c in chunks]
+    width = max(lengths)
+    ids = torch.tensor([c + [0] * (width - len(c)) for c in chunks], device=device)
+    offsets = torch.arange(width, device=device)
+    positions = torch.tensor(starts, device=device)[:, None] + offsets[None, :]
+    last = torch.tensor([n - 1 for n in lengths], device=device)
+    # row i's n new tokens over its start + n keys: new token j sees keys 0 .. start + j (made once,
+    # not per layer); a fresh prompt (start 0) is plain causal: SDPA's is_causal, its fast path
+    masks = [
+        None if start == 0 else torch.ones((n, start + n), dtype=torch.bool, device=device).tril(start)
+        for n, start in zip(lengths, starts, strict=True)
+    ]
+    return decode_forward(
+        model,
+        RowsKV(caches, lengths=lengths),
+        ids,
+        positions,
+        ragged_attention,
+        last=last,
+        agentserve_masks=masks,
+    )

@@ -2,7 +2,7 @@
 
 Agents that run at once on one box mostly start the same way: sub-agents, parallel tool
 workers and a team's sessions send one system prompt and one tool list, then their own
-turns. Every row of a pooled decode step (kv_slots.py) holds that prefix's keys/values in
+turns. Every row of a pooled decode step (``kv/slots.py``) holds that prefix's keys/values in
 its own slot, and one SDPA over the rows reads all of them: at 8 rows on a 620-token prefix
 that is 8 copies of the same 620 tokens per layer, and on this CPU the step's attention is
 bound by that read (it does 8x the bytes of one row for the same arithmetic).

@@ -155,7 +155,6 @@ def test_a_release_cannot_slip_between_another_threads_admission_and_its_rows(mo
     del a
     gc.collect()
     pool.collect()
-    pool._empty_since -= 60.0  # empty for a minute: the next release_idle gives the memory back
     real, other = pool.collect, {}
 
     def collect_then_admit_elsewhere():  # the release has looked at the pool: admit from another thread now
@@ -168,7 +167,7 @@ def test_a_release_cannot_slip_between_another_threads_admission_and_its_rows(mo
             other["thread"].join(timeout=0.5)  # it waits for the lock: the release finishes first
 
     pool.collect = collect_then_admit_elsewhere
-    pool.release_idle(after_s=30.0)
+    pool.release_idle(after_s=0.0)  # empty long enough: the release gives the memory back
     other["thread"].join()
     kv = other["kv"]
     slot = pool.slot_of(kv)
@@ -258,10 +257,10 @@ def test_the_engine_decodes_similar_requests_pooled_and_as_alone(hf_engine, toke
     # every slot comes back: the last chunk reaches its client before the engine thread caches the
     # request's KV and drops it (steps.finish), so the last slot may come back a moment later
     deadline = time.monotonic() + 30
-    while hf_engine.steps.slots.homes and time.monotonic() < deadline:
+    while hf_engine.runner.slots.homes and time.monotonic() < deadline:
         time.sleep(0.01)
-        hf_engine.steps.slots.collect()
-    assert not hf_engine.steps.slots.homes
+        hf_engine.runner.slots.collect()
+    assert not hf_engine.runner.slots.homes
 
 
 def _blocks(kv, block_size: int) -> list[torch.Tensor]:
@@ -337,8 +336,8 @@ def test_the_engine_restores_a_cached_prefix_into_the_slot(hf_engine, tokenizer,
 def test_an_expected_burst_grows_the_pool_once_within_the_budget(model):
     pool = _pool(model)
     resized: list[int] = []
-    real = pool._resize
-    pool._resize = lambda rows, cap: (resized.append(rows), real(rows, cap))  # type: ignore[method-assign]
+    real = pool.resize
+    pool.resize = lambda rows, cap: (resized.append(rows), real(rows, cap))  # type: ignore[method-assign]
     pool.expect(6)
     caches = [_cache(model, 10, i, pool, need=64) for i in range(6)]
     assert resized == [6]  # not 1, 2, 4, 8

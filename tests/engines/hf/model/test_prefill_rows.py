@@ -14,7 +14,7 @@ from server.engines.hf.kv.growing import cache_kw, growing_cache
 from server.engines.hf.kv.slots import KVSlots
 from server.engines.hf.linears.fused import fuse_projections
 from server.engines.hf.linears.onednn import use_onednn_linears
-from server.engines.hf.model.prefill_rows import prefill_rows
+from server.engines.hf.model.rows import prefill_rows
 from tests.engines.hf.tiny_models import FAMILIES, tiny
 
 CPU = torch.device("cpu")
@@ -73,7 +73,7 @@ def test_a_family_the_lean_forward_does_not_cover_prefills_through_transformers(
     from server.engines.base import GenerationRequest, SamplingParams
     from server.engines.hf import runner
     from server.engines.hf.engine import HFEngine
-    from server.engines.hf.runner import SequenceState
+    from server.engines.hf.sequence import SequenceState
     from tests.engines.hf.model.test_rows import _Sink
 
     model, reference = tiny("mistral", sliding_window=16), tiny("mistral", sliding_window=16)
@@ -88,8 +88,8 @@ def test_a_family_the_lean_forward_does_not_cover_prefills_through_transformers(
     calls = []
     monkeypatch.setattr(runner, "prefill_rows", lambda *a: calls.append(a))
     with torch.no_grad():
-        chunks = [engine.steps.prefill_take(s) for s in seqs]
-        got = engine.steps.prefill_forward(seqs, chunks)
+        chunks = [engine.runner.prefill_take(s) for s in seqs]
+        got = engine.runner.prefill_forward(seqs, chunks)
         want = [_forward(reference, growing_cache(reference.config), ids) for ids in prompts]
     assert not calls  # not the lean rows
     assert chunks == prompts
@@ -98,7 +98,7 @@ def test_a_family_the_lean_forward_does_not_cover_prefills_through_transformers(
 
 
 def test_grouped_heads_go_to_sdpa_only_where_its_fast_kernels_take_them():
-    from server.engines.hf.model.prefill_rows import gqa_in_sdpa
+    from server.engines.hf.model.rows import gqa_in_sdpa
 
     mask = torch.ones((2, 5), dtype=torch.bool)
     assert gqa_in_sdpa(mask, torch.device("cpu")) and gqa_in_sdpa(None, torch.device("cuda"))
@@ -106,7 +106,7 @@ def test_grouped_heads_go_to_sdpa_only_where_its_fast_kernels_take_them():
 
 
 def test_prefill_rows_with_the_kv_repeated_per_head_equal_grouped_heads(monkeypatch):
-    from server.engines.hf.model import prefill_rows as batched_prefill
+    from server.engines.hf.model import rows as model_rows
 
     model = tiny("llama")  # 4 query heads over 2 KV heads
     chunks, starts = [c for _, c in ROWS], [len(p) for p, _ in ROWS]
@@ -122,6 +122,6 @@ def test_prefill_rows_with_the_kv_repeated_per_head_equal_grouped_heads(monkeypa
 
     with torch.no_grad():
         grouped = run()
-        monkeypatch.setattr(batched_prefill, "gqa_in_sdpa", lambda mask, device: mask is None)  # CUDA's rule
+        monkeypatch.setattr(model_rows, "gqa_in_sdpa", lambda mask, device: mask is None)  # CUDA's rule
         repeated = run()
     assert torch.max(torch.abs(grouped - repeated)).item() < TOLERANCE

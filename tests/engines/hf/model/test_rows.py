@@ -139,9 +139,9 @@ def test_cancelling_one_request_leaves_the_others_untouched(hf_engine, tokenizer
 
 
 def test_a_long_prefill_stalls_running_decodes_by_one_chunk_at_most(hf_engine, tokenizer, monkeypatch):
-    monkeypatch.setattr(hf_engine.steps, "chunk_tokens", 64)
+    monkeypatch.setattr(hf_engine.runner, "chunk_tokens", 64)
     events: list[str] = []  # on the engine thread, in order
-    real_chunk, real_pick = hf_engine.steps.prefill_forward, hf_engine.steps.pick
+    real_chunk, real_pick = hf_engine.runner.prefill_forward, hf_engine.runner.pick
 
     def chunk(seqs, chunks):
         if any(seq.request.request_id == "late-long" for seq in seqs):
@@ -153,8 +153,8 @@ def test_a_long_prefill_stalls_running_decodes_by_one_chunk_at_most(hf_engine, t
             events.append("pick")
         return real_pick(seq)
 
-    monkeypatch.setattr(hf_engine.steps, "prefill_forward", chunk)
-    monkeypatch.setattr(hf_engine.steps, "pick", pick)
+    monkeypatch.setattr(hf_engine.runner, "prefill_forward", chunk)
+    monkeypatch.setattr(hf_engine.runner, "pick", pick)
     early = GenerationRequest(
         "early", chat_ids(tokenizer, "Write a story."), SamplingParams(400, 0.0), None, "x"
     )
@@ -197,40 +197,3 @@ class _Sink:
 
     def put_nowait(self, chunk):
         pass
-
-
-def test_a_burst_of_short_prompts_joins_in_one_turn_and_a_long_one_takes_the_rest_of_the_chunk(
-    hf_engine, tokenizer
-):
-    from server.engines.hf.engine import HFEngine
-    from server.engines.hf.runner import SequenceState
-
-    engine = HFEngine(
-        hf_engine.settings, model=hf_engine.model, tokenizer=tokenizer
-    )  # no thread: turns by hand
-    params = SamplingParams(4, 0.0)
-    short = [chat_ids(tokenizer, f"Sub-agent {i}: list the files.") for i in range(3)]
-    long = chat_ids(tokenizer, "Summarise this paragraph. " * 300)
-    assert len(long) > engine.steps.chunk_tokens
-    for i, ids in enumerate([*short, long]):
-        engine._inbox.put(
-            SequenceState(GenerationRequest(f"b{i}", ids, params, None, f"b{i}"), _Sink(), _Sink())
-        )
-    forwards: list[list[str]] = []
-    real = engine.steps.prefill_forward
-
-    def spy(seqs, chunks):
-        forwards.append([s.request.request_id for s in seqs])
-        return real(seqs, chunks)
-
-    engine.steps.prefill_forward = spy
-    with torch.no_grad():
-        rest = engine._prefill_turn(None)
-        assert [s.request.request_id for s in engine._running] == ["b0", "b1", "b2"]  # all three, one turn
-        assert forwards == [["b0", "b1", "b2", "b3"]]  # in ONE forward, with the long prompt's first chunk
-        assert rest is not None and rest.request.request_id == "b3"
-        spent = sum(len(s.request.prompt_ids) - s.cached_tokens for s in engine._running)
-        assert spent + rest.prefill_at - rest.cached_tokens == engine.steps.chunk_tokens
-        assert engine._prefill_turn(rest) is None  # the rest of the long prompt, next turn
-        assert forwards[1:] == [["b3"]]
-    assert [s.request.request_id for s in engine._running] == ["b0", "b1", "b2", "b3"]
