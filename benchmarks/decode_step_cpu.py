@@ -53,7 +53,7 @@ def main() -> None:
     from server.engines.hf.kv.growing import cache_kw, growing_cache
     from server.engines.hf.kv.slots import KVSlots
     from server.engines.hf.linears.fused import fuse_projections
-    from server.engines.hf.linears.onednn import use_onednn_linears
+    from server.engines.hf.linears.install import install_linears
     from server.engines.hf.model.lean import use_transformers_forward
     from server.engines.hf.model.rows import decode_rows
     from server.model_store import resolve_model
@@ -69,9 +69,9 @@ def main() -> None:
 
     def prepare() -> None:
         with torch.no_grad():
-            use_onednn_linears(fast, cpu, torch.float32, panels=False)
+            install_linears(fast, cpu, torch.float32, "onednn")
             fuse_projections(engine)
-            use_onednn_linears(engine, cpu, torch.float32)
+            install_linears(engine, cpu, torch.float32)
 
     if args.reorder_on == "main":
         prepare()

@@ -4,9 +4,9 @@
 
 SmolLM2-135M's 120 layer linears as the engine runs them (fused projections: per layer
 qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536; random fp32 weights), for ``--rows``
-input rows: ``onednn`` (``OneDNNLinear``, onednn_linear.py) against ``panel``
-(``PanelLinear``, panel_gemm.py). Arms alternated on one worker thread (the engine's layout);
-the median of ``--reps`` passes, and the weight bytes read per second.
+input rows: ``onednn`` (``OneDNNLinear``, server/engines/hf/linears/onednn.py) against ``panel``
+(``PanelLinear``, server/engines/hf/linears/panel.py). Arms alternated on one worker thread (the
+engine's layout); the median of ``--reps`` passes, and the weight bytes read per second.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main() -> None:
         from server.engines.hf.linears.panel import PanelLinear, panel_linear_available
 
         if not panel_linear_available(torch.device("cpu"), torch.float32):
-            raise SystemExit("panel_gemm kernel not available (see the warning above)")
+            raise SystemExit("panel kernel not available (see the warning above)")
         gen = torch.Generator().manual_seed(0)
         plain = [[torch.nn.Linear(i, o, bias=False) for o, i in SHAPES] for _ in range(LAYERS)]
         for layer in plain:

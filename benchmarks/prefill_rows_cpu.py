@@ -71,7 +71,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from server.engines.hf.linears.fused import fuse_projections
-    from server.engines.hf.linears.onednn import use_onednn_linears
+    from server.engines.hf.linears.install import install_linears
     from server.model_store import resolve_model
 
     cpu = torch.device("cpu")
@@ -83,7 +83,7 @@ def main() -> None:
 
     def worker() -> None:  # the engine's layout: model work on one thread (onednn_linear.py)
         fuse_projections(model)
-        use_onednn_linears(model, cpu, torch.float32)
+        install_linears(model, cpu, torch.float32)
         gen = torch.Generator().manual_seed(0)
         for cached, new, rows in CASES:
             best = _case(model, cached, new, rows, args.reps, gen)

@@ -157,6 +157,7 @@ class EngineSettings(_Section):
     max_model_len: int | None
     prefill_chunk_tokens: int | None
     threads: int | None
+    cpu_linears: Literal["auto", "panel", "onednn"]
     prefix_cache: PrefixCacheSettings
     vllm: VllmSettings
 
@@ -285,6 +286,12 @@ class Settings(BaseSettings):
         None, ge=16, description="hf engine: tokens per prefill forward (default 1024 on CPU, 16384 on CUDA)."
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default: all cores.")
+    cpu_linears: Literal["auto", "panel", "onednn"] = Field(
+        "auto",
+        description="hf engine on CPU fp32: the linear layers' kernel. auto = the packed-panel C kernel "
+        "(built at first use with cc) where it builds, else oneDNN; panel = the kernel or the engine does "
+        "not start; onednn = oneDNN's matmul only.",
+    )
     prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
     session_table_size: int = Field(4096, ge=1, description="Sessions remembered for the cache report.")
     session_table_mb: int = Field(

@@ -46,7 +46,7 @@ from server.engines.base import (
 from server.engines.hf.kv.blocks import cache_from_settings
 from server.engines.hf.kv.slots import KVSlots
 from server.engines.hf.linears.fused import fuse_projections
-from server.engines.hf.linears.onednn import use_onednn_linears
+from server.engines.hf.linears.install import install_linears
 from server.engines.hf.runner import Runner
 from server.engines.hf.scheduler import Scheduler
 from server.engines.hf.sequence import SequenceState
@@ -113,6 +113,7 @@ class HFEngine(Engine):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._start_error: Exception | None = None  # what stopped the engine thread before its loop
         self._stats = EngineStats()
         # the model's work on sequences (prefill, decode, retain): a part of the engine, not a base
         self.runner = Runner(
@@ -138,10 +139,14 @@ class HFEngine(Engine):
     async def start(self) -> None:
         if self._thread is None:
             self._stop.clear()
+            self._start_error = None
             ready = threading.Event()
             self._thread = threading.Thread(target=self._loop, args=(ready,), name="hf-engine", daemon=True)
             self._thread.start()
             await asyncio.to_thread(ready.wait)
+            if self._start_error is not None:  # e.g. cpu_linears: panel without the kernel
+                self._thread = None
+                raise RuntimeError(f"the hf engine could not start: {self._start_error}")
 
     async def shutdown(self) -> None:
         self._stop.set()
@@ -212,12 +217,15 @@ class HFEngine(Engine):
     def _loop(self, ready: threading.Event) -> None:
         torch.set_grad_enabled(False)
         try:
-            # CPU fp32: the linears as oneDNN matmuls, reordered HERE. The first torch op that runs
-            # in parallel on a thread gives it an OpenMP team of its own; with a second team alive
-            # (the loading thread's) libgomp counts more threads than cores and stops spinning
-            # between parallel regions: a decode step took 54 ms instead of 42 (linears/onednn.py)
+            # CPU fp32: the linears on the panel kernel / oneDNN, packed and reordered HERE. The first
+            # torch op that runs in parallel on a thread gives it an OpenMP team of its own; with a
+            # second team alive (the loading thread's) libgomp counts more threads than cores and stops
+            # spinning between parallel regions: a decode step took 54 ms instead of 42 (linears/onednn.py)
             fuse_projections(self.model)  # q/k/v and gate/up: one matmul each (linears/fused.py)
-            use_onednn_linears(self.model, self.device, self.dtype)
+            install_linears(self.model, self.device, self.dtype, self.settings.cpu_linears)
+        except Exception as exc:  # start() raises it: the engine does not serve
+            self._start_error = exc
+            return
         finally:
             ready.set()
         while not self._stop.is_set():

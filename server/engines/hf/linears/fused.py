@@ -17,7 +17,7 @@ layer). A slice called with another input computes the product again: any call o
 gives the same numbers, only the one transformers uses is fast. Outputs are the unfused
 ones: each output column is the same dot product (bit-identical on CPU, measured).
 
-Fusing runs before ``use_onednn_linears`` (which reorders the shared linears like any
+Fusing runs before ``install_linears`` (install.py: it swaps the shared linears like any
 other) and, like it, on the engine thread (``HFEngine``'s thread, engine.py): ``torch.cat`` of the
 weights is the thread's first parallel op (linears/onednn.py).
 """

@@ -1,8 +1,8 @@
 """The model's linear layers as oneDNN matmuls on pre-reordered weights (CPU, fp32).
 
-``use_onednn_linears`` prefers the packed-panel kernel (``panel.py``), faster at every row
-count measured; a oneDNN matmul is what runs where that kernel cannot (no compiler, outputs
-that do not fill whole 32-column panels).
+install.py prefers the packed-panel kernel (panel.py), faster at every row count measured; a
+oneDNN matmul is what runs where that kernel cannot (no compiler, outputs that do not fill
+whole 32-column panels) or where ``engine.cpu_linears: onednn`` asks for it.
 
 A small model's decode step on CPU is its linear layers: SmolLM2-135M runs 211 of them a
 step (7 per layer, 30 layers, plus the 49k x 576 LM head). ``torch.nn.functional.linear``
@@ -29,8 +29,6 @@ is tied to the input embeddings (it stays as the embeddings).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
@@ -79,23 +77,3 @@ class OneDNNLinear(torch.nn.Module):
             rows, self.reordered, self.bias, "none", [], ""
         )
         return out
-
-
-def use_onednn_linears(model: Any, device: torch.device, dtype: torch.dtype, *, panels: bool = True) -> int:
-    """Swap every ``nn.Linear`` of ``model`` for a ``PanelLinear`` (``panel.py``: faster at decode
-    sizes) where the kernel is built and the layer's outputs fill whole panels, else a
-    ``OneDNNLinear``, on CPU fp32; how many were swapped. ``panels=False``: oneDNN only (benchmarks)."""
-    if not onednn_linear_available(device, dtype):
-        return 0
-    from server.engines.hf.linears.panel import PANEL, PanelLinear, panel_linear_available
-
-    panels = panels and panel_linear_available(device, dtype)
-    head = model.get_output_embeddings()
-    swapped = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is torch.nn.Linear:
-                kind = PanelLinear if panels and child.out_features % PANEL == 0 else OneDNNLinear
-                setattr(module, name, kind(child, keep_weight=child is head))
-                swapped += 1
-    return swapped

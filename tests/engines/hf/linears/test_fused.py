@@ -7,7 +7,8 @@ import torch
 
 from server.engines.hf.kv.growing import cache_kw, growing_cache
 from server.engines.hf.linears.fused import LinearSlice, SharedLinear, fuse_projections
-from server.engines.hf.linears.onednn import OneDNNLinear, onednn_linear_available, use_onednn_linears
+from server.engines.hf.linears.install import install_linears
+from server.engines.hf.linears.onednn import OneDNNLinear, onednn_linear_available
 from server.engines.hf.linears.panel import PanelLinear
 from tests.engines.hf.tiny_models import tiny
 
@@ -69,7 +70,7 @@ def test_projections_of_different_inputs_or_shapes_stay_apart():
 def test_the_oneDNN_swap_reorders_each_shared_linear_once():
     model = tiny("llama")
     fuse_projections(model)
-    swapped = use_onednn_linears(model, CPU, torch.float32)
+    swapped = install_linears(model, CPU, torch.float32)
     # per layer: qkv, o, gate_up, down; plus the LM head
     assert swapped == 4 * model.config.num_hidden_layers + 1
     assert all(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engines.hf.linears.onednn import OneDNNLinear, onednn_linear_available, use_onednn_linears
+from server.engines.hf.linears.install import install_linears
+from server.engines.hf.linears.onednn import OneDNNLinear, onednn_linear_available
 from server.engines.hf.linears.panel import PanelLinear, panel_linear_available
 
 CPU = torch.device("cpu")
@@ -61,11 +62,11 @@ def test_every_linear_is_swapped_the_tied_head_keeps_its_weight_and_only_cpu_fp3
     ids = torch.tensor([[1, 5, 7]])
     with torch.no_grad():
         want = model(ids)
-    assert use_onednn_linears(model, CPU, torch.bfloat16) == 0
-    assert use_onednn_linears(model, torch.device("cuda"), torch.float32) == 0
+    assert install_linears(model, CPU, torch.bfloat16) == 0
+    assert install_linears(model, torch.device("cuda"), torch.float32) == 0
     assert isinstance(model.head, torch.nn.Linear)
-    assert use_onednn_linears(model, CPU, torch.float32) == 3
-    # 32 outputs fill a panel: the packed kernel where it is built (panel_gemm.py); else oneDNN
+    assert install_linears(model, CPU, torch.float32) == 3
+    # 32 outputs fill a panel: the packed kernel where it is built (linears/panel.py); else oneDNN
     panels = PanelLinear if panel_linear_available(CPU, torch.float32) else OneDNNLinear
     assert isinstance(model.mlp[0], panels)
     assert all(isinstance(m, OneDNNLinear) for m in (model.head, model.mlp[1]))  # 100 and 16 outputs

@@ -13,7 +13,7 @@ import torch
 from server.engines.hf.kv.growing import cache_kw, growing_cache
 from server.engines.hf.kv.slots import KVSlots
 from server.engines.hf.linears.fused import fuse_projections
-from server.engines.hf.linears.onednn import use_onednn_linears
+from server.engines.hf.linears.install import install_linears
 from server.engines.hf.model import rows as model_rows
 from server.engines.hf.model.lean import lean_decode_supported
 from server.engines.hf.model.rows import decode_rows
@@ -70,7 +70,7 @@ def test_lean_rows_equal_transformers_forward_alone(model_type, variant, monkeyp
     model = tiny(model_type)
     if variant != "plain":
         fuse_projections(model)
-        use_onednn_linears(model, CPU, torch.float32)
+        install_linears(model, CPU, torch.float32)
     pool = KVSlots(model.config, torch.float32, CPU, 2**24) if variant.endswith("pooled") else None
     lean_calls = []
     real = model_rows.decode_forward

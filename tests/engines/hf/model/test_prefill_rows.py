@@ -13,7 +13,7 @@ import torch
 from server.engines.hf.kv.growing import cache_kw, growing_cache
 from server.engines.hf.kv.slots import KVSlots
 from server.engines.hf.linears.fused import fuse_projections
-from server.engines.hf.linears.onednn import use_onednn_linears
+from server.engines.hf.linears.install import install_linears
 from server.engines.hf.model.rows import prefill_rows
 from tests.engines.hf.tiny_models import FAMILIES, tiny
 
@@ -40,7 +40,7 @@ def test_prefill_rows_equal_each_sequence_prefilled_alone(model_type, variant):
     model = tiny(model_type)
     if variant != "plain":
         fuse_projections(model)
-        use_onednn_linears(model, CPU, torch.float32)
+        install_linears(model, CPU, torch.float32)
     pool = KVSlots(model.config, torch.float32, CPU, 2**24) if variant.endswith("pooled") else None
     with torch.no_grad():
         want, want_next = [], []
