@@ -6,6 +6,11 @@ constrain / kvcache (the mask library and the prefix cache, side by side) → le
 those inside functions and under ``TYPE_CHECKING``. On top of the order, the two bottom
 libraries stay pure: constrain imports neither protocol nor errors (it raises its own
 ``ConstraintError``), and kvcache and constrain do not import each other.
+
+Inside the hf engine the runtime has an order of its own (``HF_RANKS``): KV memory (``kv/``) and
+the linear layers (``linears/``) import nothing above them and not each other; the model
+runtime (``model/``), the sampler and the outbox sit on them; then the sequence, the runner,
+the scheduler, and the engine on top. No circle can form.
 """
 
 from __future__ import annotations
@@ -42,6 +47,21 @@ FORBIDDEN = {
     ),
     "server.kvcache": ("server.protocol", "server.errors", "server.constrain"),
 }
+
+# inside server.engines.hf: package or module -> rank; a module imports only its own rank or below
+HF = "server.engines.hf"
+HF_RANKS = {
+    f"{HF}.kv": 0,  # KV memory: the slot pool, caches grown in place, prefix-cache blocks
+    f"{HF}.linears": 0,  # linear layers: fused projections, oneDNN, the panel kernel and its builder
+    f"{HF}.model": 1,  # the rows forward, the lean forward, shared-prefix attention
+    f"{HF}.sampler": 1,
+    f"{HF}.outbox": 1,
+    f"{HF}.sequence": 2,
+    f"{HF}.runner": 3,
+    f"{HF}.scheduler": 4,
+    f"{HF}.engine": 5,
+}
+HF_APART = ((f"{HF}.kv", f"{HF}.linears"),)  # same rank, side by side: neither imports the other
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -101,6 +121,29 @@ def violations(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
     return out
 
 
+def hf_rank(module: str) -> int | None:
+    """The module's rank inside the hf engine (None: outside it, or its package's ``__init__``)."""
+    return next((rank for prefix, rank in HF_RANKS.items() if _under(module, prefix)), None)
+
+
+def hf_violations(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
+    out = []
+    for module, targets in sorted(edges.items()):
+        mine = hf_rank(module)
+        if mine is None:
+            continue
+        for line, target in targets:
+            theirs = hf_rank(target)
+            if theirs is not None and theirs > mine:
+                out.append(
+                    f"{module}:{line} (hf rank {mine}) imports {target} (hf rank {theirs}), a higher one"
+                )
+            for a, b in HF_APART:
+                if (_under(module, a) and _under(target, b)) or (_under(module, b) and _under(target, a)):
+                    out.append(f"{module}:{line} imports {target}: {a} and {b} stay side by side")
+    return out
+
+
 def test_no_module_imports_a_higher_layer():
     edges = {module_name(p): imports_of(p) for p in sorted(SERVER.rglob("*.py"))}
     assert len(edges) > 40 and any(edges.values())  # the walk found the code and its imports
@@ -150,3 +193,39 @@ def test_relative_and_function_level_imports_are_seen(tmp_path, monkeypatch):
         "server.chat.template.render_chat",
         "server.engines.hf.engine",
     ]
+
+
+def test_inside_the_hf_engine_no_module_imports_a_higher_rank():
+    edges = {module_name(p): imports_of(p) for p in sorted((SERVER / "engines" / "hf").rglob("*.py"))}
+    unranked = [
+        m for m in edges if hf_rank(m) is None and not m.endswith(("hf", ".kv", ".linears", ".model"))
+    ]
+    assert not unranked, f"give these hf modules a rank in HF_RANKS: {unranked}"
+    assert sum(len(v) for v in edges.values()) > 20  # the walk found the engine's imports
+    assert hf_violations(edges) == []
+
+
+def test_the_hf_checker_catches_an_import_of_a_higher_rank():
+    """kv or linears importing the model, the runner or the engine; the runner importing the
+    scheduler; kv and linears importing each other. Downward imports pass."""
+    edges = {
+        f"{HF}.kv.slots": [(3, f"{HF}.model.rows.decode_rows"), (4, f"{HF}.kv.growing.GrowingLayer")],
+        f"{HF}.linears.panel": [(5, f"{HF}.runner.Runner"), (6, f"{HF}.linears.build.build_library")],
+        f"{HF}.kv.blocks": [(7, f"{HF}.linears.fused.LinearSlice")],
+        f"{HF}.linears.install": [(8, f"{HF}.engine.HFEngine"), (9, f"{HF}.kv.slots.KVSlots")],
+        f"{HF}.runner": [(10, f"{HF}.scheduler.Scheduler"), (11, f"{HF}.model.rows.decode_rows")],
+        f"{HF}.model.rows": [(12, f"{HF}.kv.slots.PooledStep"), (13, f"{HF}.sequence.SequenceState")],
+        f"{HF}.engine": [(14, f"{HF}.scheduler.Scheduler"), (15, f"{HF}.linears.install.install_linears")],
+    }
+    assert [v.split(" ")[0] for v in hf_violations(edges)] == [
+        f"{HF}.kv.blocks:7",
+        f"{HF}.kv.slots:3",
+        f"{HF}.linears.install:8",
+        f"{HF}.linears.install:9",
+        f"{HF}.linears.panel:5",
+        f"{HF}.model.rows:13",
+        f"{HF}.runner:10",
+    ]
+    assert (
+        hf_rank(f"{HF}.kv") == hf_rank(f"{HF}.linears.build") == 0 and hf_rank("server.engines.base") is None
+    )
