@@ -1,15 +1,10 @@
-"""Token constraints in a ``transformers`` ``generate()`` loop (batched masks: ``bitmask.MaskApplier``).
+"""Token constraints in a ``transformers`` ``generate()`` loop: ``ConstraintLogitsProcessor``.
 
-Two entry points:
-
-* ``MaskApplier.apply(logits, constraints)`` (``server/constrain/bitmask.py``, re-exported
-  here) — for a custom decode loop that calls ``constraint.accept_token`` itself after
-  sampling (the hf engine);
-* ``ConstraintLogitsProcessor`` — a ``transformers`` logits processor for ``generate()``:
-  it feeds each row's previously sampled token (the last of ``input_ids``) to its
-  constraint before masking the next step. A rejected token puts the constraint in its
-  error state, whose mask allows only end of sequence, so generation ends; read
-  ``constraint.error`` afterwards.
+A ``transformers`` logits processor for ``generate()`` (no engine of ours uses it: the hf
+engine masks in its own decode loop with ``bitmask.MaskApplier``). It feeds each row's
+previously sampled token (the last of ``input_ids``) to its constraint before masking the next
+step. A rejected token puts the constraint in its error state, whose mask allows only end of
+sequence, so generation ends; read ``constraint.error`` afterwards.
 """
 
 from __future__ import annotations
@@ -20,8 +15,6 @@ import torch
 
 from server.constrain.bitmask import MaskApplier
 from server.constrain.interface import TokenConstraint
-
-__all__ = ["ConstraintLogitsProcessor", "MaskApplier"]
 
 
 class ConstraintLogitsProcessor:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from server.chat.tool_choice import plan_tools
-from server.constrain.generate_adapter import ConstraintLogitsProcessor, MaskApplier
+from server.constrain.bitmask import MaskApplier
+from server.constrain.generate_adapter import ConstraintLogitsProcessor
 from server.constrain.vocab import TokenVocab
 from tests.constrain.decode import EOS
 
