@@ -168,3 +168,40 @@ def test_the_folder_check_can_fail(tmp_path):
         "sub/c.py is not listed",
         "gone.py is listed but does not exist",
     ]
+
+
+def _section(text: str, title: str) -> str:
+    """The text of the ``## title…`` section (up to the next ``## ``)."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            inside = line[3:].startswith(title)
+        elif inside:
+            out.append(line)
+    return "\n".join(out)
+
+
+def runtime_drawing_problems(section: str, package: Path) -> list[str]:
+    """Modules of ``package`` the drawing leaves out, and bare ``.py`` / ``.c`` names it shows that
+    the package no longer has (paths such as ``server/chat/x.py`` are the path check's)."""
+    files = {p.name for p in package.rglob("*") if p.suffix in (".py", ".c") and p.name != "__init__.py"}
+    shown = set(re.findall(r"(?<![\w/.-])(\w+\.(?:py|c))\b", section))
+    return [f"{n} is not drawn" for n in sorted(files - shown)] + [
+        f"{n} is drawn but gone" for n in sorted(shown - files)
+    ]
+
+
+def test_the_hf_runtime_drawing_shows_every_module_of_the_engine():
+    section = _section(ARCHITECTURE.read_text(), "The hf engine runtime")
+    assert section.count("\n") > 20
+    assert runtime_drawing_problems(section, SERVER / "engines" / "hf") == []
+
+
+def test_the_runtime_drawing_check_can_fail(tmp_path):
+    (tmp_path / "kv").mkdir()
+    for name in ("engine.py", "kv/slots.py", "kv/__init__.py", "panel.c"):
+        (tmp_path / name).write_text("")
+    assert runtime_drawing_problems("engine.py → steps.py · panel.c", tmp_path) == [
+        "slots.py is not drawn",
+        "steps.py is drawn but gone",
+    ]
