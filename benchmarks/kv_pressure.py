@@ -207,10 +207,14 @@ def make_engine(
         eng.cache.tier2.capacity_bytes = t2_bytes
     clock = VClock()
     eng.cache.clock = clock
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    eng._kv_floats_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim
     return eng, clock
+
+
+def kv_floats_per_token(eng: Any) -> int:
+    """Floats of K and V one token takes over every layer (the blocks' size in ``serve_cache_only``)."""
+    from server.engines.hf.kv.slots import kv_token_bytes
+
+    return kv_token_bytes(eng.model.config, torch.float32) // 4
 
 
 def serve(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
@@ -249,11 +253,11 @@ class ZeroBlocks:
 
 def serve_cache_only(eng: Any, key: str, turn: Turn) -> tuple[float, int, int]:
     """The engine's cache calls for one request, in its order, without running the model:
-    ``steps.prefill`` (match leaving one token, insert the prompt) and ``steps.retain`` (prompt + reply
+    ``runner.prefill`` (match leaving one token, insert the prompt) and ``runner.retain`` (prompt + reply
     with the tail), then the reply's tool names. Hit rates are the same as ``serve``'s (they
     depend only on tokens); there is no measured TTFT."""
     cache = eng.cache
-    floats = eng._kv_floats_per_token
+    floats = kv_floats_per_token(eng)
     match = cache.match(turn.prompt, "", max_tokens=len(turn.prompt) - 1, session=key)
     cache.insert(turn.prompt, "", ZeroBlocks(len(turn.prompt), cache.block_size, floats), session=key)
     full = turn.prompt + turn.reply
@@ -489,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             "tiny", len(tok), device="cpu", dtype=torch.float32, max_positions=args.context + 64
         )
     probe, _ = make_engine(model, tok, "lru", None, 0, Path("."))
-    bytes_per_token = probe._kv_floats_per_token * 4
+    bytes_per_token = kv_floats_per_token(probe) * 4
     if not CACHE_ONLY:  # the first arm's first requests should not pay for one-time setup
         warm = sessions[0][0].prompt[:512]
         for _ in range(2):
