@@ -7,20 +7,31 @@ The protocol, as OpenAI documents it and Codex 0.169 speaks it:
   fields of a ``POST /v1/responses`` body (``stream`` is implied and ignored; ``background`` is refused).
   The server answers with the same event objects as the SSE stream, one JSON text message per event,
   ending with ``response.completed``, ``response.incomplete`` or ``response.failed``. One response at a
-  time: the next message is read once a response is done (one engine request per socket).
-- ``previous_response_id``: the socket remembers its latest response (the conversation + its output),
-  whatever ``store`` says, so a turn may send only its new input items; an older id made with
-  ``store: true`` is found in the tenant's store as over HTTP. Unknown: an error message (400,
-  ``previous_response_not_found``); send the whole conversation instead.
+  time (one engine request per socket): messages sent meanwhile are answered in order once it is
+  done, except ``response.interrupt``, read while the turn streams.
+- ``response.interrupt`` (``response_id``: the streaming response): acknowledged at once with
+  ``response.interrupt.accepted``; the engine request is cancelled and the turn ends with
+  ``response.incomplete`` (``incomplete_details.reason: "interrupted"``; ``usage`` null). Any other
+  id: an error message (400, ``response_not_found`` / ``response_already_completed``). See
+  ``ws_interrupt.py``. A client that disconnects mid-stream cancels its engine request the same way.
+- ``previous_response_id``: the socket remembers its latest response (the conversation + its output)
+  in memory, whatever ``store`` says, so a turn may send only its new input items; only ``store:
+  true`` puts it in the tenant's store, where an older id is found as over HTTP. Unknown: an error
+  message (400, ``previous_response_not_found``); send the whole conversation instead. The held
+  conversation is bounded by ``websocket.max_conversation_bytes`` (400 ``conversation_too_large``
+  past it); its size is kept as it grows, and the conversation is converted off the event loop.
 - ``generate: false`` (Codex's warm-up): nothing is generated; ``response.created``,
   ``response.in_progress`` and a ``response.completed`` with no output, whose id the next turn can
-  continue from.
+  continue from. It holds an admission ticket (a place in the queue) while it is prepared.
 - ``response.processed`` (Codex's acknowledgement of a finished response) is accepted and ignored.
 - A request the server refuses (bad body, unknown id, overload) is one message
   ``{"type": "error", "status": 4xx, "error": {"type", "code", "message", "param"}}`` (the shape Codex
   maps to an HTTP error); the socket stays open.
 - Auth: the same keys as HTTP (``Authorization: Bearer`` or ``x-api-key``) at the upgrade; a bad key
-  is refused before it (HTTP 401 where the server can send one, else close code 1008).
+  is refused before it (HTTP 401 where the server can send one, else close code 1008). The socket
+  count and the ``Origin`` are checked before that (``server/ws_gate.py``). The 101 carries
+  ``x-codex-websocket-max-message-bytes`` (``limits.max_request_bytes``): a larger message is an
+  error message (413) and the socket stays open.
 
 Serving a WebSocket needs uvicorn's WebSocket support (the ``websockets`` or ``wsproto`` package); without
 it uvicorn refuses the upgrade and Codex falls back to HTTP streaming.
@@ -37,20 +48,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
-from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
 from server.api.responses import ResponseJob, response_store, stored_history
 from server.api.routes import admit
 from server.api.sse import Framing, sse_stream
+from server.api.ws_interrupt import ActiveTurn, until_stopped
 from server.auth import authenticate
+from server.chat.prepared import Prepared
 from server.errors import AgentServeError, InvalidRequest, PayloadTooLarge, internal_error_body
+from server.ws_gate import CLOSE_POLICY, accept_headers, refuse
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-CLOSE_POLICY = 1008  # WebSocket close code: policy violation (a refused key)
 IGNORED = ("response.processed",)  # client events that need no answer
+INTERRUPT = "response.interrupt"
 TRANSPORT_ONLY = ("type", "stream", "generate")  # message fields that are not part of the body
+PARSE_OFF_LOOP = 256 * 1024  # characters: a longer message is parsed in a thread
 
 
 @dataclass(frozen=True)
@@ -61,59 +75,163 @@ class JsonFraming(Framing):
         return data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
+@dataclass
+class Held:
+    """The socket's latest response: its id, its conversation (None: too large to hold) and its size."""
+
+    id: str
+    items: list[Any] | None
+    nbytes: int
+
+
 def error_message(exc: AgentServeError) -> dict[str, Any]:
     """A refused request as a WebSocket message: the HTTP status rides in the event."""
     return {"type": "error", "status": exc.status, **exc.body()}
 
 
+def json_bytes(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
 class Socket:
-    """One client's socket: its tenant and the latest response it may continue from."""
+    """One client's socket: its tenant, the turn it streams and the latest response it may continue from."""
 
     def __init__(self, ws: WebSocket, tenant: str) -> None:
         self.ws, self.tenant = ws, tenant
         self.state = ws.app.state
-        self.latest: tuple[str, list[Any]] | None = None  # (response id, conversation incl. its output)
+        self.latest: Held | None = None
+        self.active: ActiveTurn | None = None
+        # messages read while a turn runs, answered in order after it (one: a client that sends
+        # more waits, as over TCP)
+        self.inbox: asyncio.Queue[dict[str, Any] | AgentServeError] = asyncio.Queue(maxsize=1)
 
     async def send(self, event: dict[str, Any] | str) -> None:
         await self.ws.send_text(event if isinstance(event, str) else json.dumps(event, ensure_ascii=False))
 
-    def history(self, body: dict[str, Any]) -> list[Any] | None:
-        prev = body.get("previous_response_id")
-        if prev is not None and self.latest is not None and prev == self.latest[0]:
-            return list(self.latest[1])
+    # -- reading (also while a turn streams) -------------------------------------------------
+    async def read(self) -> None:
+        """Read the client's messages until it leaves: interrupts at once, the rest in order."""
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                parsed: dict[str, Any] | AgentServeError = InvalidRequest(
+                    "send JSON text messages, not binary ones"
+                )
+            else:
+                parsed = await self.decode(text)
+            if isinstance(parsed, dict) and parsed.get("type") == INTERRUPT:
+                await self.interrupt(parsed)
+            else:
+                await self.inbox.put(parsed)
+
+    async def decode(self, text: str) -> dict[str, Any] | AgentServeError:
+        limit = self.state.settings.limits.max_request_bytes
+        if len(text) > limit or (4 * len(text) > limit and len(text.encode()) > limit):
+            return PayloadTooLarge(
+                f"the message is over {limit} bytes (limits.max_request_bytes; the handshake's "
+                "x-codex-websocket-max-message-bytes)"
+            )
         try:
-            return stored_history(response_store(self.state), self.tenant, body)
+            message = (
+                await asyncio.to_thread(json.loads, text) if len(text) > PARSE_OFF_LOOP else json.loads(text)
+            )
+        except ValueError:
+            return InvalidRequest(
+                'the message is not valid JSON: send {"type": "response.create", "model": ..., "input": ...}'
+            )
+        if not isinstance(message, dict):
+            return InvalidRequest(
+                'send a JSON object: {"type": "response.create", "model": ..., "input": ...}'
+            )
+        return message
+
+    async def interrupt(self, message: dict[str, Any]) -> None:
+        rid, turn = message.get("response_id"), self.active
+        if turn is None or (rid is not None and rid != turn.id):
+            done = rid is not None and self.latest is not None and rid == self.latest.id
+            await self.send(
+                error_message(
+                    InvalidRequest(
+                        f"response.interrupt: response {rid!r} is not streaming on this socket"
+                        + (" (it is already done)" if done else ""),
+                        param="response_id",
+                        code="response_already_completed" if done else "response_not_found",
+                    )
+                )
+            )
+            return
+        await self.send(turn.interrupt(message))
+        log.info(
+            "responses websocket: %s interrupted by the client (response.interrupt): its engine request "
+            "is cancelled",
+            turn.id,
+        )
+
+    # -- answering, one message at a time ------------------------------------------------------
+    async def process(self) -> None:
+        while True:
+            item = await self.inbox.get()
+            if isinstance(item, AgentServeError):
+                await self.send(error_message(item))
+            else:
+                await self.handle(item)
+
+    async def handle(self, message: dict[str, Any]) -> None:
+        try:
+            kind = message.get("type")
+            if kind in IGNORED:
+                return
+            if kind != "response.create":
+                raise InvalidRequest(
+                    f"unknown message type {kind!r}: this socket takes 'response.create' messages "
+                    "(the fields of a POST /v1/responses body) and 'response.interrupt'",
+                    param="type",
+                )
+            await self.turn(message)
+        except AgentServeError as exc:
+            await self.send(error_message(exc))
+        except WebSocketDisconnect:
+            raise
+        except Exception as exc:  # never leave the client waiting for an answer
+            log.exception("responses websocket: request failed")
+            await self.send({"type": "error", "status": 500, **internal_error_body(exc)})
+
+    def history(self, body: dict[str, Any]) -> tuple[list[Any] | None, int]:
+        """The conversation ``previous_response_id`` continues (None: none) and its size in bytes."""
+        prev = body.get("previous_response_id")
+        latest = self.latest
+        if prev is not None and latest is not None and prev == latest.id:
+            if latest.items is None:
+                raise self.too_large(latest.nbytes)
+            return latest.items, latest.nbytes
+        found = response_store(self.state).get(self.tenant, prev) if isinstance(prev, str) else None
+        if found is not None:
+            return found.items, found.size
+        try:
+            return stored_history(response_store(self.state), self.tenant, body), 0
         except InvalidRequest as exc:
             exc.code = "previous_response_not_found"
             raise
 
-    def remember(self, job: ResponseJob, response: dict[str, Any]) -> None:
-        items = list(job.conv.input_items) + list(response.get("output") or [])
-        self.latest = (response["id"], items)
-        if job.body.get("store", True) is not False:
-            response_store(self.state).put(self.tenant, job.conv.input_items, response)
+    def too_large(self, nbytes: int) -> InvalidRequest:
+        limit = self.state.settings.websocket.max_conversation_bytes
+        return InvalidRequest(
+            f"this socket's conversation would be {nbytes} bytes, over websocket.max_conversation_bytes "
+            f"({limit}): compact it, or start a new one without previous_response_id",
+            param="previous_response_id",
+            code="conversation_too_large",
+        )
 
-    def parse(self, text: str) -> dict[str, Any] | None:
-        """The response body of a client message; None for a message that needs no answer."""
-        limit = self.state.settings.limits.max_request_bytes
-        if len(text.encode()) > limit:
-            raise PayloadTooLarge(f"the message is over {limit} bytes (limits.max_request_bytes)")
-        try:
-            message = json.loads(text)
-        except ValueError:
-            raise InvalidRequest(
-                'the message is not valid JSON: send {"type": "response.create", "model": ..., "input": ...}'
-            ) from None
-        kind = message.get("type") if isinstance(message, dict) else None
-        if kind in IGNORED:
-            return None
-        if kind != "response.create":
-            raise InvalidRequest(
-                f"unknown message type {kind!r}: this socket takes 'response.create' messages "
-                "(the fields of a POST /v1/responses body)",
-                param="type",
-            )
-        return message  # type: ignore[no-any-return]
+    def job(self, body: dict[str, Any]) -> tuple[ResponseJob, int]:
+        """The turn's job and its conversation's size (run in a thread: it converts the whole history)."""
+        history, held = self.history(body)
+        nbytes = held + json_bytes(body.get("input"))
+        if nbytes > self.state.settings.websocket.max_conversation_bytes:
+            raise self.too_large(nbytes)
+        return ResponseJob(self.state.service, self.ws.headers, self.tenant, body, history), nbytes
 
     async def turn(self, message: dict[str, Any]) -> None:
         warm_up = message.get("generate") is False
@@ -126,41 +244,45 @@ class Socket:
             len(body["input"]) if isinstance(body.get("input"), list) else "-",
             message.get("generate", True),
         )
-        job = ResponseJob(self.state.service, self.ws.headers, self.tenant, body, self.history(body))
+        made: list[tuple[ResponseJob, int]] = []
+
+        def prepare() -> Prepared:
+            made.append(self.job(body))
+            return made[0][0].prepare()
+
         if warm_up:  # remember the conversation under a response id; generate nothing
-            await asyncio.to_thread(job.prepare)
+            ticket = self.state.admission.reserve()  # a place in the queue while it is prepared
+            try:
+                await asyncio.to_thread(prepare)
+            finally:
+                ticket.release()
+            job = made[0][0]
             for event in job.events.start() + job.events.finish_events():
                 await self.send(event)
         else:
-            prepared, ticket, deadline = await admit(self.state, job.prepare)
-            chunks = job.to_stream(prepared, self.state.service.stream(prepared))
-            framing = JsonFraming(done=False, error_event=job.events.failed_event)
-            remaining = max(0.001, deadline - time.monotonic())
-            async with aclosing(sse_stream(chunks, ticket, remaining, framing)) as frames:
-                async for frame in frames:
-                    await self.send(frame)
+            prepared, ticket, deadline = await admit(self.state, prepare)
+            job = made[0][0]
+            self.active = turn = ActiveTurn(job.ctx.id, job.events)
+            try:
+                chunks = job.to_stream(prepared, until_stopped(self.state.service.stream(prepared), turn))
+                framing = JsonFraming(done=False, error_event=job.events.failed_event)
+                remaining = max(0.001, deadline - time.monotonic())
+                async with aclosing(sse_stream(chunks, ticket, remaining, framing)) as frames:
+                    async for frame in frames:
+                        await self.send(frame)
+            finally:
+                self.active = None
         if job.events.final is not None:
-            self.remember(job, job.events.final)
+            await asyncio.to_thread(self.remember, job, job.events.final, made[0][1])
 
-    async def handle(self, text: str) -> None:
-        try:
-            message = self.parse(text)
-            if message is not None:
-                await self.turn(message)
-        except AgentServeError as exc:
-            await self.send(error_message(exc))
-        except WebSocketDisconnect:
-            raise
-        except Exception as exc:  # never leave the client waiting for an answer
-            log.exception("responses websocket: request failed")
-            await self.send({"type": "error", "status": 500, **internal_error_body(exc)})
-
-
-async def _refuse(ws: WebSocket, exc: AgentServeError) -> None:
-    try:
-        await ws.send_denial_response(JSONResponse(exc.body(), status_code=exc.status))
-    except RuntimeError:  # the server cannot send an HTTP response instead of the upgrade
-        await ws.close(code=CLOSE_POLICY, reason=exc.message[:120])
+    def remember(self, job: ResponseJob, response: dict[str, Any], nbytes: int) -> None:
+        """Hold the response's conversation for the next turn (in a thread: sizes, the store's copy)."""
+        output = list(response.get("output") or [])
+        nbytes += json_bytes(output)
+        fits = nbytes <= self.state.settings.websocket.max_conversation_bytes
+        self.latest = Held(response["id"], list(job.conv.input_items) + output if fits else None, nbytes)
+        if job.body.get("store", True) is not False:
+            response_store(self.state).put(self.tenant, job.conv.input_items, response)
 
 
 @router.websocket("/v1/responses")
@@ -168,19 +290,25 @@ async def responses_socket(ws: WebSocket) -> None:
     try:
         tenant = authenticate(ws.headers, ws.app.state.settings.auth)
     except AgentServeError as exc:
-        await _refuse(ws, exc)
+        await refuse(ws, exc, CLOSE_POLICY)
         return
-    await ws.accept()
+    await ws.accept(headers=accept_headers(ws.app.state.settings))
     socket = Socket(ws, tenant)
+    reading, answering = asyncio.create_task(socket.read()), asyncio.create_task(socket.process())
     try:
-        while True:
-            message = await ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            text = message.get("text")
-            if text is None:
-                await socket.send(error_message(InvalidRequest("send JSON text messages, not binary ones")))
-                continue
-            await socket.handle(text)
-    except WebSocketDisconnect:
-        return
+        await asyncio.wait((reading, answering), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if socket.active is not None and reading.done():
+            log.info(
+                "responses websocket: client left while %s streamed: engine request cancelled",
+                socket.active.id,
+            )
+        for task in (reading, answering):  # a turn still running ends here: its engine request is cancelled
+            task.cancel()
+        for task in (reading, answering):
+            try:
+                await task
+            except (asyncio.CancelledError, WebSocketDisconnect):
+                pass
+            except Exception:
+                log.exception("responses websocket: the socket ended on an error")
