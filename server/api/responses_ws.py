@@ -50,6 +50,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
+from server.admission import Ticket
 from server.api.responses import ResponseJob, response_store, stored_history
 from server.api.routes import admit
 from server.api.sse import Framing, sse_stream
@@ -65,6 +66,8 @@ IGNORED = ("response.processed",)  # client events that need no answer
 INTERRUPT = "response.interrupt"
 TRANSPORT_ONLY = ("type", "stream", "generate")  # message fields that are not part of the body
 PARSE_OFF_LOOP = 256 * 1024  # characters: a longer message is parsed in a thread
+SEND_GRACE_S = 1.0  # past the request's deadline, a send still blocked ends the socket
+CLOSE_STALLED = 1008  # the close code given to a client that stopped reading
 
 
 @dataclass(frozen=True)
@@ -262,18 +265,35 @@ class Socket:
         else:
             prepared, ticket, deadline = await admit(self.state, prepare)
             job = made[0][0]
-            self.active = turn = ActiveTurn(job.ctx.id, job.events)
             try:
-                chunks = job.to_stream(prepared, until_stopped(self.state.service.stream(prepared), turn))
-                framing = JsonFraming(done=False, error_event=job.events.failed_event)
-                remaining = max(0.001, deadline - time.monotonic())
+                await self.stream(job, prepared, ticket, deadline)
+            finally:
+                ticket.release()  # (sse_stream releases it: this covers a failure before it starts)
+        if job.events.final is not None:
+            await asyncio.to_thread(self.remember, job, job.events.final, made[0][1])
+
+    async def stream(self, job: ResponseJob, prepared: Prepared, ticket: Ticket, deadline: float) -> None:
+        """The turn's events, each sent before the next is made. A send blocked past the request's
+        deadline (+ a grace second: the stream's own timeout speaks first) means a client that stopped
+        reading: the socket is ended and the engine request and admission slot freed."""
+        self.active = turn = ActiveTurn(job.ctx.id, job.events)
+        remaining = max(0.001, deadline - time.monotonic())
+        chunks = job.to_stream(prepared, until_stopped(self.state.service.stream(prepared), turn))
+        framing = JsonFraming(done=False, error_event=job.events.failed_event)
+        try:
+            async with asyncio.timeout(remaining + SEND_GRACE_S):
                 async with aclosing(sse_stream(chunks, ticket, remaining, framing)) as frames:
                     async for frame in frames:
                         await self.send(frame)
-            finally:
-                self.active = None
-        if job.events.final is not None:
-            await asyncio.to_thread(self.remember, job, job.events.final, made[0][1])
+        except TimeoutError:
+            log.warning(
+                "responses websocket: %s: the client stopped reading (a send blocked past "
+                "limits.request_timeout_s): socket ended, engine request cancelled",
+                turn.id,
+            )
+            raise WebSocketDisconnect(code=CLOSE_STALLED) from None
+        finally:
+            self.active = None
 
     def remember(self, job: ResponseJob, response: dict[str, Any], nbytes: int) -> None:
         """Hold the response's conversation for the next turn (in a thread: sizes, the store's copy)."""

@@ -28,9 +28,10 @@ class Run:
 class SlowEngine(ScriptedEngine):
     name = "slow-scripted"
 
-    def __init__(self, tokenizer: Any, step_s: float = 0.02, prefill_s: float = 0.0) -> None:
+    def __init__(self, tokenizer: Any, step_s: float = 0.02, prefill_s: float = 0.0, burst: int = 1) -> None:
         super().__init__(tokenizer, reply=" one two three four five six seven eight")
         self.step_s, self.prefill_s = step_s, prefill_s
+        self.burst = burst  # tokens per step (a bigger chunk, as a multi-token decode step)
         self.runs: list[Run] = []
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
@@ -40,11 +41,11 @@ class SlowEngine(ScriptedEngine):
         n = request.sampling.max_tokens
         try:
             await asyncio.sleep(self.prefill_s)
-            for i in range(n):
+            for i in range(0, n, self.burst):
                 await asyncio.sleep(self.step_s)
                 run.steps += 1
-                token = self.reply_ids[i % len(self.reply_ids)]
-                yield GenerationChunk([token], 0, "length" if i == n - 1 else None)
+                ids = [self.reply_ids[j % len(self.reply_ids)] for j in range(i, min(n, i + self.burst))]
+                yield GenerationChunk(ids, 0, "length" if i + self.burst >= n else None)
             run.finished = True
         finally:
             run.closed_at = time.monotonic()

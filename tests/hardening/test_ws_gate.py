@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 from typing import Any
 
 import httpx
@@ -164,3 +166,32 @@ def test_the_origin_check(tokenizer, keys, allowed, origin, ok):
             assert denied.value.status_code == 403
             assert denied.value.json()["error"]["code"] == "origin_not_allowed"
             assert "websocket.allowed_origins" in denied.value.json()["error"]["message"]
+
+
+def test_a_client_that_stops_reading_frees_its_slot(tokenizer):
+    """A client that never reads (a 4 KiB receive buffer) holds its engine request and admission slot
+    at most until the request's deadline (+ 1 s where a send is still blocked then: the socket is
+    ended, server/api/responses_ws.py). A regression check: on this box the stream's own deadline
+    usually ends it first, the blocked-send path could not be forced reliably in a fast test."""
+    settings = settings_with(limits={"request_timeout_s": 3.0})
+    engine = SlowEngine(tokenizer, step_s=0.0, burst=256)  # ~1.1 KB per event
+    engine.max_model_len = 4_000_000
+    app = build_app(settings, engine=engine)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go."}]}
+    body = {"type": "response.create", "model": MODEL, "input": [item], "max_output_tokens": 3_900_000}
+    with running_server(app, **uvicorn_ws_options(settings)) as url:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        ws = connect_sync(url.replace("http://", "ws://") + "/v1/responses", max_queue=1, sock=sock)
+        try:
+            ws.send(json.dumps(body))
+            sent = time.monotonic()
+            run = engine.wait_closed(0, timeout_s=30)
+            assert not run.finished and run.closed_at is not None and run.closed_at - sent < 3.0 + 2.5
+            deadline = time.monotonic() + 5
+            while app.state.admission.inside:  # the slot is free
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        finally:
+            ws.close_socket()
