@@ -51,9 +51,10 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from server.admission import Ticket
-from server.api.responses import ResponseJob, response_store, stored_history
+from server.api.responses import ResponseJob
 from server.api.routes import admit
 from server.api.sse import Framing, sse_stream
+from server.api.ws_conversation import Conversation
 from server.api.ws_interrupt import ActiveTurn, until_stopped
 from server.auth import authenticate
 from server.chat.prepared import Prepared
@@ -78,22 +79,9 @@ class JsonFraming(Framing):
         return data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
-@dataclass
-class Held:
-    """The socket's latest response: its id, its conversation (None: too large to hold) and its size."""
-
-    id: str
-    items: list[Any] | None
-    nbytes: int
-
-
 def error_message(exc: AgentServeError) -> dict[str, Any]:
     """A refused request as a WebSocket message: the HTTP status rides in the event."""
     return {"type": "error", "status": exc.status, **exc.body()}
-
-
-def json_bytes(value: Any) -> int:
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 class Socket:
@@ -102,7 +90,7 @@ class Socket:
     def __init__(self, ws: WebSocket, tenant: str) -> None:
         self.ws, self.tenant = ws, tenant
         self.state = ws.app.state
-        self.latest: Held | None = None
+        self.held = Conversation(self.state, tenant)  # the latest response, for previous_response_id
         self.active: ActiveTurn | None = None
         # messages read while a turn runs, answered in order after it (one: a client that sends
         # more waits, as over TCP)
@@ -154,7 +142,7 @@ class Socket:
     async def interrupt(self, message: dict[str, Any]) -> None:
         rid, turn = message.get("response_id"), self.active
         if turn is None or (rid is not None and rid != turn.id):
-            done = rid is not None and self.latest is not None and rid == self.latest.id
+            done = rid is not None and self.held.latest is not None and rid == self.held.latest.id
             await self.send(
                 error_message(
                     InvalidRequest(
@@ -202,40 +190,6 @@ class Socket:
             log.exception("responses websocket: request failed")
             await self.send({"type": "error", "status": 500, **internal_error_body(exc)})
 
-    def history(self, body: dict[str, Any]) -> tuple[list[Any] | None, int]:
-        """The conversation ``previous_response_id`` continues (None: none) and its size in bytes."""
-        prev = body.get("previous_response_id")
-        latest = self.latest
-        if prev is not None and latest is not None and prev == latest.id:
-            if latest.items is None:
-                raise self.too_large(latest.nbytes)
-            return latest.items, latest.nbytes
-        found = response_store(self.state).get(self.tenant, prev) if isinstance(prev, str) else None
-        if found is not None:
-            return found.items, found.size
-        try:
-            return stored_history(response_store(self.state), self.tenant, body), 0
-        except InvalidRequest as exc:
-            exc.code = "previous_response_not_found"
-            raise
-
-    def too_large(self, nbytes: int) -> InvalidRequest:
-        limit = self.state.settings.websocket.max_conversation_bytes
-        return InvalidRequest(
-            f"this socket's conversation would be {nbytes} bytes, over websocket.max_conversation_bytes "
-            f"({limit}): compact it, or start a new one without previous_response_id",
-            param="previous_response_id",
-            code="conversation_too_large",
-        )
-
-    def job(self, body: dict[str, Any]) -> tuple[ResponseJob, int]:
-        """The turn's job and its conversation's size (run in a thread: it converts the whole history)."""
-        history, held = self.history(body)
-        nbytes = held + json_bytes(body.get("input"))
-        if nbytes > self.state.settings.websocket.max_conversation_bytes:
-            raise self.too_large(nbytes)
-        return ResponseJob(self.state.service, self.ws.headers, self.tenant, body, history), nbytes
-
     async def turn(self, message: dict[str, Any]) -> None:
         warm_up = message.get("generate") is False
         body = {k: v for k, v in message.items() if k not in TRANSPORT_ONLY}
@@ -250,7 +204,7 @@ class Socket:
         made: list[tuple[ResponseJob, int]] = []
 
         def prepare() -> Prepared:
-            made.append(self.job(body))
+            made.append(self.held.job(self.ws.headers, body))
             return made[0][0].prepare()
 
         if warm_up:  # remember the conversation under a response id; generate nothing
@@ -270,7 +224,7 @@ class Socket:
             finally:
                 ticket.release()  # (sse_stream releases it: this covers a failure before it starts)
         if job.events.final is not None:
-            await asyncio.to_thread(self.remember, job, job.events.final, made[0][1])
+            await asyncio.to_thread(self.held.remember, job, job.events.final, made[0][1])
 
     async def stream(self, job: ResponseJob, prepared: Prepared, ticket: Ticket, deadline: float) -> None:
         """The turn's events, each sent before the next is made. A send blocked past the request's
@@ -294,15 +248,6 @@ class Socket:
             raise WebSocketDisconnect(code=CLOSE_STALLED) from None
         finally:
             self.active = None
-
-    def remember(self, job: ResponseJob, response: dict[str, Any], nbytes: int) -> None:
-        """Hold the response's conversation for the next turn (in a thread: sizes, the store's copy)."""
-        output = list(response.get("output") or [])
-        nbytes += json_bytes(output)
-        fits = nbytes <= self.state.settings.websocket.max_conversation_bytes
-        self.latest = Held(response["id"], list(job.conv.input_items) + output if fits else None, nbytes)
-        if job.body.get("store", True) is not False:
-            response_store(self.state).put(self.tenant, job.conv.input_items, response)
 
 
 @router.websocket("/v1/responses")
