@@ -28,6 +28,7 @@ from server.engines.base import Engine
 from server.errors import AgentServeError, internal_error_body
 from server.front_door import FrontDoor, route_paths
 from server.metrics import Metrics
+from server.ws_gate import uvicorn_ws_options
 
 log = logging.getLogger(__name__)
 
@@ -145,4 +146,5 @@ def serve_worker(settings: Settings) -> None:
         log_level="info",
         timeout_graceful_shutdown=30,
         limit_concurrency=settings.limits.max_connections,
+        **uvicorn_ws_options(settings),  # frame cap, no per-message deflate (ws_gate.py)
     )

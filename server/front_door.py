@@ -1,4 +1,5 @@
-"""The worker's front door: auth (tenant), the body-size limit by Content-Length, request counts.
+"""The worker's front door: auth (tenant), the body-size limit by Content-Length, request counts;
+WebSockets counted and origin-checked before the route (``ws_gate.py``).
 
 A plain ASGI middleware, not Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``):
 that one relays every message of a streamed response through an anyio memory stream and a
@@ -23,6 +24,7 @@ from server.config import Settings
 from server.dialects.messages.errors import shape_error
 from server.errors import AgentServeError
 from server.metrics import Metrics
+from server.ws_gate import SocketGate
 
 
 def route_label(scope: Scope, known: frozenset[str]) -> str:
@@ -59,6 +61,7 @@ class FrontDoor:
         self.metrics = metrics
         self.paths = paths  # the app's route paths, asked at the first request (routes come after this)
         self._known: frozenset[str] | None = None
+        self.sockets = SocketGate(settings)  # WebSockets: counted, origin-checked (ws_gate.py)
 
     def _count(self, scope: Scope, status: int) -> None:
         if self._known is None:
@@ -66,6 +69,9 @@ class FrontDoor:
         self.metrics.requests.labels(route_label(scope, self._known), str(status)).inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self.sockets(scope, receive, send, self.app)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

@@ -62,14 +62,16 @@ def hf_engine(embedded_model_dir: Path):
 
 
 @contextmanager
-def running_server(app):
-    """Serve an ASGI app with uvicorn on a free loopback port (in a thread); yields its URL."""
+def running_server(app, **options):
+    """Serve an ASGI app with uvicorn on a free loopback port (in a thread); yields its URL.
+    ``options``: more ``uvicorn.Config`` settings (e.g. ``server.ws_gate.uvicorn_ws_options``)."""
     import threading
 
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

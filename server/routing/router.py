@@ -34,8 +34,9 @@ from server.routing.request import RouteRequest
 from server.routing.suspects import SuspectTable
 from server.routing.upstream import UpstreamError, make_upstream
 from server.routing.websocket import PATH as WS_PATH
-from server.routing.websocket import proxy_websocket
+from server.routing.websocket import serve_websocket
 from server.routing.workers import Worker, WorkerPool, WorkerSpec, parse_worker_specs
+from server.ws_gate import SocketGate, uvicorn_ws_options
 
 log = logging.getLogger("agentserve.routing")
 
@@ -54,6 +55,7 @@ class Router:
         self.upstream = make_upstream(rs.upstream, rs.connect_timeout_s, rs.read_timeout_s)
         self.discovery = discovery
         self.suspects = SuspectTable()  # request bodies workers died on (server/routing/suspects.py)
+        self.sockets = SocketGate(settings)  # client WebSockets: counted, origin-checked (ws_gate.py)
 
     async def start(self) -> None:
         if self.discovery is not None:
@@ -101,7 +103,7 @@ class RouterApp(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and scope["path"] == WS_PATH:
             try:
-                await proxy_websocket(self.lean_router, scope, receive, send)
+                await serve_websocket(self.lean_router, scope, receive, send)
             except Exception:  # a bug: the client's socket ends with 1011 (internal error)
                 log.exception("router: unexpected error on the %s WebSocket", WS_PATH)
                 try:
@@ -222,6 +224,7 @@ def serve_router(
         log_level="info",
         proxy_headers=False,
         limit_concurrency=settings.limits.max_connections,
+        **uvicorn_ws_options(settings),  # frame cap, no per-message deflate (ws_gate.py)
         server_header=False,
         date_header=False,
     )

@@ -1,6 +1,8 @@
 """The router's WebSocket path: ``/v1/responses`` upgraded (Codex's Responses WebSocket mode).
 
 Lifecycle of one socket
+  0. The router's gate (``server/ws_gate.py``): past ``websocket.max_sockets`` open sockets, or from a
+     browser origin not allowed, the upgrade is refused (HTTP 503 / 403; close code 1013 / 1008).
   1. Auth before the upgrade (``server.auth.authenticate_key``: ``Authorization: Bearer`` or
      ``x-api-key``): a bad key is an HTTP 401 in place of the upgrade (close code 1008 where the
      server cannot send one); no worker sees it.
@@ -39,6 +41,7 @@ from server.errors import AgentServeError, UpstreamUnavailable
 from server.routing.forward import HOP_HEADERS
 from server.routing.request import route_request
 from server.session_key import CLAUDE_CODE_HEADER, HEADER
+from server.ws_gate import accept_headers
 
 if TYPE_CHECKING:
     from server.routing.router import Router
@@ -54,6 +57,15 @@ _READ_HEADERS = {name.encode(): name for name in ("authorization", "x-api-key", 
 _NOT_FORWARDED = HOP_HEADERS | {b"origin", b"user-agent"}
 
 
+async def serve_websocket(router: Router, scope: Scope, receive: Receive, send: Send) -> None:
+    """A client's socket, counted and origin-checked by the router's gate (``server/ws_gate.py``)."""
+
+    async def proxied(scope: Scope, receive: Receive, send: Send) -> None:
+        await proxy_websocket(router, scope, receive, send)
+
+    await router.sockets(scope, receive, send, proxied)
+
+
 async def proxy_websocket(router: Router, scope: Scope, receive: Receive, send: Send) -> None:
     ws = WebSocket(scope, receive, send)
     raw: list[tuple[bytes, bytes]] = scope["headers"]
@@ -64,7 +76,7 @@ async def proxy_websocket(router: Router, scope: Scope, receive: Receive, send: 
     except AgentServeError as exc:
         await _refuse(ws, exc)
         return
-    await ws.accept()
+    await ws.accept(headers=accept_headers(router.settings))
     first = await ws.receive()
     if first["type"] == "websocket.disconnect":
         return
@@ -119,6 +131,7 @@ async def _connect(
                 open_timeout=rs.connect_timeout_s,
                 ping_interval=None,  # the client keeps its own socket alive; a long prefill is no fault
                 max_size=None,  # the worker's events are trusted (its own limits apply to requests)
+                compression=None,  # no per-message deflate (server/ws_gate.py)
                 user_agent_header=dict(headers).get("user-agent"),
             )
         except InvalidStatus as exc:  # the worker refused the upgrade: a failure of this worker

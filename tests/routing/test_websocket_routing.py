@@ -12,8 +12,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from server.config import AuthSettings, RoutingSettings, Settings
+from server.config import AuthSettings, RoutingSettings, Settings, WebSocketSettings
+from server.ws_gate import MAX_MESSAGE_HEADER
 from tests.routing.conftest import RouterThread
+from tests.routing.conftest import test_settings as router_settings
 
 pytestmark = pytest.mark.timeout(60)
 TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
@@ -110,6 +112,31 @@ def test_a_bad_key_is_refused_before_the_upgrade(workers):
                 assert turn(ws, create(prompt_cache_key="keyed"))[-1]["type"] == "response.completed"
         logged = [rec for w in workers for rec in w.log()]
         assert [(rec["tenant"], rec["router_token"]) for rec in logged] == [("team-a", "rt")] * 2
+    finally:
+        r.stop()
+
+
+def test_the_router_counts_its_sockets_and_checks_the_origin(workers):
+    """The router's own gate (server/ws_gate.py): past websocket.max_sockets an upgrade is a 503 with
+    the router's HTTP still up; a browser origin is refused on a keyless router; the 101 names the
+    message limit; a socket that closes frees its place."""
+    settings = router_settings().model_copy(update={"websocket": WebSocketSettings(max_sockets=2)})
+    r = RouterThread(settings, [w.url for w in workers[:2]]).start()
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            connect(ws_url(r), additional_headers={"origin": "http://evil.example"}).close()
+        assert refused.value.response.status_code == 403
+        with connect(ws_url(r)) as a, connect(ws_url(r)) as b:
+            limit = str(settings.limits.max_request_bytes)
+            assert a.response.headers[MAX_MESSAGE_HEADER] == limit
+            with pytest.raises(InvalidStatus) as busy:
+                connect(ws_url(r)).close()
+            assert busy.value.response.status_code == 503
+            assert json.loads(busy.value.response.body)["error"]["code"] == "too_many_websockets"
+            assert httpx.get(r.url + "/health", timeout=10).status_code == 200
+            assert turn(b, create(prompt_cache_key="gated"))[-1]["type"] == "response.completed"
+        with connect(ws_url(r)) as c:  # both closed: room again
+            assert turn(c, create(prompt_cache_key="gated"))[-1]["type"] == "response.completed"
     finally:
         r.stop()
 

@@ -39,6 +39,8 @@ ECHO_DEFAULTS: dict[str, Any] = {
     "truncation": "disabled",
     "user": None,
 }
+# chat finish reasons that make a response incomplete → its incomplete_details.reason
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "interrupted": "interrupted"}
 # our cache report's miss types → OpenAI's prompt_cache_diagnostics reasons
 MISS_REASONS = {
     "model_changed": "model_changed",
@@ -171,7 +173,9 @@ def response_object(
         "created_at": ctx.created_at,
         "status": status,
         "error": error,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "incomplete_details": {"reason": INCOMPLETE_REASONS.get(finish or "", "max_output_tokens")}
+        if status == "incomplete"
+        else None,
         "model": ctx.body.get("model"),
         "output": output,
         **ctx.echo(),
@@ -193,7 +197,7 @@ def response_object(
 
 
 def status_of(finish: str | None) -> str:
-    return "incomplete" if finish == "length" else "completed"
+    return "incomplete" if finish in INCOMPLETE_REASONS else "completed"
 
 
 def from_chat(ctx: ResponseContext, chat: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,9 @@ then for a reasoning item (a reasoning family) ``content_part.added``, ``reasoni
 ``custom_tool_call_input.delta``…, ``.done``; then ``output_item.done``. Last:
 ``response.completed``, or ``response.incomplete`` when the reply was cut by max_output_tokens
 (a call cut inside its envelope never reaches the text: it is the ``agentserve.incomplete_tool_call``
-extension), or ``response.failed`` (``failed_event``) when generation fails mid-stream.
+extension) or interrupted (the WebSocket's ``response.interrupt``: finish reason ``interrupted``, the
+open item ends ``incomplete`` or is dropped), or ``response.failed`` (``failed_event``) when
+generation fails mid-stream.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class ResponsesStream:
         self.finish: str | None = None
         self.final_chunk: dict[str, Any] = {}
         self.final: dict[str, Any] | None = None  # the finished response object
+        self.discard_partial = False  # an interrupt's mode discard_partial_items: drop the open item
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         ev = {"type": kind, "sequence_number": self.seq, **fields}
@@ -91,12 +94,12 @@ class ResponsesStream:
         self.open, self.open_chat_index = item, index
         return [self._event("response.output_item.added", output_index=self._index(), item=dict(item))]
 
-    def _close(self) -> list[dict[str, Any]]:
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
         item, n = self.open, self._index()
         if item is None:
             return []
         self.open, self.open_chat_index = None, None
-        item["status"] = "completed"
+        item["status"] = status
         events = []
         if item["type"] == "message":
             part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
@@ -186,7 +189,12 @@ class ResponsesStream:
         return events
 
     def finish_events(self) -> list[dict[str, Any]]:
-        events = self._close()
+        if self.finish != "interrupted":
+            events = self._close()
+        elif self.discard_partial:  # interrupted (WebSocket): the item being written is dropped
+            events, self.open, self.open_chat_index = [], None, None
+        else:  # interrupted: the item being written ends incomplete
+            events = self._close("incomplete")
         status = status_of(self.finish)
         cut = self.final_chunk.get("incomplete_tool_call")
         self.final = response_object(
