@@ -86,21 +86,23 @@ def served_statuses(lines: list[str]) -> list[str]:
     return [line for line in lines if "/v1/" in line and "HTTP/1.1" in line]
 
 
-def codex_config(url: str, websockets: bool = False) -> str:
-    """A Codex ``config.toml`` whose only provider is the server at ``url`` (no retries)."""
-    return f"""\
-model = "{MODEL}"
-model_provider = "agentserve"
-check_for_update_on_startup = false
+CODEX_CONFIG = ROOT / "configs/clients/codex/config.toml"  # what the README tells users to copy
 
-[model_providers.agentserve]
-name = "agentserve"
-base_url = "{url}/v1"
-wire_api = "responses"
-env_key = "AGENTSERVE_API_KEY"
-supports_websockets = {"true" if websockets else "false"}
-request_max_retries = 0
-stream_max_retries = 0
+
+def codex_config(url: str, websockets: bool = False) -> str:
+    """The user's Codex ``config.toml`` (``CODEX_CONFIG``) pointed at the server at ``url``, plus what
+    a test needs on top: no retries, no update check, nothing else on the network."""
+    text = CODEX_CONFIG.read_text()
+    for old, new in (
+        ("http://127.0.0.1:8000", url),
+        ("supports_websockets = true", f"supports_websockets = {'true' if websockets else 'false'}"),
+        ('env_key = "AGENTSERVE_API_KEY"', 'env_key = "AGENTSERVE_API_KEY"\nrequest_max_retries = 0'),
+    ):
+        assert old in text, f"{CODEX_CONFIG} no longer holds {old!r}"
+        text = text.replace(old, new)
+    return f"""\
+check_for_update_on_startup = false
+{text}stream_max_retries = 0
 
 [analytics]
 enabled = false
