@@ -21,11 +21,12 @@ tool) and ``reasoning`` / ``include`` / ``prompt_cache_key`` to ``POST /v1/respo
    recording proxy (``benchmarks/capture_proxy.py``): turn 1 is one ``apply_patch`` call whose input
    the masks write under the Lark grammar Codex sent; Codex applies it and the file appears on disk.
    A random model writes junk under the grammar: its test model is steered (``ends_early``'s
-   ``steer``) towards ``\n`` (JSON-escaped newline), ``***``, `` Add`` and `` End``, so its patch adds
-   a file (an update of a random path could not apply) and ends in a few hundred tokens; every byte
-   of it is still the grammar's choice. Pass: the request carried ``apply_patch`` as a custom Lark
-   tool, the call's input parses with that grammar (``lark``), Codex answered "Success", the added
-   file holds the patch's lines, and turn 2 read >= 99 % of turn 1's prompt from cache.
+   ``steer``) towards ``\n`` (JSON-escaped newline: short lines, so a random path stays a valid file
+   name), ``***``, `` Add`` and `` End``, so its patch adds a file (an update of a random path could
+   not apply) and ends in a few dozen tokens; every byte of it is still the grammar's choice. Pass:
+   the request carried ``apply_patch`` as a custom Lark tool, the call's input parses with that
+   grammar (``lark``), Codex answered "Success", the added file holds the patch's lines, and turn 2
+   read >= 99 % of turn 1's prompt from cache (6 runs in a row passed; turn 2 read 5,740 of 5,740).
 
 Install the client with ``scripts/install_agent_clients.sh``.
 """
@@ -47,7 +48,7 @@ from tests.dialects.agent_server import CODEX, agent_server, make_agent_model, r
 pytestmark = pytest.mark.slow
 VERSION = "0.171.0"
 # the tokens the apply_patch test model prefers where the grammar allows them (see the module docstring)
-PATCH_STEER = {"\\": 0.2, "n": 0.2, "***": 0.2, "ĠAdd": 0.2, "ĠEnd": 0.2}
+PATCH_STEER = {"\\": 0.6, "n": 0.6, "***": 0.2, "ĠAdd": 0.2, "ĠEnd": 0.2}
 UNKNOWN_MODEL = "Model metadata for"  # Codex's warning for a model its catalog does not list
 
 
@@ -167,9 +168,10 @@ def test_codex_apply_patch_is_written_under_its_lark_grammar_and_applied(patch_s
     (output,) = [i for i in items if i["type"] == "custom_tool_call_output"]
     assert output["call_id"] == call["call_id"] and "Success" in output["output"], output
     added = added_files(call["input"])
-    assert added
-    for path, content in added.items():  # Codex applied the patch: the files are on disk
-        assert (work / path).read_bytes() == content.encode(), path
+    # Codex applied the patch: the files are on disk (compared by content: Codex may normalise a
+    # random path, e.g. it drops a tab)
+    on_disk = {p.read_text() for p in work.rglob("*") if p.is_file() and p.name != "a.py"}
+    assert added and on_disk == set(added.values()), (added, on_disk)
     assert (work / "a.py").read_text() == "print('hi')\n"
     first, second = turn_usages(home)
     assert second["cached_input_tokens"] >= 0.99 * first["input_tokens"], (first, second)
