@@ -131,3 +131,24 @@ def test_compact_refuses_what_it_cannot_read_or_has_nothing_to_do(app_and_engine
     assert r.status_code == 400 and "nothing to compact" in r.json()["error"]["message"]
     r = client.post("/v1/responses/compact", json={"model": model, "input": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+
+
+@pytest.mark.e2e
+def test_compaction_reads_the_conversation_from_the_sessions_cache(hf_engine):
+    """The summary request repeats the turn's prompt (same instructions, tools, key) before its own
+    request, so the embedded model prefills only the new tail."""
+    settings = worker_settings().model_copy(update={"default_max_tokens": 4})
+    tool = {"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}
+    rules = "You are a careful coding agent. " + " ".join(f"Rule {i}: check your work." for i in range(40))
+    body = {"model": settings.served_model_name, "instructions": rules, "tools": [tool]}
+    body |= {"input": [{"role": "user", "content": "Fix a.py"}], "prompt_cache_key": "compact-cache"}
+    with TestClient(build_app(settings, engine=hf_engine)) as c:
+        turn = c.post("/v1/responses", json={**body, "max_output_tokens": 2, "temperature": 0})
+        assert turn.status_code == 200, turn.text
+        prompt = turn.json()["usage"]["input_tokens"]
+        r = c.post("/v1/responses/compact", json=body)
+        assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["usage"]["output_tokens"] <= 4  # default_max_tokens bounds the summary
+    assert out["usage"]["input_tokens_details"]["cached_tokens"] >= prompt - 8, out["usage"]
+    assert out["output"][-1]["encrypted_content"].startswith(MARK)
