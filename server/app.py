@@ -12,8 +12,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.admission import Admission
+from server.api.codex_catalog import router as codex_catalog_router
 from server.api.messages import router as messages_router
 from server.api.responses import router as responses_router
+from server.api.responses_compact import router as responses_compact_router
 from server.api.responses_ws import router as responses_ws_router
 from server.api.routes import router
 from server.api.tokenize import router as tokenize_router
@@ -98,6 +100,8 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.include_router(messages_router)
     app.include_router(responses_router)
     app.include_router(responses_ws_router)
+    app.include_router(codex_catalog_router)
+    app.include_router(responses_compact_router)
     max_body = settings.limits.max_request_bytes
     app.add_middleware(BodyLimit, max_bytes=max_body, timeout_s=settings.limits.body_timeout_s)
 

@@ -196,6 +196,9 @@ class SamplingFields(_Loose):
     model: str
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    # extension: with no max_tokens, "server" (default) grants default_max_tokens, "window" the rest
+    # of the context window (the Responses adapter sets it: OpenAI's unset max_output_tokens)
+    max_tokens_default: Literal["server", "window"] = "server"
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)

@@ -43,7 +43,7 @@ def response_store(state: Any) -> ResponseStore:
     return store
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def request_body(request: Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except ValueError:
@@ -95,9 +95,11 @@ class ResponseJob:
         tenant: str,
         body: dict[str, Any],
         history: list[Any] | None,
+        chat_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self.service, self.headers, self.tenant, self.body = service, headers, tenant, body
         self.conv = to_chat(body, history)
+        self.conv.chat.update(chat_overrides or {})
         self.req = _chat_request(self.conv.chat)
         compare = self.req.comparison_response_id()
         found = compare is not None and service.cache_report.responses.get(tenant, compare) is not None
@@ -124,7 +126,7 @@ async def create_response(request: Request) -> Response:
     service: ChatService = request.app.state.service
     tenant: str = request.state.tenant
     store = _store(request)
-    body = await _body(request)
+    body = await request_body(request)
     job = ResponseJob(service, request.headers, tenant, body, stored_history(store, tenant, body))
     keep = body.get("store", True) is not False
 

