@@ -108,7 +108,7 @@ def run_server(name: str, cmd: list[str], env: dict[str, str], port: int) -> dic
 
 def main() -> None:
     cache = Path(os.environ.get("AGENTSERVE_CACHE_DIR", Path.home() / ".cache" / "agentserve"))
-    default_server = cache / "llamacpp-0.3.36" / "build" / "vendor" / "llama.cpp" / "bin" / "llama-server"
+    default_server = cache / "llamacpp-0.3.36" / "build" / "bin" / "llama-server"
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(embedded_gguf()))
     ap.add_argument("--llama-server", default=str(default_server))

@@ -67,10 +67,10 @@ if ! installed; then
   echo "agentserve: installed $(basename "$wheel")" >&2
 fi
 if [ "$TOOLS" = 1 ]; then
-  if [ ! -x "$WORK/build/vendor/llama.cpp/bin/llama-server" ] || [ ! -x "$WORK/build/vendor/llama.cpp/bin/llama-quantize" ]; then
+  if [ ! -x "$WORK/build/bin/llama-server" ] || [ ! -x "$WORK/build/bin/llama-quantize" ]; then
     echo "agentserve: building llama-server and llama-quantize (~3 min; log: $log)" >&2
     cmake "$WORK/build" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >>"$log" 2>&1
     cmake --build "$WORK/build" -j "$(nproc)" --target llama-server llama-quantize >>"$log" 2>&1
   fi
-  echo "$WORK/build/vendor/llama.cpp/bin"
+  echo "$WORK/build/bin"
 fi

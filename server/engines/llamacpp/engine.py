@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ from server.engines.base import (
     constraint_errors_as_400,
 )
 from server.engines.hf.sampling import TokenSampler
-from server.engines.llamacpp.runtime import KVFull, LlamaRuntime, Row
+from server.engines.llamacpp.batch import KVFull, Row, Runtime
 from server.engines.llamacpp.slots import Slot, SlotTable
 from server.errors import ContextLengthExceeded, InvalidRequest
 from server.model_store import gguf_path, tokenizer_folder
@@ -50,7 +51,7 @@ PREFILL_CHUNK = 512  # prompt tokens per turn (the running requests wait one chu
 
 
 @dataclass
-class Sequence:
+class SeqState:
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[GenerationChunk]
@@ -65,7 +66,10 @@ class Sequence:
     cancelled: bool = False
 
     def emit(self, chunk: GenerationChunk) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
+        except RuntimeError:  # the client's event loop is gone: nobody to tell
+            self.cancelled = True
 
 
 def pool_cells(budget_bytes: int, per_token: int, max_model_len: int) -> int:
@@ -80,25 +84,30 @@ def pool_cells(budget_bytes: int, per_token: int, max_model_len: int) -> int:
 class LlamaCppEngine(Engine):
     name = "llamacpp"
 
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(
+        self, settings: EngineSettings, runtime: Runtime | None = None, tokenizer: Any = None
+    ) -> None:
+        """Load ``settings.model`` (a GGUF); or use a given runtime and tokenizer (tests)."""
         from transformers import AutoTokenizer
 
         self.settings = settings
-        path = gguf_path(settings.model)
         t0 = time.perf_counter()
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(settings.model))
-        probe = LlamaRuntime(path, 256, 1, 32, settings.threads)  # metadata: window, KV size per token
-        n_train = probe.n_ctx_train or 2048
-        per_token = probe.kv_bytes_per_token()
-        probe.close()
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(settings.model))
+        self.tokenizer = tokenizer
+        if runtime is None:
+            from server.engines.llamacpp.runtime import LlamaRuntime  # imports llama_cpp
+
+            runtime = LlamaRuntime(gguf_path(settings.model), settings.threads)
+        self.rt = runtime
+        n_train = self.rt.n_ctx_train or 2048
         self.max_model_len = min(settings.max_model_len or n_train, n_train)
         pc = settings.prefix_cache
-        cells = pool_cells(pc.memory_mb * 2**20, per_token, self.max_model_len)
+        cells = pool_cells(pc.memory_mb * 2**20, self.rt.kv_bytes_per_token(), self.max_model_len)
         self.chunk = settings.prefill_chunk_tokens or PREFILL_CHUNK
-        self.rt = LlamaRuntime(path, cells, N_SEQ, self.chunk + N_SEQ, settings.threads)
-        log.info(
-            "loaded %s (llama.cpp, %d KV cells) in %.1f s", path, self.rt.n_ctx, time.perf_counter() - t0
-        )
+        self.rt.open(cells, N_SEQ, self.chunk + N_SEQ)
+        dt = time.perf_counter() - t0
+        log.info("loaded %s (llama.cpp, %d KV cells) in %.1f s", settings.model, self.rt.n_ctx, dt)
         self.vocab_size = self.rt.n_vocab
         self.config_eos = self.tokenizer.eos_token_id
         self.eos_token_ids = self.end_of_reply_ids()
@@ -107,10 +116,10 @@ class LlamaCppEngine(Engine):
         self.slots = SlotTable(N_SEQ if pc.enabled else 1)
         self.masks = MaskApplier(self.vocab_size)
         self.tokens_generated = 0
-        self._inbox: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
-        self._waiting: list[Sequence] = []  # admitted order: no slot yet
-        self._prefilling: list[Sequence] = []
-        self._running: list[Sequence] = []
+        self._inbox: queue.SimpleQueue[SeqState] = queue.SimpleQueue()
+        self._waiting: list[SeqState] = []  # admitted order: no slot yet
+        self._prefilling: list[SeqState] = []
+        self._running: list[SeqState] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -181,7 +190,7 @@ class LlamaCppEngine(Engine):
                 constraint = self.constraints.build(request.tool_spec)
         p = request.sampling
         gen = None if p.seed is None else torch.Generator().manual_seed(p.seed)
-        seq = Sequence(
+        seq = SeqState(
             request,
             asyncio.get_running_loop(),
             asyncio.Queue(),
@@ -215,7 +224,7 @@ class LlamaCppEngine(Engine):
     def _admit(self) -> None:
         while not self._inbox.empty():
             self._waiting.append(self._inbox.get())
-        still: list[Sequence] = []
+        still: list[SeqState] = []
         for seq in self._waiting:
             if seq.cancelled:
                 continue
@@ -248,7 +257,7 @@ class LlamaCppEngine(Engine):
         for seq in decoding:
             assert seq.slot is not None and seq.pending is not None
             rows.append(Row(seq.pending, len(seq.slot.tokens), seq.slot.seq, True))
-        chunks: list[tuple[Sequence, list[int]]] = []
+        chunks: list[tuple[SeqState, list[int]]] = []
         budget = self.chunk
         for seq in self._prefilling:
             if budget <= 0:
@@ -306,7 +315,7 @@ class LlamaCppEngine(Engine):
                     raise
                 self.rt.seq_trim(victim.seq, 0)
 
-    def _pick(self, seq: Sequence, raw: torch.Tensor) -> None:
+    def _pick(self, seq: SeqState, raw: torch.Tensor) -> None:
         """Bias, penalties, the mask, then sample; emit the token or finish (as the hf engine does)."""
         sampler = seq.sampler
         logits = raw
@@ -343,7 +352,7 @@ class LlamaCppEngine(Engine):
 
     def _finish(
         self,
-        seq: Sequence,
+        seq: SeqState,
         reason: str | None,
         error: str | None = None,
         tokens: list[int] | None = None,
@@ -354,17 +363,16 @@ class LlamaCppEngine(Engine):
         if seq.done:
             return
         seq.done = True
-        if reason is not None:
-            seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error, logprobs))
         if seq in self._prefilling:
             self._prefilling.remove(seq)
         if seq in self._running:
             self._running.remove(seq)
         slot = seq.slot
-        if slot is None:
-            return
-        keep = keep and reason != "error" and self.settings.prefix_cache.enabled
-        if not keep:
-            self.rt.seq_trim(slot.seq, 0)
-        self.slots.release(slot, slot.tokens if keep else [])
-        seq.slot = None
+        if slot is not None:
+            keep = keep and reason != "error" and self.settings.prefix_cache.enabled
+            if not keep:
+                self.rt.seq_trim(slot.seq, 0)
+            self.slots.release(slot, slot.tokens if keep else [])
+            seq.slot = None
+        if reason is not None:  # after the bookkeeping: a client that reads stats next sees it done
+            seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error, logprobs))

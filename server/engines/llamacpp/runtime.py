@@ -13,28 +13,15 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 import torch
 
+from server.engines.llamacpp.batch import KVFull, Row
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One token of a batch: its id, position, sequence, and whether its logits are wanted."""
-
-    token: int
-    pos: int
-    seq: int
-    logits: bool = False
-
-
-class KVFull(RuntimeError):
-    """No room in the KV cache for the batch (llama_decode returned 1)."""
 
 
 _LOG_CB: object = None
@@ -55,9 +42,9 @@ def _quiet() -> None:
 
 
 class LlamaRuntime:
-    """A GGUF model and one context of ``n_ctx`` KV cells shared by ``n_seq`` sequences."""
+    """A GGUF model (memory-mapped) and, once ``open``, one context shared by many sequences."""
 
-    def __init__(self, path: Path, n_ctx: int, n_seq: int, n_batch: int, threads: int | None = None) -> None:
+    def __init__(self, path: Path, threads: int | None = None) -> None:
         _quiet()
         llama_cpp.llama_backend_init()
         mp = llama_cpp.llama_model_default_params()
@@ -65,41 +52,14 @@ class LlamaRuntime:
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not model:
             raise RuntimeError(f"llama.cpp could not load {path}")
+        self.path = path
         self.model = model
+        self.threads = threads or os.cpu_count() or 1
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(model))
-        cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx = n_ctx
-        cp.n_batch = n_batch
-        cp.n_ubatch = min(n_batch, 512)
-        cp.n_seq_max = n_seq
-        cp.kv_unified = True  # one pool of cells: seq_cp shares a prefix, it does not copy it
-        cp.no_perf = True
-        n = threads or os.cpu_count() or 1
-        cp.n_threads = n
-        cp.n_threads_batch = n
-        ctx = llama_cpp.llama_init_from_model(model, cp)
-        if not ctx:
-            llama_cpp.llama_model_free(model)
-            raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} cells for {path}")
-        self.ctx = ctx
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
-        self.n_batch = n_batch
-        self.n_seq = n_seq
-        self.mem = llama_cpp.llama_get_memory(ctx)
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-
-    # -- metadata ------------------------------------------------------------------------------------
-    def meta(self, key: str) -> str | None:
-        """A GGUF metadata value as text (None: absent)."""
-        buf = ctypes.create_string_buffer(4096)
-        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
-    def eog_ids(self) -> tuple[int, ...]:
-        """The ids llama.cpp itself treats as end of generation (EOS, EOT, ...)."""
-        return tuple(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
+        self.ctx = None
+        self.n_ctx = 0
 
     def kv_bytes_per_token(self) -> int:
         """f16 K and V of every layer for one token (sizes the cell pool)."""
@@ -108,6 +68,25 @@ class LlamaRuntime:
         n_head_kv = int(llama_cpp.llama_model_n_head_kv(self.model)) or n_head
         head_dim = int(llama_cpp.llama_model_n_embd(self.model)) // n_head
         return 2 * 2 * n_layer * n_head_kv * head_dim
+
+    def open(self, n_ctx: int, n_seq: int, n_batch: int) -> None:
+        """The context: ``n_ctx`` cells in one unified pool, ``n_seq`` sequences, ``n_batch`` a decode."""
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_batch
+        cp.n_ubatch = min(n_batch, 512)
+        cp.n_seq_max = n_seq
+        cp.kv_unified = True  # one pool of cells: seq_cp shares a prefix, it does not copy it
+        cp.no_perf = True
+        cp.n_threads = self.threads
+        cp.n_threads_batch = self.threads
+        ctx = llama_cpp.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} cells for {self.path}")
+        self.ctx = ctx
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.mem = llama_cpp.llama_get_memory(ctx)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
 
     # -- the KV cache ----------------------------------------------------------------------------------
     def seq_copy(self, src: int, dst: int, n: int) -> None:
@@ -148,5 +127,7 @@ class LlamaRuntime:
         if self.ctx:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self.ctx)
-            llama_cpp.llama_model_free(self.model)
             self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None

@@ -28,7 +28,7 @@ from server.families.envelope import load_envelope  # noqa: E402
 from server.model_store import embedded_gguf  # noqa: E402
 from server.protocol import ChatMessage  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 TOOLS = json.loads((Path(__file__).resolve().parents[2] / "fixtures/prefixed_agent_tools.json").read_text())
 SYSTEM = "<|im_start|>system\n" + " ".join(
@@ -183,3 +183,49 @@ def test_a_prompt_over_the_window_is_a_400(engine, loop):
     with pytest.raises(ContextLengthExceeded) as info:
         loop.run(collect(engine, GenerationRequest("huge", [5] * 5000, greedy(2))))
     assert info.value.status == 400
+
+
+def test_the_app_on_llamacpp_tool_calls_in_three_dialects_and_tokenize_equals_usage(engine):
+    from fastapi.testclient import TestClient
+
+    from server.app import build_app
+    from tests.conftest import worker_settings
+
+    settings = worker_settings()
+    name = settings.served_model_name
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    tool = {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    with TestClient(build_app(settings, engine=engine)) as c:
+        assert c.get("/health").json()["engine"] == "llamacpp"
+        tools = [{"type": "function", "function": tool}]
+        count = c.post("/tokenize", json={"messages": msgs, "tools": tools}).json()["count"]
+        body = {"model": name, "messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 60}
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["usage"]["prompt_tokens"] == count
+        call = out["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"])["city"], str)
+        anthropic = {
+            "model": name,
+            "max_tokens": 60,
+            "messages": msgs,
+            "tools": [{"name": "get_weather", "input_schema": tool["parameters"]}],
+            "tool_choice": {"type": "any"},
+        }
+        r = c.post("/v1/messages", json=anthropic)
+        assert r.status_code == 200, r.text
+        assert [b["type"] for b in r.json()["content"]][-1] == "tool_use"
+        responses = {
+            "model": name,
+            "input": "Weather in Paris?",
+            "tools": [{"type": "function", **tool}],
+            "tool_choice": "required",
+            "max_output_tokens": 60,
+        }
+        r = c.post("/v1/responses", json=responses)
+        assert r.status_code == 200, r.text
+        assert any(item["type"] == "function_call" for item in r.json()["output"])
