@@ -40,7 +40,7 @@ SYSTEM = "<|im_start|>system\n" + " ".join(
 def engine(loop, embedded_model_dir):
     from server.engines.llamacpp.engine import LlamaCppEngine
 
-    settings = load_settings(None, engine="llamacpp", model="embedded", max_model_len=4096)
+    settings = load_settings(None, engine="llamacpp", model="embedded", max_model_len=4096, threads=1)
     eng = LlamaCppEngine(settings.engine_settings())
     loop.run(eng.start())
     yield eng
@@ -83,7 +83,7 @@ def test_the_tokenizer_is_llama_cpps(engine):
 def test_greedy_tokens_equal_llama_cpps_own(engine, loop):
     prompt = ids_of(engine, chat("Write a short poem about the sea."))
     ours = tokens(loop.run(collect(engine, GenerationRequest("g", prompt, greedy(32)))))
-    llm = llama_cpp.Llama(str(embedded_gguf()), n_ctx=1024, n_batch=512, verbose=False, seed=1)
+    llm = llama_cpp.Llama(str(embedded_gguf()), n_ctx=1024, n_batch=512, n_threads=1, verbose=False, seed=1)
     ref: list[int] = []
     for t in llm.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
         if t in engine.eos_token_ids or len(ref) == 32:
