@@ -49,10 +49,12 @@ if [ -z "$wheel" ]; then
   rm -f "$WHEELS"/llama_cpp_python-"$VER"-*.whl
   (cd "$WORK" && [ -f "llama_cpp_python-$VER.tar.gz" ] ||
     "$PY" -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VER" -d .) >>"$log" 2>&1
-  # build-dir kept: --tools builds llama-server/llama-quantize from the same objects later
+  # an extracted source tree and a kept build-dir (pip builds a local folder in place): --tools then
+  # builds llama-server/llama-quantize from the same objects (a pip temp copy would be gone by then)
+  rm -rf "$WORK/src" && mkdir -p "$WORK/src" && tar xzf "$WORK/llama_cpp_python-$VER.tar.gz" -C "$WORK/src"
   if ! CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
     "$PY" -m pip wheel --no-deps -w "$WHEELS" \
-    --config-settings=build-dir="$WORK/build" "$WORK/llama_cpp_python-$VER.tar.gz" >>"$log" 2>&1; then
+    --config-settings=build-dir="$WORK/build" "$WORK/src/llama_cpp_python-$VER" >>"$log" 2>&1; then
     echo "agentserve: llama-cpp-python build failed (tail of $log):" >&2
     tail -n 20 "$log" >&2
     exit 1
