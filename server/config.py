@@ -272,8 +272,8 @@ class Settings(BaseSettings):
     )
     engine: Literal["hf", "vllm", "llamacpp"] = Field(
         "hf",
-        description="hf = transformers + torch; vllm = vLLM AsyncLLM; llamacpp = a GGUF at its quantized size "
-        "through llama.cpp (docs/llamacpp.md). Left unset, a .gguf model is served by llamacpp when "
+        description="hf = transformers + torch; vllm = vLLM AsyncLLM; llamacpp = a GGUF at its quantized "
+        "size through llama.cpp (docs/llamacpp.md). Left unset, a .gguf model is served by llamacpp when "
         "llama_cpp is installed (scripts/install_llamacpp.sh).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when present, else cpu.")
