@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -48,8 +49,20 @@ def check_settings(settings: Settings) -> None:
         )
 
 
+def engine_kind(settings: Settings) -> str:
+    """The configured engine; left unset, a .gguf model goes to llamacpp when llama_cpp is installed."""
+    if "engine" in settings.model_fields_set or not settings.model.endswith(".gguf"):
+        return settings.engine
+    return "llamacpp" if importlib.util.find_spec("llama_cpp") is not None else settings.engine
+
+
 def build_engine(settings: Settings) -> Engine:
-    if settings.engine == "vllm":
+    kind = engine_kind(settings)
+    if kind == "llamacpp":
+        from server.engines.llamacpp.engine import LlamaCppEngine  # imports llama_cpp: only for this engine
+
+        return LlamaCppEngine(settings.engine_settings())
+    if kind == "vllm":
         from server.engines.vllm.engine import VllmEngine  # imports vllm (lazily): only for this engine
 
         return VllmEngine(settings.engine_settings())

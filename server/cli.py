@@ -15,7 +15,11 @@ def _add_settings_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--model", help="'embedded', a model folder, or a .gguf file")
-    p.add_argument("--engine", choices=["hf", "vllm"], help="inference engine (default hf)")
+    p.add_argument(
+        "--engine",
+        choices=["hf", "vllm", "llamacpp"],
+        help="inference engine (default hf; a .gguf model: llamacpp when installed)",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device for the hf engine")
 
 

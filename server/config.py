@@ -298,8 +298,11 @@ class Settings(BaseSettings):
         description="More names served as the same model (Claude Code sends its configured model and a "
         "'small fast' model name). Responses echo the name the request used; GET /v1/models lists all.",
     )
-    engine: Literal["hf", "vllm"] = Field(
-        "hf", description="hf = transformers + torch; vllm = vLLM AsyncLLM."
+    engine: Literal["hf", "vllm", "llamacpp"] = Field(
+        "hf",
+        description="hf = transformers + torch; vllm = vLLM AsyncLLM; llamacpp = a GGUF at its quantized "
+        "size through llama.cpp (docs/llamacpp.md). Left unset, a .gguf model is served by llamacpp when "
+        "llama_cpp is installed (scripts/install_llamacpp.sh).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when present, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

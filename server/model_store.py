@@ -9,6 +9,7 @@ starts load that folder in well under a second. Nothing is fetched from a hub.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -105,3 +106,57 @@ def resolve_model(model: str, progress: bool = True) -> Path:
     if path.suffix == ".gguf":
         return convert_gguf(path, cache_dir() / "models" / path.stem, progress)
     return path
+
+
+def gguf_path(model: str) -> Path:
+    """The GGUF file of a configured model (``embedded`` or a .gguf path); ModelFileMissing otherwise."""
+    check_model(model)
+    if model == EMBEDDED:
+        return embedded_gguf()
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf":
+        raise ModelFileMissing(f"{path} is not a .gguf file: the llamacpp engine serves GGUF files")
+    return path
+
+
+def _gguf_architecture(gguf: Path) -> str:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf)).fields.get("general.architecture")
+    return bytes(field.parts[field.data[0]]).decode() if field is not None else ""
+
+
+def tokenizer_folder(model: str, progress: bool = True) -> Path:
+    """A folder with the model's tokenizer, chat template and config.json model_type, no weights.
+
+    For a GGUF: its tokenizer read once by transformers (~25 s) and saved under the cache
+    (later starts: well under a second); the converted weights folder when it already exists.
+    Family detection and the llamacpp engine read this instead of converting the weights.
+    """
+    check_model(model)
+    if model != EMBEDDED and Path(model).expanduser().suffix != ".gguf":
+        return Path(model).expanduser()
+    gguf = gguf_path(model)
+    stem = EMBEDDED_NAME if model == EMBEDDED else gguf.stem
+    full = cache_dir() / "models" / stem
+    if (full / "config.json").is_file():
+        return full
+    out = cache_dir() / "models" / f"{stem}.tokenizer"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if (out / "config.json").is_file():
+            return out
+        from transformers import AutoTokenizer
+
+        if progress:
+            print(
+                f"agentserve: reading the tokenizer of {gguf.name} (once, ~25 s)...",
+                file=sys.stderr,
+                flush=True,
+            )
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        (tmp / "config.json").write_text(json.dumps({"model_type": _gguf_architecture(gguf)}) + "\n")
+        tmp.rename(out)
+        return out

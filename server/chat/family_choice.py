@@ -12,7 +12,7 @@ from server.families.render import FamilyRenderer
 from server.families.rendered import PromptRenderer
 from server.families.select import MODEL_TEMPLATE, Selection, chat_template_of, select_family
 from server.families.spec import FamilyError, load_family
-from server.model_store import EMBEDDED, resolve_model
+from server.model_store import EMBEDDED, tokenizer_folder
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ def choose_family(settings: Settings, tokenizer: Any) -> Selection:
     try:
         if settings.model == EMBEDDED and settings.model_family in ("", "auto"):
             return Selection(load_family(DEFAULT_FAMILY), "embedded default (SmolLM2)")
-        folder = None if settings.model == EMBEDDED else resolve_model(settings.model, progress=False)
+        folder = None if settings.model == EMBEDDED else tokenizer_folder(settings.model, progress=False)
         selection = select_family(settings.model_family, folder, tokenizer)
     except FamilyError as exc:
         raise ConfigError(str(exc)) from None
@@ -38,7 +38,7 @@ def make_renderer(settings: Settings, selection: Selection, tokenizer: Any) -> P
     """The renderer of the chosen family (``model``: the model folder's own chat template)."""
     if selection.family.name != MODEL_TEMPLATE:
         return FamilyRenderer(selection.family, keep_reasoning=settings.keep_reasoning)
-    folder = None if settings.model == EMBEDDED else resolve_model(settings.model, progress=False)
+    folder = None if settings.model == EMBEDDED else tokenizer_folder(settings.model, progress=False)
     template = (chat_template_of(folder) if folder else "") or str(
         getattr(tokenizer, "chat_template", "") or ""
     )

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Install llama-cpp-python (the llamacpp engine's kernels: ggml) into the project venv from a
+# wheel built once from the PyPI sdist and cached; optionally build llama-server and
+# llama-quantize from the same llama.cpp (benchmarks/llamacpp_bench.py's peer). Idempotent.
+#
+#   scripts/install_llamacpp.sh [--tools]
+#   env: AGENTSERVE_CACHE_DIR (~/.cache/agentserve), PYTHON (.venv/bin/python),
+#        LLAMACPP_VERSION (0.3.36), LLAMACPP_CMAKE_ARGS (the portable CPU flags below)
+#
+# The first build compiles ggml + llama.cpp (~10 min on a 2-core box, ~3 more for --tools);
+# the wheel lands in $CACHE/wheels and every later run (a fresh clone, CI) installs it in
+# seconds. Portable flags (x86-64-v3: AVX2/FMA/F16C, no -march=native) so a cached wheel runs
+# on any machine that reads the cache. Exits non-zero when it cannot build; the llamacpp
+# tests then skip (nothing else depends on llama_cpp).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+PY=${PYTHON:-$REPO/.venv/bin/python}
+VER=${LLAMACPP_VERSION:-0.3.36}
+CACHE=${AGENTSERVE_CACHE_DIR:-$HOME/.cache/agentserve}
+WHEELS=$CACHE/wheels
+WORK=$CACHE/llamacpp-$VER
+TOOLS=0
+[ "${1:-}" = "--tools" ] && TOOLS=1
+if [ "$(uname -m)" = x86_64 ]; then
+  default_args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+else
+  default_args="-DGGML_NATIVE=OFF"
+fi
+ARGS="${LLAMACPP_CMAKE_ARGS:-$default_args} -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+tag=$(echo "$VER $ARGS" | sha256sum | cut -c1-12)
+mkdir -p "$WHEELS" "$WORK"
+log=$WORK/build.log
+
+installed() {
+  "$PY" - "$VER" <<'PY' 2>/dev/null
+import sys, llama_cpp
+sys.exit(0 if llama_cpp.__version__ == sys.argv[1] else 1)
+PY
+}
+
+wheel=$(ls "$WHEELS"/llama_cpp_python-"$VER"-*.whl 2>/dev/null | head -n1 || true)
+if [ -n "$wheel" ] && [ "$(cat "$WHEELS/llama_cpp_python-$VER.tag" 2>/dev/null)" != "$tag" ]; then
+  wheel=""  # built with other flags
+fi
+t0=$(date +%s)
+if [ -z "$wheel" ]; then
+  echo "agentserve: building llama-cpp-python $VER from source (first time ~10 min; log: $log)" >&2
+  rm -f "$WHEELS"/llama_cpp_python-"$VER"-*.whl
+  (cd "$WORK" && [ -f "llama_cpp_python-$VER.tar.gz" ] ||
+    "$PY" -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VER" -d .) >>"$log" 2>&1
+  # an extracted source tree and a kept build-dir (pip builds a local folder in place): --tools then
+  # builds llama-server/llama-quantize from the same objects (a pip temp copy would be gone by then)
+  rm -rf "$WORK/src" && mkdir -p "$WORK/src" && tar xzf "$WORK/llama_cpp_python-$VER.tar.gz" -C "$WORK/src"
+  if ! CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+    "$PY" -m pip wheel --no-deps -w "$WHEELS" \
+    --config-settings=build-dir="$WORK/build" "$WORK/src/llama_cpp_python-$VER" >>"$log" 2>&1; then
+    echo "agentserve: llama-cpp-python build failed (tail of $log):" >&2
+    tail -n 20 "$log" >&2
+    exit 1
+  fi
+  echo "$tag" >"$WHEELS/llama_cpp_python-$VER.tag"
+  wheel=$(ls "$WHEELS"/llama_cpp_python-"$VER"-*.whl | head -n1)
+  echo "agentserve: built $(basename "$wheel") in $(( $(date +%s) - t0 )) s" >&2
+fi
+if ! installed; then
+  "$PY" -m pip install -q --no-deps --force-reinstall "$wheel" >>"$log" 2>&1
+  "$PY" -m pip install -q "diskcache>=5.6.1" >>"$log" 2>&1
+  echo "agentserve: installed $(basename "$wheel")" >&2
+fi
+if [ "$TOOLS" = 1 ]; then
+  if [ ! -x "$WORK/build/bin/llama-server" ] || [ ! -x "$WORK/build/bin/llama-quantize" ]; then
+    echo "agentserve: building llama-server and llama-quantize (~3 min; log: $log)" >&2
+    cmake "$WORK/build" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >>"$log" 2>&1
+    cmake --build "$WORK/build" -j "$(nproc)" --target llama-server llama-quantize >>"$log" 2>&1
+  fi
+  echo "$WORK/build/bin"
+fi

@@ -1,0 +1,114 @@
+"""The llamacpp engine's prefix cache: llama.cpp sequence ids as slots that keep their KV.
+
+A slot is one sequence id of the context. A running request owns one; when it ends its slot
+keeps the KV of the tokens it holds (prompt + reply) and becomes *idle*: a later prompt that
+starts with those tokens (the session's next turn, another session's same system prompt)
+takes the longest match from any slot, running or idle, of the same namespace (cache salt),
+and gets it by ``seq_cp`` into a free slot. The KV pool is unified, so that copy shares the
+cells: eight sessions with one system prompt hold it once. An idle slot whose whole content
+a new prompt extends is dropped (the new slot holds it all); when slots or cells run out the
+least recently used idle slot goes first. Token-granular: ``cached_tokens`` is any count.
+
+Pure Python (no llama_cpp here): the engine applies the plan with the runtime's
+``seq_copy`` / ``seq_trim``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def common_length(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Slot:
+    seq: int  # the llama.cpp sequence id
+    tokens: list[int] = field(default_factory=list)  # the tokens whose KV the slot holds, in order
+    salt: str = ""
+    session: str = ""
+    busy: bool = False
+    used: int = 0  # a logical clock: larger = used more recently
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Where a new request's KV starts: its slot, and ``cached`` tokens copied from ``source``."""
+
+    slot: Slot
+    source: Slot | None
+    cached: int
+    dropped: tuple[Slot, ...] = ()  # idle slots whose KV the engine must clear (seq_trim 0)
+
+
+class SlotTable:
+    def __init__(self, n_seq: int) -> None:
+        self.slots = [Slot(i) for i in range(n_seq)]
+        self._clock = 0
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def best_match(self, prompt: list[int], salt: str) -> tuple[Slot | None, int]:
+        """The slot sharing the longest prefix with ``prompt`` (at most ``len(prompt) - 1`` tokens)."""
+        best, n_best = None, 0
+        limit = len(prompt) - 1  # the last prompt token is always computed: its logits are needed
+        for s in self.slots:
+            if s.salt != salt or not s.tokens:
+                continue
+            n = min(common_length(s.tokens, prompt), limit)
+            if n > n_best or (n == n_best and n > 0 and best is not None and not s.busy and best.busy):
+                best, n_best = s, n
+        return best, n_best
+
+    def claim(self, prompt: list[int], salt: str, session: str) -> Claim | None:
+        """A slot for a new request and its cached prefix; None while every slot is busy."""
+        source, n = self.best_match(prompt, salt)
+        dropped: list[Slot] = []
+        free = [s for s in self.slots if not s.busy and not s.tokens]
+        if source is not None and not source.busy and n == len(source.tokens):
+            # the new prompt extends everything the idle slot holds: take that slot itself
+            slot = source
+            source = None
+        elif free:
+            slot = free[0]
+        else:
+            idle = [s for s in self.slots if not s.busy and s is not source]
+            if not idle:
+                return None
+            slot = min(idle, key=lambda s: s.used)
+            dropped.append(slot)
+        slot.busy = True
+        slot.salt = salt
+        slot.session = session
+        slot.used = self._tick()
+        if source is not None:
+            source.used = slot.used
+        slot.tokens = list(prompt[:n])  # the engine trims / copies the slot's KV to exactly these
+        return Claim(slot, source, n, tuple(dropped))
+
+    def release(self, slot: Slot, tokens: list[int]) -> None:
+        """A request ended: its slot keeps the KV of ``tokens`` (an empty list: keeps nothing)."""
+        slot.busy = False
+        slot.tokens = list(tokens)
+        slot.used = self._tick()
+
+    def evict_one(self) -> Slot | None:
+        """The least recently used idle slot with KV, emptied (the engine clears its cells); None: none."""
+        idle = [s for s in self.slots if not s.busy and s.tokens]
+        if not idle:
+            return None
+        victim = min(idle, key=lambda s: s.used)
+        victim.tokens = []
+        return victim
+
+    def cached_tokens(self) -> int:
+        """Tokens held by idle slots (what the cache keeps beyond the running requests)."""
+        return sum(len(s.tokens) for s in self.slots if not s.busy)

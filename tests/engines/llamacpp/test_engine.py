@@ -1,0 +1,235 @@
+"""LlamaCppEngine on the embedded SmolLM2 Q4_1 GGUF: llama.cpp's own greedy tokens, masks, the prefix cache.
+
+Skipped when llama_cpp is not installed (scripts/install_llamacpp.sh). One engine for the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+llama_cpp = pytest.importorskip(
+    "llama_cpp", reason="llama_cpp is not installed: run scripts/install_llamacpp.sh"
+)
+
+import jsonschema  # noqa: E402
+
+from server.chat.template import render_chat  # noqa: E402
+from server.chat.tool_choice import plan_tools  # noqa: E402
+from server.chat.toolcalls import parse_tool_calls  # noqa: E402
+from server.config import load_settings  # noqa: E402
+from server.constrain.spec import ToolSpec  # noqa: E402
+from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
+from server.errors import ContextLengthExceeded  # noqa: E402
+from server.families.envelope import load_envelope  # noqa: E402
+from server.model_store import embedded_gguf  # noqa: E402
+from server.protocol import ChatMessage  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+TOOLS = json.loads((Path(__file__).resolve().parents[2] / "fixtures/prefixed_agent_tools.json").read_text())
+SYSTEM = "<|im_start|>system\n" + " ".join(
+    f"Rule {i}: read file_{i}.py before editing it." for i in range(40)
+)
+
+
+@pytest.fixture(scope="module")
+def engine(loop, embedded_model_dir):
+    from server.engines.llamacpp.engine import LlamaCppEngine
+
+    settings = load_settings(None, engine="llamacpp", model="embedded", max_model_len=4096, threads=1)
+    eng = LlamaCppEngine(settings.engine_settings())
+    loop.run(eng.start())
+    yield eng
+    loop.run(eng.shutdown())
+
+
+async def collect(engine, request):
+    return [chunk async for chunk in engine.generate(request)]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0)
+
+
+def ids_of(engine, text: str) -> list[int]:
+    return engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def tokens(chunks) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+def chat(text: str) -> str:
+    return f"{SYSTEM}<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_engine_shape(engine):
+    assert engine.name == "llamacpp"
+    assert engine.vocab_size == 49152 and engine.max_model_len == 4096
+    assert 2 in engine.eos_token_ids  # <|im_end|>
+
+
+def test_the_tokenizer_is_llama_cpps(engine):
+    """/tokenize and usage count with the transformers tokenizer: it must split as llama.cpp does."""
+    llm = llama_cpp.Llama(str(embedded_gguf()), n_ctx=64, vocab_only=True, verbose=False)
+    text = chat("Hi! Écris `ls -la` puis 3.14159 — done?\n\tok")
+    assert llm.tokenize(text.encode(), add_bos=False, special=True) == ids_of(engine, text)
+
+
+def test_greedy_tokens_equal_llama_cpps_own(engine, loop):
+    prompt = ids_of(engine, chat("Write a short poem about the sea."))
+    ours = tokens(loop.run(collect(engine, GenerationRequest("g", prompt, greedy(32)))))
+    llm = llama_cpp.Llama(
+        str(embedded_gguf()), n_ctx=1024, n_batch=512, n_threads=1, flash_attn=True, verbose=False, seed=1
+    )
+    ref: list[int] = []
+    for t in llm.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
+        if t in engine.eos_token_ids or len(ref) == 32:
+            break
+        ref.append(t)
+    assert len(ours) >= 8
+    assert ours == ref
+
+
+def test_a_batch_of_requests_gives_each_its_own_greedy_tokens(engine, loop):
+    questions = ["Name three colors.", "What is 2+2?", "Say hello in French.", "List two fruits."]
+    prompts = [ids_of(engine, chat(q)) for q in questions]
+    alone = [
+        tokens(loop.run(collect(engine, GenerationRequest(f"a{i}", p, greedy(12)))))
+        for i, p in enumerate(prompts)
+    ]
+
+    async def together():
+        return await asyncio.gather(
+            *(collect(engine, GenerationRequest(f"b{i}", p, greedy(12))) for i, p in enumerate(prompts))
+        )
+
+    assert [tokens(c) for c in loop.run(together())] == alone
+
+
+def test_a_shared_prefix_and_the_next_turn_come_from_cache(engine, loop):
+    system = "<|im_start|>system\nYou are the build bot. " + "Check every step twice. " * 30
+    shared = len(ids_of(engine, system))
+
+    def prompt(question: str) -> list[int]:
+        return ids_of(
+            engine, f"{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+        )
+
+    before = engine.stats()
+    first = prompt("Which file do I read first?")
+    a = loop.run(collect(engine, GenerationRequest("t1", first, greedy(6), session_key="s1")))
+    assert a[-1].cached_tokens < shared  # this system prompt is new to the cache
+    # the same session's next turn: prompt + reply + more, all but the new tokens cached
+    reply = tokens(a)
+    turn = ids_of(engine, "<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n")
+    b = loop.run(collect(engine, GenerationRequest("t2", first + reply + turn, greedy(4), session_key="s1")))
+    assert b[-1].cached_tokens >= len(first) + len(reply) - 1
+    assert all(c.cached_tokens == b[-1].cached_tokens for c in b)
+    # another session with the same system prompt shares it
+    other = prompt("Where are the tests?")
+    c = loop.run(collect(engine, GenerationRequest("o1", other, greedy(4), session_key="s2")))
+    assert c[-1].cached_tokens >= shared - 1
+    after = engine.stats()
+    assert after.prefix_hits_tokens - before.prefix_hits_tokens >= b[-1].cached_tokens + c[-1].cached_tokens
+    # another tenant does not
+    d = loop.run(collect(engine, GenerationRequest("o2", other, greedy(4), cache_salt="tenant-b")))
+    assert d[-1].cached_tokens == 0
+    # and a prefix from cache decodes what a cold one does
+    assert tokens(d) == tokens(c)
+
+
+def test_a_masked_tool_call_is_valid(engine, loop):
+    hermes = load_envelope("hermes")
+    messages = [ChatMessage(role="user", content="Open the site https://example.org and take a screenshot.")]
+    plan = plan_tools(
+        TOOLS, "required", [m.model_dump(exclude_none=True) for m in messages], False, None, hermes
+    )
+    rendered = render_chat(messages, TOOLS, hermes)
+    prompt = ids_of(engine, rendered.text) + (ids_of(engine, plan.prefill) if plan.prefill else [])
+    spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", engine.eos_token_ids)
+    for temperature in (0.0, 1.0):
+        sampling = SamplingParams(max_tokens=200, temperature=temperature, seed=7)
+        chunks = loop.run(collect(engine, GenerationRequest(f"tool{temperature}", prompt, sampling, spec)))
+        assert chunks[-1].finish_reason == "stop" and chunks[-1].error is None, chunks[-1]
+        text = plan.prefill + engine.tokenizer.decode(tokens(chunks))
+        parsed = parse_tool_calls(text, hermes)
+        assert len(parsed.tool_calls) == 1, text
+        call = parsed.tool_calls[0]
+        schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.name]
+        jsonschema.validate(json.loads(call.arguments), schema)
+
+
+def test_cancelling_frees_the_slot_and_the_engine_goes_on(engine, loop):
+    async def two_then_close():
+        gen = engine.generate(GenerationRequest("c", ids_of(engine, chat("Count to 100.")), greedy(200)))
+        got = [await gen.__anext__(), await gen.__anext__()]
+        await gen.aclose()
+        return got
+
+    assert len(loop.run(two_then_close())) == 2
+    for _ in range(100):
+        if engine.stats().running == 0:
+            break
+        loop.run(asyncio.sleep(0.05))
+    assert engine.stats().running == 0
+    done = loop.run(collect(engine, GenerationRequest("after", ids_of(engine, chat("Hi")), greedy(3))))
+    assert done[-1].finish_reason in ("length", "stop")
+
+
+def test_a_prompt_over_the_window_is_a_400(engine, loop):
+    with pytest.raises(ContextLengthExceeded) as info:
+        loop.run(collect(engine, GenerationRequest("huge", [5] * 5000, greedy(2))))
+    assert info.value.status == 400
+
+
+def test_the_app_on_llamacpp_tool_calls_in_three_dialects_and_tokenize_equals_usage(engine):
+    from fastapi.testclient import TestClient
+
+    from server.app import build_app
+    from tests.conftest import worker_settings
+
+    settings = worker_settings()
+    name = settings.served_model_name
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    tool = {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    with TestClient(build_app(settings, engine=engine)) as c:
+        assert c.get("/health").json()["engine"] == "llamacpp"
+        tools = [{"type": "function", "function": tool}]
+        count = c.post("/tokenize", json={"messages": msgs, "tools": tools}).json()["count"]
+        auto = {"model": name, "messages": msgs, "tools": tools, "tool_choice": "auto", "max_tokens": 1}
+        assert c.post("/v1/chat/completions", json=auto).json()["usage"]["prompt_tokens"] == count
+        body = {"model": name, "messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 60}
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["usage"]["prompt_tokens"] > count  # required: the envelope's opening is prefilled
+        call = out["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"])["city"], str)
+        anthropic = {
+            "model": name,
+            "max_tokens": 60,
+            "messages": msgs,
+            "tools": [{"name": "get_weather", "input_schema": tool["parameters"]}],
+            "tool_choice": {"type": "any"},
+        }
+        r = c.post("/v1/messages", json=anthropic)
+        assert r.status_code == 200, r.text
+        assert [b["type"] for b in r.json()["content"]][-1] == "tool_use"
+        responses = {
+            "model": name,
+            "input": "Weather in Paris?",
+            "tools": [{"type": "function", **tool}],
+            "tool_choice": "required",
+            "max_output_tokens": 60,
+        }
+        r = c.post("/v1/responses", json=responses)
+        assert r.status_code == 200, r.text
+        assert any(item["type"] == "function_call" for item in r.json()["output"])

@@ -1,0 +1,186 @@
+"""The llamacpp engine's loop on a fake runtime (no llama_cpp): batching, the slot cache, eviction.
+
+The fake's next token is a function of the sequence's WHOLE history as its KV holds it, so a
+prefix copied wrongly, a position off by one or a row read from another sequence changes
+what the engine decodes: each test compares against a cold run or a run alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from server.config import load_settings
+from server.engines.base import GenerationRequest, SamplingParams
+from server.engines.llamacpp.batch import KVFull, Row
+from server.engines.llamacpp.engine import LlamaCppEngine
+
+
+class FakeRuntime:
+    n_vocab = 49152
+    n_ctx_train = 4096
+
+    def __init__(self) -> None:
+        self.kv: dict[int, list[int]] = {}
+        self.n_ctx = 0
+        self._rows: list[list[int]] = []
+        self.decodes = 0
+        self.batch_sizes: list[int] = []
+
+    def kv_bytes_per_token(self) -> int:
+        return 1000
+
+    def open(self, n_ctx: int, n_seq: int, n_batch: int) -> None:
+        self.n_ctx = n_ctx
+        self.kv = {i: [] for i in range(n_seq)}
+
+    def seq_copy(self, src: int, dst: int, n: int) -> None:
+        assert not self.kv[dst], "a copy goes into an emptied sequence"
+        self.kv[dst] = self.kv[src][:n]
+
+    def seq_trim(self, seq: int, n: int) -> None:
+        self.kv[seq] = self.kv[seq][:n]
+
+    def decode(self, rows: list[Row]) -> list[int]:
+        if sum(map(len, self.kv.values())) + len(rows) > self.n_ctx:
+            raise KVFull("full")
+        self.decodes += 1
+        self.batch_sizes.append(len(rows))
+        self._rows = []
+        wanted = []
+        for i, r in enumerate(rows):
+            assert r.pos == len(self.kv[r.seq]), "positions are contiguous in each sequence"
+            self.kv[r.seq].append(r.token)
+            if r.logits:
+                wanted.append(i)
+            self._rows.append(list(self.kv[r.seq]))
+        return wanted
+
+    def logits(self, i: int) -> torch.Tensor:
+        history = self._rows[i]
+        nxt = 100 + sum((j + 1) * t for j, t in enumerate(history)) % 1000
+        out = torch.zeros(self.n_vocab)
+        out[nxt] = 10.0
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def make_engine(tokenizer, **settings):
+    s = load_settings(None, engine="llamacpp", max_model_len=256, prefix_cache={"memory_mb": 0}, **settings)
+    return LlamaCppEngine(s.engine_settings(), runtime=FakeRuntime(), tokenizer=tokenizer)
+
+
+async def collect(engine, request):
+    return [c async for c in engine.generate(request)]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0)
+
+
+def tokens(chunks) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def engine(tokenizer):
+    eng = make_engine(tokenizer)
+    yield eng
+    run(eng.shutdown())
+
+
+def test_requests_batched_together_decode_what_each_decodes_alone(tokenizer):
+    prompts = [[500 + i] * (10 + 7 * i) for i in range(4)]
+
+    async def alone():
+        eng = make_engine(tokenizer)
+        out = [
+            tokens(await collect(eng, GenerationRequest(f"a{i}", p, greedy(8))))
+            for i, p in enumerate(prompts)
+        ]
+        await eng.shutdown()
+        return out
+
+    async def together():
+        eng = make_engine(tokenizer)
+        out = await asyncio.gather(
+            *(collect(eng, GenerationRequest(f"b{i}", p, greedy(8))) for i, p in enumerate(prompts))
+        )
+        sizes = eng.rt.batch_sizes
+        await eng.shutdown()
+        return [tokens(c) for c in out], sizes
+
+    solo = run(alone())
+    both, sizes = run(together())
+    assert both == solo and all(len(t) == 8 for t in solo)
+    assert max(sizes) > 1 + max(map(len, prompts))  # prompts and decode rows shared batches
+
+
+def test_the_next_turn_and_another_session_reuse_the_kv_and_decode_as_cold(engine):
+    system = list(range(300, 360))
+    first = system + [1000, 1001]
+
+    async def scenario():
+        a = await collect(engine, GenerationRequest("t1", first, greedy(5), session_key="s1"))
+        nxt = first + tokens(a) + [1002, 1003]
+        b = await collect(engine, GenerationRequest("t2", nxt, greedy(5), session_key="s1"))
+        other = system + [2000]
+        c = await collect(engine, GenerationRequest("o", other, greedy(5), session_key="s2"))
+        cold_b = await collect(engine, GenerationRequest("cb", nxt, greedy(5), cache_salt="x"))
+        cold_c = await collect(engine, GenerationRequest("cc", other, greedy(5), cache_salt="y"))
+        return a, b, c, cold_b, cold_c, nxt
+
+    a, b, c, cold_b, cold_c, nxt = run(scenario())
+    assert a[-1].cached_tokens == 0
+    assert b[-1].cached_tokens == len(first) + 4  # the prompt and the reply's tokens that went in the KV
+    assert c[-1].cached_tokens == len(system)
+    assert cold_b[-1].cached_tokens == 0 and cold_c[-1].cached_tokens == 0
+    assert tokens(b) == tokens(cold_b) and tokens(c) == tokens(cold_c)
+    stats = engine.stats()
+    assert stats.prefix_hits_tokens == b[-1].cached_tokens + c[-1].cached_tokens
+    assert stats.running == 0 and stats.extra["idle_cached_tokens"] > 0
+
+
+def test_a_full_pool_evicts_idle_sessions_least_recently_used_first(engine):
+    async def scenario():
+        outs = []
+        for i in range(4):  # 4 x ~105 tokens in a pool of 256 cells
+            outs.append(
+                await collect(
+                    engine, GenerationRequest(f"s{i}", [700 + i] * 100, greedy(5), session_key=f"s{i}")
+                )
+            )
+        last = await collect(engine, GenerationRequest("again", [703] * 100 + [5], greedy(3)))
+        first = await collect(engine, GenerationRequest("first", [700] * 100 + [5], greedy(3)))
+        return outs, last, first
+
+    outs, last, first = run(scenario())
+    assert all(o[-1].finish_reason == "length" for o in outs)
+    assert last[-1].cached_tokens >= 100  # the most recent session is still there
+    assert first[-1].cached_tokens == 0  # the oldest was evicted
+    assert sum(map(len, engine.rt.kv.values())) <= engine.rt.n_ctx
+
+
+def test_cancelling_keeps_the_kv_and_frees_the_slot(engine):
+    async def scenario():
+        gen = engine.generate(GenerationRequest("c", [900] * 30, greedy(100), session_key="c"))
+        got = [await gen.__anext__(), await gen.__anext__()]
+        await gen.aclose()
+        for _ in range(100):
+            if engine.stats().running == 0:
+                break
+            await asyncio.sleep(0.01)
+        again = await collect(engine, GenerationRequest("c2", [900] * 30 + tokens(got), greedy(2)))
+        return got, again
+
+    got, again = run(scenario())
+    assert len(got) == 2 and engine.stats().running == 0
+    assert again[-1].cached_tokens >= 30
