@@ -38,7 +38,7 @@ from server.engines.base import (
     TokenLogprob,
     constraint_errors_as_400,
 )
-from server.engines.hf.sampling import TokenSampler
+from server.engines.hf.sampler import TokenSampler
 from server.engines.llamacpp.batch import KVFull, Row, Runtime
 from server.engines.llamacpp.slots import Slot, SlotTable
 from server.errors import ContextLengthExceeded, InvalidRequest
