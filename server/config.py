@@ -211,6 +211,13 @@ class LimitsSettings(_Section):
     max_response_format_schema_bytes: int = Field(
         32768, ge=64, description="Largest JSON of a response_format json_schema."
     )
+    max_schema_pattern_cost: int = Field(
+        2048,
+        ge=1,
+        description="Most character positions the regular expressions ('pattern', 'patternProperties') of "
+        "one tool or response_format schema expand to, counted before compiling: a bounded repetition "
+        "{m,n} multiplies what it repeats by n, nested ones multiply (server/constrain/pattern_cost.py).",
+    )
     grammar_compile_timeout_s: float = Field(
         30.0,
         gt=0,
@@ -246,6 +253,24 @@ class LimitsSettings(_Section):
     max_queued_requests: int = Field(64, ge=0, description="Requests waiting beyond that; more get 429.")
     request_timeout_s: float = Field(
         600.0, gt=0, description="A request still running after this ends (504)."
+    )
+    stream_send_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest one write of a stream may wait for a client that does not read; past it the "
+        "stream ends, its engine request is cancelled and its admission slot freed.",
+    )
+    stream_keepalive_s: float = Field(
+        15.0,
+        ge=0,
+        description="A stream silent this long (prefill, long reasoning) sends a keep-alive: an SSE comment "
+        "(chat, Responses) or a ping event (Messages). 0: never.",
+    )
+    max_echo_bytes: int = Field(
+        65536,
+        ge=256,
+        description="Largest JSON of the fields a Responses stream echoes in every response object "
+        "(metadata, instructions, tools, each): more is a 400.",
     )
 
 
