@@ -266,12 +266,6 @@ class LimitsSettings(_Section):
         description="A stream silent this long (prefill, long reasoning) sends a keep-alive: an SSE comment "
         "(chat, Responses) or a ping event (Messages). 0: never.",
     )
-    max_echo_bytes: int = Field(
-        65536,
-        ge=256,
-        description="Largest JSON of the fields a Responses stream echoes in every response object "
-        "(metadata, instructions, tools, each): more is a 400.",
-    )
 
 
 class ResponsesSettings(_Section):

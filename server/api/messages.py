@@ -23,7 +23,9 @@ from server.dialects.messages.response import Reply, message
 from server.dialects.messages.stream import message_events
 
 router = APIRouter()
-FRAMING = Framing(named_events=True, done=False, error_event=stream_error_event)
+FRAMING = Framing(
+    named_events=True, done=False, error_event=stream_error_event, keepalive_event={"type": "ping"}
+)
 
 
 @router.post("/v1/messages")
