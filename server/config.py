@@ -275,6 +275,12 @@ class ResponsesSettings(_Section):
     store_max_bytes: int = Field(
         64 * 2**20, ge=0, description="Bytes of stored conversations kept per tenant (JSON size)."
     )
+    store_ttl_s: float | None = Field(
+        86400.0,
+        gt=0,
+        description="Seconds a stored response is kept after it was stored (None: until the count or "
+        "byte bound pushes it out); past it GET is a 404 and previous_response_id a 400.",
+    )
 
 
 class Settings(BaseSettings):

@@ -98,3 +98,26 @@ def test_the_service_passes_the_per_tenant_quota(hf_engine):
 
     service = ChatService(hf_engine, load_settings(device="cpu", session_table_tenant_mb=3), Metrics())
     assert service.cache_report.sessions.bytes_per_tenant == 3 * 2**20
+
+
+def test_stored_responses_expire_after_the_ttl():
+    # issue 37 item 9: stored responses were kept until the count or byte bound pushed them out
+    from server.config import ResponsesSettings
+    from server.dialects.responses.store import ResponseStore
+
+    assert ResponsesSettings().store_ttl_s == 86400.0
+    now = [1000.0]
+    store = ResponseStore(max_responses=100, max_bytes=3_000, ttl_s=60, clock=lambda: now[0])
+    big = [{"role": "user", "content": "x" * 1_000}]
+    for i in range(2):  # stored at 1000 and 1030
+        assert store.put("t", big, {"id": f"resp_{i}", "output": []})
+        now[0] += 30
+    assert store.get("t", "resp_0") is not None  # 1060: 60 s old, still there
+    now[0] += 1  # 1061: resp_0 is past the TTL, resp_1 (31 s) is not
+    assert store.get("t", "resp_0") is None and store.get("t", "resp_1") is not None
+    assert store.delete("t", "resp_0") is False
+    now[0] += 100
+    # a put drops the expired entries first: their bytes are free for the new ones
+    assert store.put("t", big, {"id": "resp_2", "output": []})
+    assert store.put("t", big, {"id": "resp_3", "output": []})
+    assert store.get("t", "resp_2") is not None and store.get("t", "resp_1") is None
