@@ -113,6 +113,12 @@ def read_messages(family: Family, messages: Sequence[Any]) -> list[Msg]:
         if role == "assistant" and family.reasoning is not None:
             given = getattr(m, "reasoning_content", None) or getattr(m, "reasoning", None)
             if given is not None:  # as the vendor template reads it: the field wins over the text
+                if isinstance(given, str) and any(c in given for c in MARKERS):
+                    raise InvalidRequest(
+                        f"messages[{i}].reasoning_content contains a Unicode noncharacter (U+FDD0..U+FDD2): "
+                        "remove it",
+                        param=f"messages[{i}].reasoning_content",
+                    )
                 msg.reasoning = given
             else:
                 msg.reasoning, msg.content = family.reasoning.split(msg.content)
