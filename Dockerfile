@@ -46,8 +46,13 @@ COPY pyproject.toml README.md* ./
 COPY server ./server
 COPY grammars ./grammars
 COPY configs ./configs
-RUN pip install --no-cache-dir fastapi uvicorn httpx httptools uvloop anyio pydantic pydantic-settings pyyaml prometheus-client \
+COPY scripts/router_requirements.py ./scripts/
+# the router's dependencies come from pyproject.toml ([tool.agentserve] router-dependencies, pinned
+# as in [project] dependencies); tests/routing/test_router_image.py imports the router with only them
+RUN python3 scripts/router_requirements.py pyproject.toml > /tmp/router-requirements.txt \
+ && pip install --no-cache-dir -r /tmp/router-requirements.txt \
  && pip install --no-cache-dir --no-deps . \
+ && python3 -c "import server.cli, server.routing.router, server.routing.websocket" \
  && useradd --uid 10001 --user-group --no-create-home agentserve
 USER 10001:10001
 EXPOSE 8000

@@ -6,6 +6,7 @@ import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -102,7 +103,10 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             if engine is None:  # an engine passed in belongs to the caller
                 await eng.shutdown()
 
-    app = FastAPI(title="agentserve", version="0.1.0", lifespan=lifespan)
+    # the API docs describe every path to whoever asks: with keys (or behind a router) they are off
+    keyed = bool(settings.auth.api_keys) or settings.auth.require_router
+    docs: dict[str, Any] = {"docs_url": None, "redoc_url": None, "openapi_url": None} if keyed else {}
+    app = FastAPI(title="agentserve", version="0.1.0", lifespan=lifespan, **docs)
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.admission = Admission(

@@ -212,6 +212,13 @@ class LimitsSettings(_Section):
     max_response_format_schema_bytes: int = Field(
         32768, ge=64, description="Largest JSON of a response_format json_schema."
     )
+    max_schema_pattern_cost: int = Field(
+        2048,
+        ge=1,
+        description="Most character positions the regular expressions ('pattern', 'patternProperties') of "
+        "one tool or response_format schema expand to, counted before compiling: a bounded repetition "
+        "{m,n} multiplies what it repeats by n, nested ones multiply (server/constrain/pattern_cost.py).",
+    )
     grammar_compile_timeout_s: float = Field(
         30.0,
         gt=0,
@@ -248,6 +255,18 @@ class LimitsSettings(_Section):
     request_timeout_s: float = Field(
         600.0, gt=0, description="A request still running after this ends (504)."
     )
+    stream_send_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest one write of a stream may wait for a client that does not read; past it the "
+        "stream ends, its engine request is cancelled and its admission slot freed.",
+    )
+    stream_keepalive_s: float = Field(
+        15.0,
+        ge=0,
+        description="A stream silent this long (prefill, long reasoning) sends a keep-alive: an SSE comment "
+        "(chat, Responses) or a ping event (Messages). 0: never.",
+    )
 
 
 class ResponsesSettings(_Section):
@@ -256,6 +275,12 @@ class ResponsesSettings(_Section):
     )
     store_max_bytes: int = Field(
         64 * 2**20, ge=0, description="Bytes of stored conversations kept per tenant (JSON size)."
+    )
+    store_ttl_s: float | None = Field(
+        86400.0,
+        gt=0,
+        description="Seconds a stored response is kept after it was stored (None: until the count or "
+        "byte bound pushes it out); past it GET is a 404 and previous_response_id a 400.",
     )
 
 

@@ -23,7 +23,9 @@ from server.dialects.messages.response import Reply, message
 from server.dialects.messages.stream import message_events
 
 router = APIRouter()
-FRAMING = Framing(named_events=True, done=False, error_event=stream_error_event)
+FRAMING = Framing(
+    named_events=True, done=False, error_event=stream_error_event, keepalive_event={"type": "ping"}
+)
 
 
 @router.post("/v1/messages")
@@ -56,7 +58,13 @@ async def count_tokens(body: CountTokensBody, request: Request) -> dict[str, Any
     converted = convert(body, raw)
     converted.chat.stream = False
     tenant = request.state.tenant
-    prepared: Prepared = await asyncio.to_thread(
-        service.prepare_chat, converted.chat, request.headers, tenant, converted.raw
-    )
+    # counted in by admission like a request being prepared (429 past the queue): the render,
+    # tokenize and grammar compiles of a flood of counts are bounded as a flood of requests is
+    ticket = request.app.state.admission.reserve()
+    try:
+        prepared: Prepared = await asyncio.to_thread(
+            service.prepare_chat, converted.chat, request.headers, tenant, converted.raw
+        )
+    finally:
+        ticket.release()
     return {"input_tokens": len(prepared.prompt_ids)}

@@ -39,7 +39,9 @@ def response_store(state: Any) -> ResponseStore:
     store: ResponseStore | None = getattr(state, "responses_store", None)
     if store is None:
         cfg = state.settings.responses
-        store = state.responses_store = ResponseStore(cfg.store_max_responses, cfg.store_max_bytes)
+        store = state.responses_store = ResponseStore(
+            cfg.store_max_responses, cfg.store_max_bytes, cfg.store_ttl_s
+        )
     return store
 
 

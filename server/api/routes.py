@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from server.admission import Ticket
-from server.api.sse import Framing, sse_stream
+from server.api.sse import EventStreamResponse, Framing, sse_stream
 from server.chat.prepared import Prepared
 from server.chat.service import ChatService
 from server.errors import Timeout
@@ -92,8 +92,9 @@ async def serve_prepared(
         chunks = service.stream(prepared)
         if to_stream is not None:
             chunks = to_stream(prepared, chunks)
-        return StreamingResponse(
-            sse_stream(chunks, ticket, remaining, framing),
+        return EventStreamResponse(
+            sse_stream(chunks, ticket, remaining, framing, limits.stream_keepalive_s or None),
+            limits.stream_send_timeout_s,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

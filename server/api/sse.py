@@ -10,6 +10,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.responses import StreamingResponse
+from starlette.types import Message, Send
+
 from server.admission import Ticket
 from server.errors import AgentServeError, Timeout, internal_error_body
 
@@ -27,12 +30,15 @@ class Framing:
 
     OpenAI Chat Completions: ``data:`` lines, errors as an ``{"error": …}`` event, then
     ``[DONE]``. Responses / Anthropic Messages: ``event: TYPE`` + ``data:`` (the event's
-    ``type`` field names it), their own error event (``error_event``), no ``[DONE]``.
+    ``type`` field names it), their own error event (``error_event``), no ``[DONE]``. A stream
+    silent for ``limits.stream_keepalive_s`` sends ``keepalive_event`` (Anthropic's ``ping``)
+    or, without one, an SSE comment line (clients ignore it; proxies and idle watchdogs see bytes).
     """
 
     named_events: bool = False
     done: bool = True
     error_event: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    keepalive_event: dict[str, Any] | None = None
 
     def frame(self, data: dict[str, Any] | str) -> str:
         if self.named_events and isinstance(data, dict) and isinstance(data.get("type"), str):
@@ -43,8 +49,12 @@ class Framing:
     def error(self, body: dict[str, Any]) -> str:
         return self.frame(self.error_event(body) if self.error_event is not None else body)
 
+    def keepalive(self) -> str:
+        return self.frame(self.keepalive_event) if self.keepalive_event is not None else KEEPALIVE_COMMENT
+
 
 OPENAI_FRAMING = Framing()
+KEEPALIVE_COMMENT = ": keep-alive\n\n"
 
 
 async def sse_stream(
@@ -52,23 +62,36 @@ async def sse_stream(
     ticket: Ticket | None = None,
     timeout_s: float | None = None,
     framing: Framing | None = None,
+    keepalive_s: float | None = None,
 ) -> AsyncGenerator[str, None]:
     """Frame chunks as SSE; an error after the stream began becomes an error event, then [DONE].
 
     A client disconnect cancels this generator at its current await; closing ``chunks``
-    then cancels the engine request. The admission ticket is released in every case.
+    then cancels the engine request. The admission ticket is released in every case. With
+    ``keepalive_s``, a wait that long for the next chunk (prefill, hidden reasoning) yields
+    ``framing.keepalive()`` and keeps waiting (the pending chunk is never cancelled for it).
     """
     framing = framing or OPENAI_FRAMING
     deadline = time.monotonic() + timeout_s if timeout_s else None
+    pending: asyncio.Future[dict[str, Any]] | None = None
     try:
         while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(chunks))
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if keepalive_s:
+                wait = keepalive_s if wait is None else min(wait, keepalive_s)
+            done, _ = await asyncio.wait({pending}, timeout=wait)
+            if not done:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise Timeout(f"request timed out after {timeout_s:g} s (limits.request_timeout_s)")
+                yield framing.keepalive()
+                continue
+            task, pending = pending, None
             try:
-                chunk = await asyncio.wait_for(anext(chunks), wait)
+                chunk = task.result()
             except StopAsyncIteration:
                 break
-            except TimeoutError:
-                raise Timeout(f"request timed out after {timeout_s:g} s (limits.request_timeout_s)") from None
             yield framing.frame(chunk)
     except AgentServeError as exc:
         yield framing.error(exc.body())
@@ -76,8 +99,51 @@ async def sse_stream(
         log.exception("stream failed")
         yield framing.error(internal_error_body(exc))
     finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
         await chunks.aclose()  # type: ignore[attr-defined]
         if ticket is not None:
             ticket.release()
     if framing.done:
         yield sse("[DONE]")
+
+
+class SendTimeout(Exception):
+    """A stream's write waited past ``limits.stream_send_timeout_s`` for a client that does not read."""
+
+
+class EventStreamResponse(StreamingResponse):
+    """A ``StreamingResponse`` whose every write is bounded by ``send_timeout_s``.
+
+    A client that stops reading fills the socket buffers, and then a write waits forever, with
+    the body generator (its admission ticket, its engine request) suspended at its ``yield``:
+    the stream deadline is only checked between chunks. Past ``send_timeout_s`` the write is
+    abandoned, the body generator closed (``sse_stream``'s ``finally``: the engine request
+    cancelled, the ticket released) and the response ended unfinished; uvicorn then closes the
+    connection (asyncio keeps the socket until its unsent bytes drain or TCP gives up, but it
+    holds nothing else).
+    """
+
+    def __init__(self, content: AsyncIterator[str], send_timeout_s: float | None, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.send_timeout_s = send_timeout_s
+
+    async def stream_response(self, send: Send) -> None:
+        limit = self.send_timeout_s
+
+        async def bounded(message: Message) -> None:
+            try:
+                await asyncio.wait_for(send(message), limit)
+            except TimeoutError:
+                raise SendTimeout from None
+
+        try:
+            await super().stream_response(bounded)
+        except SendTimeout:
+            log.warning(
+                "a stream write waited %g s for a client that does not read (limits.stream_send_timeout_s): "
+                "the stream ends and frees its slot",
+                limit,
+            )
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]

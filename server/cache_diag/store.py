@@ -87,8 +87,8 @@ class _Lru(Generic[T]):
             del self.items[key]
             self.bytes -= self.sizes.pop(key, 0)
         self.items[key] = Entry(value, now)
-        if self.size is not None:
-            self.sizes[key] = self.size(value)
+        if self.size is not None:  # the key counts too: a session key is client text of any length
+            self.sizes[key] = self.size(value) + (len(key) if isinstance(key, str | bytes) else 0)
             self.bytes += self.sizes[key]
         over_bytes = self.max_bytes is not None
         while len(self.items) > self.capacity or (

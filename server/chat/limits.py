@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from server.config import LimitsSettings
+from server.constrain.pattern_cost import schema_pattern_cost
 from server.errors import InvalidRequest
 from server.families.markers import MARKERS
 from server.protocol import SamplingFields
@@ -94,6 +95,14 @@ def check_schema_bounds(schema: Any, limits: LimitsSettings, param: str) -> None
                         param=param,
                     )
                 stack.append(value)
+    cost = schema_pattern_cost(schema)
+    if cost > limits.max_schema_pattern_cost:
+        raise InvalidRequest(
+            f"{param}: its regular expressions ('pattern') expand to {cost} character positions, over the "
+            f"limit of {limits.max_schema_pattern_cost} (limits.max_schema_pattern_cost): use smaller "
+            "bounded repetitions ({m,n}), or '*' / '+'",
+            param=param,
+        )
 
 
 def _check_noncharacters(req: SamplingFields) -> None:

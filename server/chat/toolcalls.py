@@ -86,6 +86,8 @@ class StreamingToolCallParser:
         self.close_rest = _close_rest_pattern(envelope, self.args_token or "")  # v11: "ID[ARGS]", id captured
         self._buf = ""
         self._in_call = False
+        self._scan: _JsonScan | None = None  # the open call's JSON, scanned once (linear streaming)
+        self._next_close = 0  # tagged calls: where the next close-tag candidate is searched from
         self._start_decided = False  # trigger "start": the reply is known to be text or a call
         self.calls: list[ParsedCall] = []
         self.content_parts: list[str] = []
@@ -140,6 +142,7 @@ class StreamingToolCallParser:
             self._emit_content(self._buf[:at], events)
             self._buf = self._buf[at:]
             self._in_call = True
+            self._scan, self._next_close = None, 0
         if self.trigger == "text":
             return self._tagged_block(events)
         if self.trigger == "start":
@@ -157,8 +160,9 @@ class StreamingToolCallParser:
         return True
 
     def _tagged_block(self, events: Events) -> bool:
-        """The shortest block up to a close tag whose body parses: a value may hold the tag itself."""
-        end = self._buf.find(self.close_tag, len(self.open_tag))
+        """The shortest block up to a close tag whose body parses: a value may hold the tag itself.
+        A candidate that did not parse never will (the body before it is fixed): it is not tried again."""
+        end = self._buf.find(self.close_tag, max(len(self.open_tag), self._next_close))
         while end >= 0:
             call = self.body.tagged_body(self._buf[len(self.open_tag) : end])
             if call is not None:
@@ -167,11 +171,22 @@ class StreamingToolCallParser:
                 self._in_call = False
                 self._add(call, block, events)
                 return True
+            self._next_close = end + 1
             end = self._buf.find(self.close_tag, end + 1)
         return False  # not complete yet (or never: finish() keeps the text)
 
+    def _json_scan(self, at: int, tag: str) -> _JsonScan:
+        """The open call's incremental scan of the JSON at ``at`` (one per call), advanced over the
+        text fed since: whether it can be complete yet, and where a trigger outside its strings is."""
+        if self._scan is None or self._scan.at != at:
+            self._scan = _JsonScan(at, tag)
+        self._scan.advance(self._buf)
+        return self._scan
+
     def _json_call(self, text: str, at: int, events: Events) -> bool:
         """One JSON object call at ``text[at:]`` (Llama 3: the whole reply)."""
+        if not self._json_scan(at, "").closed:
+            return False  # its outermost value has not closed yet: decoding it now would only fail
         try:
             obj, end = _DECODER.raw_decode(text, at)
         except json.JSONDecodeError:
@@ -193,10 +208,13 @@ class StreamingToolCallParser:
         if rest is None:  # v11: the id or [ARGS] not written yet (or never: finish() keeps it)
             return self._give_up_at(nxt, events)
         call_id = rest.group(1) if rest.re.groups else None
+        scan = self._json_scan(rest.end(), self.open_tag)
         try:
+            if not scan.closed:
+                raise json.JSONDecodeError("not closed yet", buf, rest.end())
             obj, end = _DECODER.raw_decode(buf, rest.end())
         except json.JSONDecodeError:  # a trigger's text inside a JSON string is no trigger
-            return self._give_up_at(_find_outside_strings(buf, self.open_tag, rest.end()), events)
+            return self._give_up_at(scan.tag_at, events)
         self._buf, self._in_call = buf[end:], False
         self._add(self.body.name_and_json(name, json.dumps(obj), call_id), buf[:end], events)
         return True
@@ -206,10 +224,13 @@ class StreamingToolCallParser:
         buf, start = self._buf, len(self.open_tag)
         while start < len(buf) and buf[start] == " ":  # SentencePiece: [TOOL_CALLS] ▁[ (mistral:v3_spm)
             start += 1
+        scan = self._json_scan(start, self.open_tag)
         try:
+            if not scan.closed:
+                raise json.JSONDecodeError("not closed yet", buf, start)
             arr, end = _DECODER.raw_decode(buf, start)
         except json.JSONDecodeError:
-            return self._give_up_at(_find_outside_strings(buf, self.open_tag, start), events)
+            return self._give_up_at(scan.tag_at, events)
         self._buf, self._in_call = buf[end:], False
         calls = [self.body.json_object(o) for o in arr] if isinstance(arr, list) and arr else [None]
         if any(c is None for c in calls):
@@ -224,7 +245,7 @@ class StreamingToolCallParser:
         if nxt < 0:
             return False
         self._emit_content(self._buf[:nxt], events)
-        self._buf, self._in_call = self._buf[nxt:], False
+        self._buf, self._in_call, self._scan = self._buf[nxt:], False, None
         return True
 
     def _add(self, call: ParsedCall | None, raw: str, events: Events) -> None:
@@ -240,29 +261,51 @@ class StreamingToolCallParser:
             events.append(ContentDelta(text))
 
 
-def _find_outside_strings(text: str, tag: str, at: int) -> int:
-    """The first ``tag`` in ``text[at:]`` (JSON from ``at``) that is not inside a JSON string, or -1.
+class _JsonScan:
+    """JSON text from ``at`` scanned once as it streams in: string state, nesting depth, and the first
+    ``tag`` outside its strings. An argument may hold the text ``[TOOL_CALLS]``: while the JSON is
+    incomplete, only a trigger outside its strings shows that the call will never complete; and
+    until the outermost value closes, decoding it can only fail. Rescanning (and re-decoding) the
+    whole call on every token was quadratic: 8,000 tokens of an argument holding the trigger took
+    12.5 s of event-loop time."""
 
-    An argument may hold the text ``[TOOL_CALLS]``: while the JSON is incomplete (streaming), only a
-    trigger outside its strings shows that the call will never complete."""
-    nxt = text.find(tag, at)
-    if nxt < 0:
-        return -1  # the common case, without a scan
-    in_string = escaped = False
-    for i in range(at, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
+    def __init__(self, at: int, tag: str) -> None:
+        self.at = self.pos = at
+        self.tag = tag
+        self.in_string = self.escaped = False
+        self.depth = 0
+        self.closed = False  # the outermost value has closed (the JSON may be complete)
+        self.tag_at = -1  # the first tag outside strings, or -1
+
+    def advance(self, text: str) -> None:
+        i, n, tag = self.pos, len(text), self.tag
+        while i < n and self.tag_at < 0:
+            c = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+                    self.closed = self.closed or self.depth <= 0  # a bare string value
             elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif text.startswith(tag, i):
-            return i
-    return -1
+                self.in_string = True
+            elif tag and c == tag[0] and text.startswith(tag[: n - i], i):
+                if n - i < len(tag):
+                    break  # a tag may be beginning here: decide when more text comes
+                self.tag_at = i
+                break
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.closed = True
+            elif self.depth <= 0 and not c.isspace():
+                self.closed = True  # a bare number / literal: let the decoder judge it, as before
+            i += 1
+        self.pos = i
 
 
 def _close_rest_pattern(envelope: Envelope, tok: str) -> re.Pattern[str]:

@@ -212,6 +212,9 @@ class CachedBackend:
         raise NotImplementedError
 
 
+XGRAMMAR_CACHE_BYTES = 32 * 2**20  # xgrammar's compiler cache (it is unlimited unless told)
+
+
 @register_backend("xgrammar")
 class XGrammarBackend(CachedBackend):
     name = "xgrammar"
@@ -223,8 +226,10 @@ class XGrammarBackend(CachedBackend):
         if info is None:
             raise ValueError("the xgrammar backend needs a vocabulary built with TokenVocab.from_tokenizer")
         self.xgr, self.vocab, self.any_whitespace = xgr, vocab, any_whitespace
-        self.compiler = xgr.GrammarCompiler(info, max_threads=2)
-        self.cache = CompileCache(cache_size)
+        # our CompileCache keeps the compiled grammars (in the mask rows' byte budget); xgrammar's
+        # own cache (unlimited by default) only holds what a compile reuses, bounded here
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_limit_bytes=XGRAMMAR_CACHE_BYTES)
+        self.cache = CompileCache(cache_size, size=lambda compiled: compiled.memory_size_bytes)
 
     def _compile(
         self,
@@ -268,7 +273,14 @@ class XGrammarBackend(CachedBackend):
                 xgr.Grammar.union(*[literal(t) for t in tails]) if len(tails) > 1 else literal(tails[0])
             )
         pieces = ([literal(prefix)] if prefix else []) + [args] + tail
-        return self.compiler.compile_grammar(xgr.Grammar.concat(*pieces) if len(pieces) > 1 else args)
+        try:
+            return self.compiler.compile_grammar(xgr.Grammar.concat(*pieces) if len(pieces) > 1 else args)
+        except RuntimeError as exc:  # xgrammar refuses some schemas only here (e.g. a pattern's FSM)
+            raise ConstraintError(
+                f"tool {tool!r}: its parameters do not compile to a grammar ({str(exc).strip()[-300:]}); "
+                "simplify the schema (its 'pattern's in particular) or leave 'parameters' out",
+                param="tools",
+            ) from exc
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
         return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))

@@ -42,7 +42,7 @@ from server.tool_keys import CUSTOM_KEY, INPUT
 ESCAPES: dict[bytes, bytes] = {
     json.dumps(chr(c), ensure_ascii=False)[1:-1].encode(): bytes([c]) for c in [*range(0x20), 0x22, 0x5C]
 }
-_COMPILED = CompileCache(256)
+_COMPILED = CompileCache(256, size=lambda c: 4 * len(c.grammar) + 65536)  # text + the lazy odd-token scans
 ESCAPE_PREFIXES = frozenset(e[:k] for e in ESCAPES for k in range(1, len(e)))
 XML_END = b"\n</parameter>\n"
 

@@ -24,6 +24,7 @@ on the embedded 49k vocabulary); cached like xgrammar's (``CompileCache``).
 from __future__ import annotations
 
 import json
+import pickle
 from typing import Any
 
 import numpy as np
@@ -159,7 +160,7 @@ class OutlinesBackend(CachedBackend):
             self.eos, {b: list(ids) for b, ids in vocab.by_bytes.items()}
         )
         self.single = {tb[0]: ids[0] for tb, ids in vocab.by_bytes.items() if len(tb) == 1}
-        self.cache = CompileCache(cache_size)
+        self.cache = CompileCache(cache_size, size=lambda index: len(pickle.dumps(index)))
 
     def _compile(
         self,

@@ -113,6 +113,12 @@ def read_messages(family: Family, messages: Sequence[Any]) -> list[Msg]:
         if role == "assistant" and family.reasoning is not None:
             given = getattr(m, "reasoning_content", None) or getattr(m, "reasoning", None)
             if given is not None:  # as the vendor template reads it: the field wins over the text
+                if isinstance(given, str) and any(c in given for c in MARKERS):
+                    raise InvalidRequest(
+                        f"messages[{i}].reasoning_content contains a Unicode noncharacter (U+FDD0..U+FDD2): "
+                        "remove it",
+                        param=f"messages[{i}].reasoning_content",
+                    )
                 msg.reasoning = given
             else:
                 msg.reasoning, msg.content = family.reasoning.split(msg.content)
@@ -186,21 +192,22 @@ def normalise(family: Family, msgs: list[Msg], has_tools: bool) -> tuple[list[Ms
         systems = [m.content for m in msgs if m.role == "system" and m.content]
         system_text = layout.merge_separator.join(systems)
         msgs = [m for m in msgs if m.role != "system"]
+    # each run of same-role messages joined once (joining pairwise re-copied the run at every
+    # step: 4,096 consecutive user messages took 14.9 s)
     merged: list[Msg] = []
-    for m in msgs:
-        prev = merged[-1] if merged else None
-        if prev is not None and prev.role == m.role and m.role in layout.merge_consecutive:
-            parts = [p for p in (prev.content, m.content) if p]
-            merged[-1] = Msg(
-                prev.index,
-                prev.role,
-                layout.merge_separator.join(parts),
-                prev.calls + m.calls,
-                prev.tool_call_id,
-                prev.name,
-            )
-        else:
-            merged.append(m)
+    run: list[Msg] = []
+    for m in [*msgs, None]:
+        if m is not None and run and run[-1].role == m.role and m.role in layout.merge_consecutive:
+            run.append(m)
+            continue
+        if len(run) == 1:
+            merged.append(run[0])
+        elif run:
+            first = run[0]
+            text = layout.merge_separator.join(r.content for r in run if r.content)
+            calls = [c for r in run for c in r.calls]
+            merged.append(Msg(first.index, first.role, text, calls, first.tool_call_id, first.name))
+        run = [m] if m is not None else []
     if layout.sort_tool_results_by_call:
         merged = sort_results(merged)
     if layout.empty_user_first and (not merged or merged[0].role != "user"):

@@ -134,6 +134,12 @@ def create_fake_worker(worker_id: str, **engine_kw: Any) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await _complete(request, chat=False)
 
+    @app.get("/v1/responses/{response_id}")
+    @app.delete("/v1/responses/{response_id}")
+    async def stored_response(response_id: str, request: Request) -> JSONResponse:
+        eng.log.append({"path": request.url.path, "method": request.method, "session": None})
+        return JSONResponse({"id": response_id, "object": "response", "worker": worker_id})
+
     @app.post("/v1/responses")
     @app.post("/v1/messages")
     @app.post("/v1/messages/count_tokens")

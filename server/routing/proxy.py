@@ -13,6 +13,8 @@ Request lifecycle
      /v1 is placed this way: chat and text completions, ``/v1/responses``, ``/v1/messages`` and
      ``/v1/messages/count_tokens`` (the query, e.g. Claude Code's ``?beta=true``, is forwarded);
      and the conversation's turn (its assistant messages), for slow start and the graded bound.
+     ``/v1/responses/{id}`` (GET, DELETE, ``/cancel``, ``/input_items``) is placed by the
+     placement digest in the id, so it reaches the worker that stored the response.
   3. (``forward.py`` from here) The policy orders the healthy workers; the request goes to
      the first on a persistent upstream connection (``upstream.py``). If the worker cannot be
      reached, or drops the connection before anything was sent to the client, the next is
@@ -38,7 +40,7 @@ from server.auth import router_headers as tenant_headers
 from server.body_limit import too_slow
 from server.errors import AgentServeError, PayloadTooLarge
 from server.routing.forward import HOP_HEADERS, REQUEST_PATH, ProxyCall, send_json
-from server.routing.request import route_request
+from server.routing.request import route_request, stored_response_route
 from server.session_key import CLAUDE_CODE_HEADER, HEADER
 
 if TYPE_CHECKING:
@@ -66,8 +68,8 @@ async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Se
     except AgentServeError as exc:
         await send_json(send, exc.status, exc.body())
         return
-    route = None  # not placed (any worker, least loaded first): only POSTs carry a conversation
-    if scope["method"] == "POST":
+    route = stored_response_route(scope["path"])  # GET/DELETE/cancel of a stored response: its worker
+    if route is None and scope["method"] == "POST":
         route = route_request(body, headers, router.policy.uses_prefix, tenant, cache_salt(tenant, auth))
     out = [(k, v) for k, v in raw_headers if k not in HOP_HEADERS]
     out += tenant_headers(tenant, auth)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from server.auth import namespaced_session
-from server.session_key import HEADER, SessionKey, prefix_hash, session_key
+from server.session_key import HEADER, SessionKey, prefix_hash, response_digest, session_key
 
 
 @dataclass(slots=True)
@@ -63,6 +63,20 @@ def route_request(
         parsed = {}
     prefix = namespaced_session(salt, prefix_hash(parsed)) if with_prefix else None
     return RouteRequest(_placed(session_key(parsed, headers), tenant), prefix, turns)
+
+
+_STORED = "/v1/responses/"
+
+
+def stored_response_route(path: str) -> RouteRequest | None:
+    """``/v1/responses/{id}[/...]``: placed by the digest the worker wrote into the id (the
+    session's placement, ``session_key.response_id``), so GET / DELETE / cancel reach the
+    worker that stored it, as a ``previous_response_id`` turn does. None for any other path or
+    an id of another form (then any worker: it answers 404 unless it has it)."""
+    if not path.startswith(_STORED):
+        return None
+    digest = response_digest(path[len(_STORED) :].split("/", 1)[0])
+    return RouteRequest(digest, None, 1) if digest is not None else None
 
 
 def _placed(sk: SessionKey, tenant: str) -> str:

@@ -125,3 +125,111 @@ def test_a_tool_schema_whose_compile_hangs_is_a_400_over_http(hf_engine, monkeyp
             assert_still_answers(url, baseline)
     finally:
         set_compile_timeout(30.0)
+
+
+# issue 37 item 2: compiled grammars bounded in bytes, pattern schemas bounded before compile,
+# a compile past the time limit frees what can be freed
+
+
+def _pattern_schema(patterns: list[str]) -> dict:
+    props = {f"p{i}": {"type": "string", "pattern": p} for i, p in enumerate(patterns)}
+    return {"type": "object", "properties": props, "required": sorted(props)}
+
+
+def test_a_pattern_schema_over_the_cost_limit_is_a_400_before_any_compile():
+    from server.chat.limits import check_schema_bounds
+    from server.config import LimitsSettings
+    from server.errors import InvalidRequest
+
+    limits = LimitsSettings()
+    # what agents send: names, dates, ids (a few dozen positions each)
+    fine = ["^[a-zA-Z0-9_-]{1,64}$", r"^\d{4}-\d{2}-\d{2}$", "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}$"]
+    check_schema_bounds(_pattern_schema(fine), limits, "tools[0].function.parameters")
+    # 132 bytes of schema that xgrammar expands to 1,104 positions (10 s here): 4 of them, ~530 bytes
+    heavy = [rf"[a-z0-9]{{1,64}}(\.[a-z{i}]{{1,64}}){{0,16}}" for i in range(4)]
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidRequest, match="limits.max_schema_pattern_cost") as err:
+        check_schema_bounds(_pattern_schema(heavy), limits, "tools[0].function.parameters")
+    assert time.perf_counter() - t0 < 0.05 and "4416" in err.value.message
+    nested = {"type": "string", "pattern": "((a{10}){10}){30}"}  # nested repetitions multiply: 3,000
+    with pytest.raises(InvalidRequest, match="limits.max_schema_pattern_cost"):
+        check_schema_bounds({"patternProperties": {"x": nested}}, limits, "response_format")
+
+
+def test_compiled_grammars_are_charged_their_bytes_in_the_shared_budget():
+    store = RowCache(max_bytes=10_000)
+    cache = CompileCache(512, size=len, store=store)
+    for i in range(50):
+        cache.get_or_make(i, lambda i=i: "x" * 2_000)  # 2,000 bytes each: an entry bound of 512 kept all
+    assert store.bytes <= 10_000 and len(cache) == 5
+    assert cache.get_or_make("huge", lambda: "y" * 20_000) == "y" * 20_000  # served, not kept
+    assert store.bytes <= 10_000 and len(cache) == 5
+    # mask rows and grammars share the budget: rows push the least recently used grammars out
+    for i in range(3):
+        store.get_or_make(("rows", i), lambda: np.zeros(500, dtype=np.int32))
+    assert store.bytes <= 10_000 and len(cache) == 2
+
+
+@pytest.fixture(scope="module")
+def vocab(tokenizer):
+    from server.constrain.vocab import TokenVocab
+
+    return TokenVocab.from_tokenizer(tokenizer, len(tokenizer))
+
+
+def test_the_xgrammar_compiler_cache_is_bounded_and_its_errors_are_400s(vocab):
+    from server.constrain.arguments import XGRAMMAR_CACHE_BYTES, XGrammarBackend
+
+    backend = XGrammarBackend(vocab)
+    assert 0 < backend.compiler.cache_limit_bytes == XGRAMMAR_CACHE_BYTES  # -1 (unlimited) before
+    compiled = backend.compile("ok", {"type": "object", "properties": {"a": {"type": "string"}}}, "", "")
+    assert compiled.memory_size_bytes > 0
+    # xgrammar 0.2.8 refuses this pattern only in compile_grammar, with a RuntimeError (a 500 before)
+    bad = {"type": "object", "properties": {"s": {"type": "string", "pattern": "[a-z]{0,200}"}}}
+    with pytest.raises(ConstraintError, match="tool 'f'") as err:
+        backend.compile("f", {**bad, "required": ["s"]}, "", "")
+    assert err.value.param == "tools"
+
+
+def test_a_compile_that_could_not_start_in_time_never_runs_and_an_overdue_one_fails_fast(short_timeout):
+    cache = CompileCache(8)
+    release = threading.Event()
+    ran: list[str] = []
+
+    def slow(key: str):
+        def make() -> str:
+            ran.append(key)
+            release.wait(10)
+            return key
+
+        return make
+
+    busy = [threading.Thread(target=lambda k=k: _swallow(cache, k, slow(k))) for k in ("a", "b")]
+    for t in busy:
+        t.start()
+    for _ in range(100):  # both pool threads busy
+        if len(ran) == 2:
+            break
+        time.sleep(0.01)
+    with pytest.raises(ConstraintError, match="limits.grammar_compile_timeout_s"):
+        cache.get_or_make("queued", slow("queued"))  # waited in the queue past the limit: cancelled
+    for t in busy:
+        t.join(5)  # their requests got the 400; their compiles still run
+    t0 = time.monotonic()
+    with pytest.raises(ConstraintError, match="limits.grammar_compile_timeout_s"):
+        cache.get_or_make("a", slow("a"))  # still running past the limit: refused at once
+    assert time.monotonic() - t0 < 0.1
+    release.set()
+    for _ in range(100):
+        if len(cache) == 2:
+            break
+        time.sleep(0.02)
+    assert "queued" not in ran and sorted(ran) == ["a", "b"]
+    assert cache.get_or_make("a", slow("again")) == "a"  # the overdue compile finished into the cache
+
+
+def _swallow(cache: CompileCache, key: str, make) -> None:
+    try:
+        cache.get_or_make(key, make)
+    except ConstraintError:
+        pass

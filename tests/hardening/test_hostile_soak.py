@@ -28,6 +28,18 @@ def _bomb(n: int) -> dict:
     return {"type": "object", "properties": {"t": row}, "required": ["t"]}
 
 
+def _patterns(n: int) -> dict:
+    props = {
+        f"p{i}": {"type": "string", "pattern": rf"[a-z0-9]{{1,64}}(\.[a-z{i}]{{1,64}}){{0,16}}"}
+        for i in range(n)
+    }
+    return {"type": "object", "properties": props, "required": sorted(props)}
+
+
+def _tool(parameters: dict) -> dict:
+    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}]}
+
+
 ATTACKS = [
     ("stop_count", {"stop": [f"s{i}" for i in range(10_000)]}, 400),
     ("stop_length", {"stop": "x" * 50_000}, 400),
@@ -39,6 +51,19 @@ ATTACKS = [
         400,
     ),
     ("noncharacter", {"tools": [{"type": "function", "function": {"name": "f\ufdd0"}}]}, 400),
+    # issue 37 item 2: ~10 s of compile each, refused before compiling; a schema xgrammar refuses at compile
+    ("pattern_cost", _tool(_patterns(4)), 400),
+    (
+        "xgrammar_refusal",
+        _tool(
+            {
+                "type": "object",
+                "properties": {"s": {"type": "string", "pattern": "[a-z]{0,200}"}},
+                "required": ["s"],
+            }
+        ),
+        400,
+    ),
     ("state_machine_path", {"tool_state_machine": "../../etc/x.yml"}, 400),
 ]
 
@@ -83,7 +108,7 @@ def test_normal_sessions_are_unaffected_by_hostile_ones(hf_engine):
         clean, clean_errors = _normal_sessions(url, "clean")
         assert not clean_errors
         stop = threading.Event()
-        outcomes: list[tuple[str, int, int]] = []
+        outcomes: list[tuple[str, int, int, str]] = []
 
         encoded = []  # encoded once: the attackers share this process (and its GIL) with the server
         for name, extra, want in ATTACKS:
@@ -92,15 +117,18 @@ def test_normal_sessions_are_unaffected_by_hostile_ones(hf_engine):
         big = b'{"model": "m", "messages": "' + b"a" * (2**20 + 10) + b'"}'
 
         def attack() -> None:  # paced: a hostile client, not a flood (volume is a rate limiter's job)
-            with httpx.Client(timeout=60) as client:
+            # JSON bodies: without the content type every attack was a 400 for its framing, not its limit
+            with httpx.Client(timeout=60, headers={"Content-Type": "application/json"}) as client:
                 while not stop.is_set():
                     for name, content, want in encoded:
                         r = client.post(url + "/v1/chat/completions", content=content)
-                        outcomes.append((name, r.status_code, want))
+                        outcomes.append(
+                            (name, r.status_code, want, r.text[:300] if r.status_code != want else "")
+                        )
                         stop.wait(PACE_S)
                     pieces = iter([big[i : i + 65536] for i in range(0, len(big), 65536)])
                     r = client.post(url + "/v1/chat/completions", content=pieces)
-                    outcomes.append(("chunked_body", r.status_code, 413))
+                    outcomes.append(("chunked_body", r.status_code, 413, ""))
 
         attackers = [threading.Thread(target=attack) for _ in range(2)]
         for th in attackers:

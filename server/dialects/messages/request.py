@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from server.chat.sampling import MAX_FIELD_NAME_LOGGED, MAX_LOGGED_FIELDS
 from server.dialects.messages import blocks, ids
 from server.errors import InvalidRequest
 from server.protocol import ChatCompletionRequest
@@ -156,10 +157,15 @@ def _response_format(output_config: dict[str, Any] | None) -> dict[str, Any] | N
 
 
 def _log_unknown(body: BaseModel) -> None:
+    """Each unknown field name logged once, cut to ``MAX_FIELD_NAME_LOGGED`` characters, the first
+    ``MAX_LOGGED_FIELDS`` names only (as chat's ``check_fields``): a client sending thousands of
+    long names wrote them all to the log."""
     for name in body.model_extra or {}:
-        if name not in USED and name not in ACCEPTED_UNUSED and name not in _logged:
-            _logged.add(name)
-            log.info("Messages field %r is not used by this server (accepted)", name)
+        short = name[:MAX_FIELD_NAME_LOGGED]
+        if name in USED or name in ACCEPTED_UNUSED or short in _logged or len(_logged) >= MAX_LOGGED_FIELDS:
+            continue
+        _logged.add(short)
+        log.info("Messages field %r is not used by this server (accepted)", short)
 
 
 def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:

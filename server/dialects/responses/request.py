@@ -249,11 +249,32 @@ def _check_refused(body: dict[str, Any]) -> None:
         raise InvalidRequest("truncation must be 'disabled' or 'auto'", param="truncation")
 
 
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's documented limits
+
+
+def _check_metadata(metadata: Any) -> None:
+    """OpenAI's bounds on ``metadata`` (echoed in every response object, three times a stream)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise InvalidRequest("metadata must be an object of string keys and values", param="metadata")
+    if len(metadata) > METADATA_PAIRS:
+        raise InvalidRequest(f"metadata has {len(metadata)} keys: at most {METADATA_PAIRS}", param="metadata")
+    for k, v in metadata.items():
+        if len(k) > METADATA_KEY_CHARS or not isinstance(v, str) or len(v) > METADATA_VALUE_CHARS:
+            raise InvalidRequest(
+                f"metadata: keys are at most {METADATA_KEY_CHARS} characters and values strings of at most "
+                f"{METADATA_VALUE_CHARS} (key {k[:64]!r})",
+                param="metadata",
+            )
+
+
 def to_chat(body: dict[str, Any], history: list[Any] | None = None) -> Converted:
     """A Responses body (+ the stored conversation of previous_response_id) → the chat dict."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object with 'model' and 'input'")
     _check_refused(body)
+    _check_metadata(body.get("metadata"))
     chat: dict[str, Any] = {}
     names = ToolNames()
     if "tools" in body and body["tools"] is not None:
