@@ -227,22 +227,26 @@ class Socket:
             await asyncio.to_thread(self.held.remember, job, job.events.final, made[0][1])
 
     async def stream(self, job: ResponseJob, prepared: Prepared, ticket: Ticket, deadline: float) -> None:
-        """The turn's events, each sent before the next is made. A send blocked past the request's
-        deadline (+ a grace second: the stream's own timeout speaks first) means a client that stopped
-        reading: the socket is ended and the engine request and admission slot freed."""
+        """The turn's events, each sent before the next is made. One send blocked past
+        ``limits.stream_send_timeout_s``, or the turn past the request's deadline (+ a grace second:
+        the stream's own timeout speaks first), means a client that stopped reading: the socket is
+        ended and the engine request and admission slot freed."""
         self.active = turn = ActiveTurn(job.ctx.id, job.events)
         remaining = max(0.001, deadline - time.monotonic())
+        send_timeout = self.state.settings.limits.stream_send_timeout_s
         chunks = job.to_stream(prepared, until_stopped(self.state.service.stream(prepared), turn))
         framing = JsonFraming(done=False, error_event=job.events.failed_event)
         try:
             async with asyncio.timeout(remaining + SEND_GRACE_S):
                 async with aclosing(sse_stream(chunks, ticket, remaining, framing)) as frames:
                     async for frame in frames:
-                        await self.send(frame)
+                        async with asyncio.timeout(send_timeout):  # one write, as on SSE
+                            await self.send(frame)
         except TimeoutError:
             log.warning(
                 "responses websocket: %s: the client stopped reading (a send blocked past "
-                "limits.request_timeout_s): socket ended, engine request cancelled",
+                "limits.stream_send_timeout_s, or past the request's deadline): socket ended, "
+                "engine request cancelled",
                 turn.id,
             )
             raise WebSocketDisconnect(code=CLOSE_STALLED) from None

@@ -195,3 +195,26 @@ def test_a_client_that_stops_reading_frees_its_slot(tokenizer):
                 time.sleep(0.02)
         finally:
             ws.close_socket()
+
+
+def test_a_socket_write_blocked_past_the_send_timeout_ends_the_turn(tokenizer):
+    """limits.stream_send_timeout_s bounds one WebSocket write as it bounds one SSE write: a client
+    that stops reading loses its turn within seconds, not at the request's deadline (60 s here)."""
+    settings = settings_with(limits={"request_timeout_s": 60.0, "stream_send_timeout_s": 1.0})
+    engine = SlowEngine(tokenizer, step_s=0.0, burst=256)  # ~1.1 KB per event
+    engine.max_model_len = 4_000_000
+    app = build_app(settings, engine=engine)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go."}]}
+    body = {"type": "response.create", "model": MODEL, "input": [item], "max_output_tokens": 3_900_000}
+    with running_server(app, **uvicorn_ws_options(settings)) as url:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        ws = connect_sync(url.replace("http://", "ws://") + "/v1/responses", max_queue=1, sock=sock)
+        try:
+            ws.send(json.dumps(body))
+            sent = time.monotonic()
+            run = engine.wait_closed(0, timeout_s=45)
+            assert not run.finished and run.closed_at is not None and run.closed_at - sent < 20.0
+        finally:
+            ws.close_socket()
