@@ -121,6 +121,7 @@ class ChatService:
     # -- 2 + 4. generate and respond ---------------------------------------------------------------
     async def complete(self, p: Prepared) -> dict[str, Any]:
         out = GenerationResult()
+        self.engine.request_arrived(p.session.key)  # the session is back, even while it waits
         async for _ in generate_text(self.engine, self.metrics, p, out, self._on_first_token):
             pass
         self._finish_accounting(p, out)
@@ -134,6 +135,7 @@ class ChatService:
     async def stream(self, p: Prepared) -> AsyncIterator[dict[str, Any]]:
         """Yield OpenAI stream chunks (dicts); the route turns them into SSE lines."""
         out = GenerationResult()
+        self.engine.request_arrived(p.session.key)
         chunks = StreamChunks(p, p.model or self.settings.served_model_name, self.envelope)
         for c in chunks.start():
             yield c
