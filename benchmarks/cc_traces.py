@@ -176,6 +176,8 @@ class Config:
     block_units: int = 4
     kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
     session_cap_s: float = 600.0
+    workers: int = 1
+    routing: str = "affinity"
 
     @property
     def unit_bytes(self) -> int:
@@ -263,47 +265,81 @@ def _events(traces: Sequence[Trace], cfg: Config) -> Iterator[tuple[float, int, 
             seq += 1
 
 
+def _router(cfg: Config) -> Any:
+    from server.config import RoutingSettings
+    from server.routing.policy import make_policy
+
+    return make_policy(RoutingSettings(policy=cfg.routing))  # type: ignore[arg-type]
+
+
 def replay(traces: Sequence[Trace], cfg: Config, cache: PrefixCache | None = None) -> dict[str, Any]:
-    """One cache-only run: the JSON object the command prints."""
-    cache = cache or make_cache(cfg)
-    clock = cache.clock
-    assert isinstance(clock, VirtualClock)
+    """One cache-only run: the JSON object the command prints. With ``cfg.workers`` > 1 every
+    worker has its own cache of the configured size and the router's policy places each request."""
+    from server.routing.policy import WorkerLoad
+    from server.routing.request import RouteRequest
+
+    caches = [cache or make_cache(cfg)] + [make_cache(cfg) for _ in range(cfg.workers - 1)]
+    clocks = [c.clock for c in caches]
+    router = _router(cfg) if cfg.workers > 1 else None
+    in_flight = [0] * cfg.workers
+    served = [0] * cfg.workers
+    where: dict[int, int] = {}  # trace -> the worker of its last request
+    moved = 0
+    peak_imbalance: list[float] = []
     st = Stats()
     last_end: dict[int, float] = {}
     unit_bytes = cfg.unit_bytes
     t_start = time.perf_counter()
     st.ceiling_units = sum(ceiling_units(tr) for tr in traces)
     retain = cfg.hint_s if cfg.hints else 0.0
-    for at, _, kind, k, i in _replay_events(traces, cfg):
-        clock.now = at
+    turns: dict[int, int] = {}
+    placed: dict[tuple[int, int], int] = {}
+    for at, _, kind, k, i in _events(traces, cfg):
+        for clock in clocks:
+            assert isinstance(clock, VirtualClock)
+            clock.now = at
         tr = traces[k]
         r = tr.requests[i]
         if kind == "end":
-            cache.reply_finished(tr.name, (TOOL,) if r.tool_call else ())
+            w = placed.pop((k, i))
+            in_flight[w] -= 1
+            caches[w].reply_finished(tr.name, (TOOL,) if r.tool_call else ())
             last_end[k] = at
             continue
+        w = 0
+        if router is not None:
+            loads = [WorkerLoad(str(j), True, in_flight[j]) for j in range(cfg.workers)]
+            sel = router.select_worker(RouteRequest(tr.name, None, turns.get(k, 0)), loads)
+            w = sel.worker
+            moved += k in where and where[k] != w
+            mean = sum(in_flight) / cfg.workers
+            if mean > 0:
+                peak_imbalance.append(max(in_flight) / mean)
+        where[k] = w
+        turns[k] = turns.get(k, 0) + 1
+        placed[(k, i)] = w
+        in_flight[w] += 1
+        served[w] += 1
+        c = caches[w]
         ids = r.units
-        m = cache.match(ids, session=tr.name, retain_s=retain)
+        m = c.match(ids, session=tr.name, retain_s=retain)
         hit = m.cached_tokens
-        cache.insert(
-            ids,
-            "",
-            lambda b, n=len(ids): _payload(b, n, cfg.block_units, unit_bytes),
-            tail=True,
-            session=tr.name,
+        n = len(ids)
+        c.insert(
+            ids, "", lambda b, n=n: _payload(b, n, cfg.block_units, unit_bytes), tail=True, session=tr.name
         )
         st.requests += 1
-        st.units += len(ids)
+        st.units += n
         st.hit_units += hit
         st.tier2_units += m.tier2_tokens
         if k in last_end and at - last_end[k] >= 60.0 * cfg.time_scale:
             st.returning += 1
-            st.returning_units += len(ids)
+            st.returning_units += n
             st.returning_hit += hit
-    stats = cache.stats()
+    bytes_from_tier2 = sum(int(c.stats().get("prefix_cache_bytes_from_tier2", 0)) for c in caches)
     ceiling = st.ceiling_units / st.units if st.units else 0.0
     hit = st.hit_units / st.units if st.units else 0.0
-    return {
+    out: dict[str, Any] = {
         "policy": cfg.policy,
         "hints": cfg.hints,
         "users": cfg.users,
@@ -320,16 +356,27 @@ def replay(traces: Sequence[Trace], cfg: Config, cache: PrefixCache | None = Non
         "tokens_recomputed": (st.units - st.hit_units) * BLOCK_TOKENS,
         "tokens_recomputed_over_ceiling": (st.ceiling_units - st.hit_units) * BLOCK_TOKENS,
         "tokens_from_tier2": st.tier2_units * BLOCK_TOKENS,
-        "bytes_from_tier2": int(stats.get("prefix_cache_bytes_from_tier2", 0)),
+        "bytes_from_tier2": bytes_from_tier2,
         "returning_requests": st.returning,
         "returning_hit": round(st.returning_hit / st.returning_units, 5) if st.returning_units else None,
-        "evictions": cache.evictions,
+        "evictions": sum(c.evictions for c in caches),
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
-
-
-def _replay_events(traces: Sequence[Trace], cfg: Config) -> Iterator[tuple[float, int, str, int, int]]:
-    return _events(traces, cfg)
+    if router is not None:
+        peak_imbalance.sort()
+        out.update(
+            workers=cfg.workers,
+            routing=cfg.routing,
+            sessions_moved=moved,
+            requests_per_worker=served,
+            load_imbalance_mean=round(sum(peak_imbalance) / len(peak_imbalance), 3)
+            if peak_imbalance
+            else None,
+            load_imbalance_p95=round(peak_imbalance[int(0.95 * (len(peak_imbalance) - 1))], 3)
+            if peak_imbalance
+            else None,
+        )
+    return out
 
 
 def _payload(block: int, n_units: int, block_units: int, unit_bytes: int) -> tuple[SimKV, int]:
@@ -366,6 +413,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--time-scale", type=float, default=1.0, help="recorded times x this (0.1: 10x faster)")
     ap.add_argument("--block-units", type=int, default=4, help="cache block size in 64-token units")
     ap.add_argument("--kv-bytes-per-token", type=int, default=KV_BYTES_PER_TOKEN)
+    ap.add_argument("--workers", type=int, default=1, help="fleet: workers, each with a cache of this size")
+    ap.add_argument("--routing", default="affinity", help="fleet: the router's policies (comma list: each)")
     ap.add_argument("--json", help="append each run's JSON object (one per line) to this file")
     return ap
 
@@ -381,26 +430,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no trace_NNNN.json in {args.traces} (range {args.range or 'all'})", file=sys.stderr)
         return 2
     hints = {"off": [False], "on": [True], "both": [False, True]}[args.hints]
-    for policy in args.policy.split(","):
-        for h in hints:
-            cfg = Config(
-                policy=policy,
-                users=args.users,
-                hbm_tokens=args.hbm_tokens,
-                host_tokens=args.host_tokens if "tier2" in policy else 0,
-                hints=h,
-                hint_s=args.hint_s,
-                time_scale=args.time_scale,
-                block_units=args.block_units,
-                kv_bytes_per_token=args.kv_bytes_per_token,
-            )
-            out = replay(traces, cfg)
-            out["range"] = args.range or "all"
-            line = json.dumps(out)
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(line + "\n")
-            print(line, flush=True)
+    runs = [(p, h, r) for p in args.policy.split(",") for h in hints for r in args.routing.split(",")]
+    for policy, h, routing in runs:
+        cfg = Config(
+            policy=policy,
+            users=args.users,
+            hbm_tokens=args.hbm_tokens,
+            host_tokens=args.host_tokens if "tier2" in policy else 0,
+            hints=h,
+            hint_s=args.hint_s,
+            time_scale=args.time_scale,
+            block_units=args.block_units,
+            kv_bytes_per_token=args.kv_bytes_per_token,
+            workers=args.workers,
+            routing=routing,
+        )
+        out = replay(traces, cfg)
+        out["range"] = args.range or "all"
+        line = json.dumps(out)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(line + "\n")
+        print(line, flush=True)
     return 0
 
 

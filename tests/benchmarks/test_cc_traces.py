@@ -85,3 +85,20 @@ def test_tier2_brings_back_what_tier1_evicted(tmp_path: Path) -> None:
         out["hit_share_of_ceiling"] == 1.0
         and int(out["bytes_from_tier2"]) == 40 * 64 * cc_traces.KV_BYTES_PER_TOKEN
     )  # type: ignore[call-overload]
+
+
+def test_fleet_affinity_keeps_each_trace_on_one_worker(tmp_path: Path) -> None:
+    """Item 5: the router's own policies place the requests; affinity serves the ceiling from
+    per-worker caches, round robin moves sessions and loses their prefix."""
+    for n in range(1, 8):  # 7 traces over 4 workers: round robin does not line up with them
+        ids = [list(range(1, 10 + 4 * j)) for j in range(5)]
+        _write(tmp_path, n, [_request(10.0 * j, x) for j, x in enumerate(ids)])
+    traces = cc_traces.load_traces(tmp_path)
+    out = {}
+    for routing in ("affinity", "round_robin"):
+        cfg = cc_traces.Config(policy="lru", users=8, hbm_tokens=10**6, workers=4, routing=routing)
+        out[routing] = cc_traces.replay(traces, cfg)
+    assert out["affinity"]["hit_share_of_ceiling"] == 1.0 and out["affinity"]["sessions_moved"] == 0
+    assert out["round_robin"]["sessions_moved"] > 0
+    assert out["round_robin"]["hit"] < out["affinity"]["hit"]
+    assert sum(out["affinity"]["requests_per_worker"]) == 35
