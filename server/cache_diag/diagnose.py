@@ -4,7 +4,11 @@ The baseline is the session's previous prompt (automatic) or a named earlier res
 (``cache_compare_with``). What could have been reused is the baseline's conversation (up
 to the end of its last message; not its generation prompt), capped by what the engine
 ever reuses (it recomputes at least the last token) and rounded down to the engine's
-reuse granularity (block size): the partial last block is not a miss.
+reuse granularity (block size): the partial last block is not a miss. When the prompt
+renders the baseline's reply back (it begins with the baseline's whole prompt, generation
+prompt included), the reply's tokens (prefill + generated, which the engine keeps) are
+reusable too, and a prompt whose tokens differ inside the reply is ``template_rewrote_history``
+(``segment: reply``): the history did not render the reply as it was generated.
 
     reusable = floor(min(baseline core tokens, prompt tokens - 1) / block) * block
     missed   = reusable - cached tokens          (a miss when > 0; 0 when the cache is off)
