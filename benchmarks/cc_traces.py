@@ -34,6 +34,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import json
 import sys
@@ -269,7 +270,7 @@ def _router(cfg: Config) -> Any:
     from server.config import RoutingSettings
     from server.routing.policy import make_policy
 
-    return make_policy(RoutingSettings(policy=cfg.routing))  # type: ignore[arg-type]
+    return make_policy(RoutingSettings(policy=cfg.routing))
 
 
 def replay(traces: Sequence[Trace], cfg: Config, cache: PrefixCache | None = None) -> dict[str, Any]:
@@ -325,9 +326,8 @@ def replay(traces: Sequence[Trace], cfg: Config, cache: PrefixCache | None = Non
         m = c.match(ids, session=tr.name, retain_s=retain)
         hit = m.cached_tokens
         n = len(ids)
-        c.insert(
-            ids, "", lambda b, n=n: _payload(b, n, cfg.block_units, unit_bytes), tail=True, session=tr.name
-        )
+        blocks = functools.partial(_payload, n_units=n, block_units=cfg.block_units, unit_bytes=unit_bytes)
+        c.insert(ids, "", blocks, tail=True, session=tr.name)
         st.requests += 1
         st.units += n
         st.hit_units += hit
@@ -338,7 +338,7 @@ def replay(traces: Sequence[Trace], cfg: Config, cache: PrefixCache | None = Non
             st.returning_hit += hit
     bytes_from_tier2 = sum(int(c.stats().get("prefix_cache_bytes_from_tier2", 0)) for c in caches)
     ceiling = st.ceiling_units / st.units if st.units else 0.0
-    hit = st.hit_units / st.units if st.units else 0.0
+    share = st.hit_units / st.units if st.units else 0.0
     out: dict[str, Any] = {
         "policy": cfg.policy,
         "hints": cfg.hints,
@@ -351,8 +351,8 @@ def replay(traces: Sequence[Trace], cfg: Config, cache: PrefixCache | None = Non
         "requests": st.requests,
         "input_tokens": st.units * BLOCK_TOKENS,
         "ceiling": round(ceiling, 5),
-        "hit": round(hit, 5),
-        "hit_share_of_ceiling": round(hit / ceiling, 5) if ceiling else None,
+        "hit": round(share, 5),
+        "hit_share_of_ceiling": round(share / ceiling, 5) if ceiling else None,
         "tokens_recomputed": (st.units - st.hit_units) * BLOCK_TOKENS,
         "tokens_recomputed_over_ceiling": (st.ceiling_units - st.hit_units) * BLOCK_TOKENS,
         "tokens_from_tier2": st.tier2_units * BLOCK_TOKENS,

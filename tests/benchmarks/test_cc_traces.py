@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,9 +31,10 @@ def _write(folder: Path, n: int, requests: list[dict[str, object]]) -> None:
     (folder / f"trace_{n:04d}.json").write_text(json.dumps(body))
 
 
-def _last_json(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+def _last_json(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
-    return json.loads(lines[-1])
+    out: dict[str, Any] = json.loads(lines[-1])
+    return out
 
 
 def test_the_ceiling_is_the_longest_prefix_an_earlier_request_had() -> None:
@@ -52,7 +54,7 @@ def test_the_committed_sample_through_agentserve_bench(capsys: pytest.CaptureFix
     assert rc == 0
     out = _last_json(capsys)
     assert out["policy"] == "lru" and out["traces"] == 4 and out["requests"] == 13
-    assert 0.5 < float(out["ceiling"]) < 1  # type: ignore[arg-type]
+    assert 0.5 < float(out["ceiling"]) < 1
     assert out["hit"] == out["ceiling"] and out["hit_share_of_ceiling"] == 1.0
 
 
@@ -84,7 +86,7 @@ def test_tier2_brings_back_what_tier1_evicted(tmp_path: Path) -> None:
     assert (
         out["hit_share_of_ceiling"] == 1.0
         and int(out["bytes_from_tier2"]) == 40 * 64 * cc_traces.KV_BYTES_PER_TOKEN
-    )  # type: ignore[call-overload]
+    )
 
 
 def test_fleet_affinity_keeps_each_trace_on_one_worker(tmp_path: Path) -> None:
