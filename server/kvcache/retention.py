@@ -145,7 +145,9 @@ class Sessions:
     def expired(self, s: SessionState, now: float) -> bool:
         if s.state == "done":
             return True
-        if s.state == "running" or s.arrived is not None:
+        if s.arrived is not None:  # a request that never reached the engine holds it cap_s at most
+            return now - s.arrived > self.cap_s
+        if s.state == "running":
             return False
         limit = min(self.cap_s, max(EXPIRE_FACTOR * max(self.pauses.expected(s.waiting_on), 1e-3), s.keep_s))
         return now - s.since > limit

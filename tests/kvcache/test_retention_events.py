@@ -65,3 +65,12 @@ def test_an_arrival_after_expiry_does_not_revive_the_session() -> None:
     c.request_arrived("a")
     s = c.sessions.get("a")
     assert s is not None and s.arrived is None
+
+
+def test_an_arrival_that_never_reaches_the_engine_holds_the_session_cap_s_at_most() -> None:
+    c, clock = _learned_alone()
+    clock.t += TOOL_S
+    c.request_arrived("a")  # then the client went away before the engine took the request
+    s = c.sessions.get("a")
+    assert s is not None and not c.sessions.expired(s, clock.t + 599.0)
+    assert c.sessions.expired(s, clock.t + 601.0)
