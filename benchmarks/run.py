@@ -15,6 +15,8 @@ Comparisons (one module each in benchmarks/compare/; each writes benchmarks/resu
              sessions, SWE-agent replays, cache-breaking variants, BFCL tool calling
   agents     captured Codex CLI / Claude Code sessions replayed (benchmarks/agent_capture.py):
              hit rate per turn (the billing-header line), TTFT, tool-call validity, protocol errors
+  traces     Claude Code traces (kv-cache-tester format) on the prefix cache: hit rate as a share
+             of the ceiling per policy and capacity (benchmarks/cc_traces.py; its own options)
   all        cache, variants, tools, swe (+ routing when available)
 
 Servers: in-process on a loopback port by default (the embedded model, or --model /
@@ -196,6 +198,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["traces"]:  # its own options (agentserve bench traces --help)
+        from benchmarks.cc_traces import main as traces_main
+
+        return traces_main(argv[1:])
     args = parser().parse_args(argv)
     args.argv = argv
     urls = args.url or []

@@ -4,7 +4,11 @@ The baseline is the session's previous prompt (automatic) or a named earlier res
 (``cache_compare_with``). What could have been reused is the baseline's conversation (up
 to the end of its last message; not its generation prompt), capped by what the engine
 ever reuses (it recomputes at least the last token) and rounded down to the engine's
-reuse granularity (block size): the partial last block is not a miss.
+reuse granularity (block size): the partial last block is not a miss. When the prompt
+renders the baseline's reply back (it begins with the baseline's whole prompt, generation
+prompt included), the reply's tokens (prefill + generated, which the engine keeps) are
+reusable too, and a prompt whose tokens differ inside the reply is ``template_rewrote_history``
+(``segment: reply``): the history did not render the reply as it was generated.
 
     reusable = floor(min(baseline core tokens, prompt tokens - 1) / block) * block
     missed   = reusable - cached tokens          (a miss when > 0; 0 when the cache is off)
@@ -59,6 +63,9 @@ class Prompt:
     ids: Sequence[int] | None = None
     text: str | None = None
     offsets: Sequence[int] | None = None  # start character of each token
+    # a baseline's reply: the ids after ``ids`` that the engine kept (prefill + generated), their text
+    reply: Sequence[int] = ()
+    reply_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,14 +105,21 @@ def no_baseline(cur: Prompt, state: CacheState, seen_before: bool, why: str | No
 def diagnose(prev: Prompt, cur: Prompt, state: CacheState, idle_s: float | None = None) -> Diagnosis:
     g = max(1, state.block_size)
     pfp, cfp = prev.fp, cur.fp
-    if prev.ids is not None and cur.ids is not None:
+    core = pfp.core_tokens
+    if continues_reply(prev, cur):  # the reply came back: its generated tokens were reusable too
+        assert prev.ids is not None and cur.ids is not None
+        core = len(prev.ids) + len(prev.reply)
+        lcp = common_prefix([*prev.ids, *prev.reply], cur.ids)
+        if lcp >= len(prev.ids) and lcp < core:
+            return _reply_rewritten(prev, cur, state, lcp, core, g, idle_s)
+    elif prev.ids is not None and cur.ids is not None:
         lcp = common_prefix(prev.ids, cur.ids)
     else:
         lcp = hashed_common_prefix(pfp, cfp)
-    limit = min(pfp.core_tokens, cfp.n_tokens - 1)
+    limit = min(core, cfp.n_tokens - 1)
     reusable = (max(0, limit) // g) * g if state.enabled else 0
     missed = max(0, reusable - state.cached_tokens)
-    diverged = lcp if lcp < pfp.core_tokens else None
+    diverged = lcp if lcp < core else None
     if pfp.model != cfp.model:
         return (
             _miss(
@@ -132,6 +146,45 @@ def diagnose(prev: Prompt, cur: Prompt, state: CacheState, idle_s: float | None 
     if where is not None and change_cost > 0 and change_cost >= evict_cost:
         return _change(prev, cur, lcp, where, missed)
     return _eviction(state, missed, reusable, idle_s, diverged)
+
+
+def continues_reply(prev: Prompt, cur: Prompt) -> bool:
+    """Does ``cur`` render ``prev``'s reply back (its text begins with ``prev``'s whole prompt,
+    generation prompt included)? Then the reply's tokens count as reusable."""
+    if not prev.reply or prev.ids is None or cur.ids is None or prev.text is None or cur.text is None:
+        return False
+    return cur.text.startswith(prev.text)
+
+
+def _reply_rewritten(
+    prev: Prompt, cur: Prompt, state: CacheState, lcp: int, core: int, g: int, idle_s: float | None
+) -> Diagnosis:
+    """The prompt renders the previous reply back with other tokens from reply token ``lcp - prompt``
+    on: the template (or the client) wrote the reply differently from how it was generated."""
+    n_prev = core - len(prev.reply)
+    limit = min(core, cur.fp.n_tokens - 1)
+    reusable = (max(0, limit) // g) * g if state.enabled else 0
+    missed = max(0, reusable - state.cached_tokens)
+    if not state.enabled:
+        return _none(lcp, CACHE_OFF)
+    kept = (min(lcp, limit) // g) * g
+    if not missed or reusable - kept < max(0, kept - state.cached_tokens):
+        return _eviction(state, missed, reusable, idle_s, lcp) if missed else _none(lcp)
+    text = cur.text or ""
+    offsets = cur.offsets
+    at = offsets[lcp] if offsets is not None and lcp < len(offsets) else len(text)
+    token = lcp - n_prev
+    detail: dict[str, Any] = {
+        "segment": "reply",
+        "reply_token": token,
+        "reply_tokens": len(prev.reply),
+        "character": max(0, at - len(prev.text or "")),
+    }
+    reason = (
+        f"{fixes.REWRITE_REASON}: the previous reply was rendered back with other tokens than were "
+        f"generated, from its token {token} of {len(prev.reply)} (now: {_snippet(text, at)!r})"
+    )
+    return Diagnosis(REWRITE, missed, lcp, reason, fixes.REWRITE_FIX, detail)
 
 
 def _none(diverged: int | None, reason: str | None = None) -> Diagnosis:

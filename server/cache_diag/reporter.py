@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from server.cache_diag.diagnose import CacheState, Diagnosis, Prompt, diagnose, no_baseline
@@ -73,7 +74,8 @@ class _Baseline:
 def _baseline_bytes(b: _Baseline) -> int:
     p = b.prompt
     text = sys.getsizeof(p.text) if p.text is not None else 0
-    return fingerprint_bytes(p.fp) + text + seq_bytes(p.ids) + seq_bytes(p.offsets)
+    reply = sys.getsizeof(p.reply_text) + seq_bytes(p.reply)
+    return fingerprint_bytes(p.fp) + text + seq_bytes(p.ids) + seq_bytes(p.offsets) + reply
 
 
 class CacheReporter:
@@ -117,8 +119,13 @@ class CacheReporter:
         cached_tokens: int,
         compare_with: str | None = None,
         block_size: int | None = None,
+        reply: Sequence[int] = (),
+        reply_text: str = "",
     ) -> CacheReport:
-        """Diagnose this request, then keep it as its session's baseline and under its response id."""
+        """Diagnose this request, then keep it as its session's baseline and under its response id.
+
+        ``reply``: the token ids the engine kept after the prompt (prefill + generated), and
+        ``reply_text`` their text: the next request that renders them back may reuse them."""
         bs = block_size or self.block_size
         state = CacheState(cached_tokens, bs, self.enabled, self.tier, self.retention_s)
         now = self.clock()
@@ -137,6 +144,12 @@ class CacheReporter:
         else:
             diag = no_baseline(prompt, state, seen_before=seen)
             compared = None
-        self.sessions.put(session, _Baseline(prompt, now), tenant)
+        kept = replace(prompt, reply=reply, reply_text=reply_text) if reply else prompt
+        self.sessions.put(session, _Baseline(kept, now), tenant)
         self.responses.put(tenant, response_id, prompt.fp)
         return CacheReport(diag, compared, self.rate.seconds(diag.missed_tokens))
+
+    def baseline(self, session: str) -> Prompt | None:
+        """The session's previous prompt and reply, while kept (the preparer reuses the reply's ids)."""
+        entry, _ = self.sessions.lookup(session)
+        return entry.value.prompt if entry is not None else None

@@ -36,6 +36,7 @@ class GenerationResult:
     explanation: CacheReport | None = None
     logprobs: list[TokenLogprobOut] | None = None  # per generated token, when the request asked
     token_ends: list[int] = field(default_factory=list)  # text length after each token (logprobs)
+    token_ids: list[int] = field(default_factory=list)  # the generated ids (the next prompt keeps them)
     emitted_chars: int = 0  # text sent so far (streaming)
     logprobs_taken: int = 0
 
@@ -142,6 +143,7 @@ async def generate_text(
         await gen.aclose()  # type: ignore[attr-defined]
         metrics.running.dec()
         out.completion_tokens = len(reply.ids)
+        out.token_ids = reply.ids
         reasoning = p.plan.reasoning if p.plan is not None and p.kind == "chat" else None
         if reasoning is not None:
             out.reasoning_tokens = reasoning_tokens(reply.ids, reasoning.close.strip(), LogprobText(engine))

@@ -12,13 +12,14 @@ import logging
 import time
 import uuid
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_diag import Prompt, fingerprint
 from server.chat.limits import check_request_limits
 from server.chat.prepared import Prepared
+from server.chat.reply_tokens import keep_reply
 from server.chat.sampling import check_fields
 from server.chat.template import render_chat
 from server.chat.tool_setup import ToolSetup
@@ -46,14 +47,17 @@ class Preparer:
         envelope: str,
         call_id_style: Mapping[str, Any] | None = None,
         family_ref: str = "",
+        baseline: Callable[[str], Prompt | None] | None = None,
     ) -> None:
-        """``renderer``: the family's prompt renderer; ``envelope``: the name of its call envelope."""
+        """``renderer``: the family's prompt renderer; ``envelope``: the name of its call envelope;
+        ``baseline``: a session's previous prompt + reply (its ids are kept: ``reply_tokens.py``)."""
         self.engine = engine
         self.settings = settings
         self.renderer = renderer
         self.envelope_name = envelope
         self.call_id_style = call_id_style
         self.family_ref = family_ref
+        self.baseline = baseline
         self.warned_retention = False  # the first unused retention hint is logged, once
         self.tools = ToolSetup(engine, settings, renderer, envelope, load_envelope(envelope), family_ref)
         # the vocabulary and the configured envelope's factory now, not on the first tool request
@@ -83,7 +87,11 @@ class Preparer:
         check_fields(req)  # refused parameters are 400s naming them; unknown ones are logged once
         check_request_limits(req, self.settings.limits)  # stop, logit_bias, messages: before rendering
 
-    def _tokenize(self, rendered: RenderedPrompt) -> tuple[list[int], array[int]]:
+    def _tokenize(self, rendered: RenderedPrompt, session: str = "") -> tuple[list[int], array[int]]:
+        if session and self.baseline is not None:
+            kept = keep_reply(self.engine.tokenizer, rendered.text, self.baseline(session))
+            if kept is not None:
+                return kept
         enc = self.engine.tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc["input_ids"]), array("l", (s for s, _ in enc["offset_mapping"]))
 
@@ -151,7 +159,8 @@ class Preparer:
         )
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         plan = self.tools.plan(req, tools, messages)
-        ids, offsets = self._tokenize(rendered)
+        session = self._session(req, raw_body, headers, tenant)
+        ids, offsets = self._tokenize(rendered, session.key)
         prefill = plan.prompt_prefill  # with reasoning: the masks force the call's opening later
         prefill_ids = self.engine.tokenizer(prefill, add_special_tokens=False)["input_ids"] if prefill else []
         prompt_ids = ids + list(prefill_ids)
@@ -163,7 +172,7 @@ class Preparer:
             created=int(time.time()),
             prompt_ids=prompt_ids,
             session_prompt=self._prompt(req, tenant, ids, offsets, rendered, messages, tools),
-            session=self._session(req, raw_body, headers, tenant),
+            session=session,
             sampling=sampling,
             stops=req.stop_list(),
             stream=req.stream,

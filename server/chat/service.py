@@ -24,6 +24,7 @@ from server.chat.family_choice import choose_family, envelope_name, make_rendere
 from server.chat.generate import GenerationResult, generate_text
 from server.chat.prepare import Preparer
 from server.chat.prepared import Prepared
+from server.chat.reply_tokens import decode
 from server.chat.respond import StreamChunks, complete_response
 from server.config import Settings
 from server.engines.base import Engine
@@ -59,7 +60,13 @@ class ChatService:
             retention_s=engine.cache_retention_s,
         )
         self.preparer = Preparer(
-            engine, settings, self.renderer, envelope, self.family.call_id, self.family.ref
+            engine,
+            settings,
+            self.renderer,
+            envelope,
+            self.family.call_id,
+            self.family.ref,
+            baseline=self.cache_report.baseline,
         )
 
     # -- 1. prepare (CPU work, raises 400s) ------------------------------------------------------
@@ -83,6 +90,9 @@ class ChatService:
 
     # -- 3. accounting -----------------------------------------------------------------------------
     def _finish_accounting(self, p: Prepared, out: GenerationResult) -> None:
+        reply: list[int] = []
+        if p.kind == "chat" and p.session_prompt.ids is not None:  # prefill + generated: kept by the engine
+            reply = [*p.prompt_ids[len(p.session_prompt.ids) :], *out.token_ids]
         out.explanation = report = self.cache_report.report(
             session=p.session.key,
             tenant=p.tenant,
@@ -91,6 +101,8 @@ class ChatService:
             cached_tokens=out.cached_tokens,
             compare_with=p.compare_with,
             block_size=self.engine.block_size,
+            reply=reply,
+            reply_text=decode(self.engine.tokenizer, reply) if reply else "",
         )
         m = self.metrics
         m.prefix_queries.inc(len(p.prompt_ids))
@@ -109,6 +121,7 @@ class ChatService:
     # -- 2 + 4. generate and respond ---------------------------------------------------------------
     async def complete(self, p: Prepared) -> dict[str, Any]:
         out = GenerationResult()
+        self.engine.request_arrived(p.session.key)  # the session is back, even while it waits
         async for _ in generate_text(self.engine, self.metrics, p, out, self._on_first_token):
             pass
         self._finish_accounting(p, out)
@@ -122,6 +135,7 @@ class ChatService:
     async def stream(self, p: Prepared) -> AsyncIterator[dict[str, Any]]:
         """Yield OpenAI stream chunks (dicts); the route turns them into SSE lines."""
         out = GenerationResult()
+        self.engine.request_arrived(p.session.key)
         chunks = StreamChunks(p, p.model or self.settings.served_model_name, self.envelope)
         for c in chunks.start():
             yield c

@@ -302,6 +302,13 @@ class PrefixCache:
             with self._lock:
                 self.book.reply_finished(session, tool_names, self.clock(), if_running=if_running)
 
+    def request_arrived(self, session: str) -> None:
+        """A request of the session arrived and may wait before its prefill: from now on its blocks
+        are kept as a running session's, and its pause ends here (retention.py: events first)."""
+        if session and self.enabled:
+            with self._lock:
+                self.book.arrived(session, self.clock())
+
     def end_session(self, session: str) -> None:
         """The session is over: its blocks are the first to go."""
         with self._lock:

@@ -29,6 +29,12 @@ idle for longer than ``min(cap_s, max(EXPIRE_FACTOR x its expected pause, keep_s
 done: no session holds memory forever. ``keep_s`` is the client's retention hint of its latest
 request (Anthropic ``cache_control`` ttl, OpenAI ``prompt_cache_retention``; 0 without one).
 
+Events come first: a session whose next request has arrived (``request_arrived``: the
+request may wait for the engine, for long on a loaded or slowed server) is back, whatever
+the clock says; its pause ended at the arrival (what is learned). Without that event, a
+session queued behind slow requests looked as if it had waited longer than every pause seen,
+and went first (issue 38: 416 of 1,732 tokens kept while two newer sessions passed).
+
 Time comes from an injected clock (virtual in tests and benchmarks); nothing here
 touches the prompt.
 """
@@ -107,6 +113,7 @@ class SessionState:
     waiting_on: tuple[str, ...] = ()
     since: float = 0.0  # when the last reply ended (or the request began, while running)
     keep_s: float = 0.0  # the client's retention hint (cache_control ttl, prompt_cache_retention), seconds
+    arrived: float | None = None  # its next request arrived then (waiting for the engine): it is back
 
 
 class Sessions:
@@ -138,6 +145,8 @@ class Sessions:
     def expired(self, s: SessionState, now: float) -> bool:
         if s.state == "done":
             return True
+        if s.arrived is not None:  # a request that never reached the engine holds it cap_s at most
+            return now - s.arrived > self.cap_s
         if s.state == "running":
             return False
         limit = min(self.cap_s, max(EXPIRE_FACTOR * max(self.pauses.expected(s.waiting_on), 1e-3), s.keep_s))
@@ -146,7 +155,7 @@ class Sessions:
     def time_to_return(self, s: SessionState, now: float) -> float:
         """Expected seconds until the session is back, given how long it has waited (-1 while
         running); see the module header."""
-        if s.state == "running":
+        if s.state == "running" or s.arrived is not None:
             return -1.0
         return self.pauses.remaining(s.waiting_on, now - s.since)
 

@@ -110,13 +110,14 @@ class SessionBook:
         if s is None:
             before = _Before("new", (), None, 0)
         else:
-            state = "done" if s.state != "running" and self.sessions.expired(s, now) else s.state
-            waited = None if s.state == "running" else now - s.since
+            back = now if s.arrived is None else s.arrived  # the pause ended when the request arrived
+            state = "done" if s.state != "running" and self.sessions.expired(s, back) else s.state
+            waited = None if s.state == "running" else back - s.since
             before = _Before(state, s.waiting_on, waited, self._kept_tokens(s, token_ids, hashes))
             if s.state in ("tool", "person"):
-                self.sessions.pauses.observe(s.waiting_on, now - s.since)
+                self.sessions.pauses.observe(s.waiting_on, back - s.since)
         s, _ = self.sessions.touch(session)
-        s.state, s.waiting_on, s.since, s.keep_s = "running", (), now, retain_s
+        s.state, s.waiting_on, s.since, s.keep_s, s.arrived = "running", (), now, retain_s, None
         return before
 
     def report(
@@ -170,6 +171,13 @@ class SessionBook:
         s.state = "tool" if tool_names else "person"
         s.waiting_on = tuple(tool_names) if tool_names else (PERSON,)
         s.since = now
+
+    def arrived(self, session: str, now: float) -> None:
+        """A request of the session arrived (before its prefill): the session is back."""
+        s = self.sessions.get(session)
+        if s is not None and s.state in ("tool", "person") and s.arrived is None:
+            if not self.sessions.expired(s, now):
+                s.arrived = now
 
     def end(self, session: str) -> None:
         s = self.sessions.get(session)
