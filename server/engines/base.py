@@ -206,13 +206,9 @@ class Engine(abc.ABC):
     def request_arrived(self, session_key: str) -> None:
         """The chat service says a request of the session arrived (before it waits for the engine):
         a session-aware cache keeps the session's prefix from now on, however long the wait.
-
-        Default: tell the engine's ``cache`` when it has the hook (the hf engine's PrefixCache);
-        else nothing to do.
+        Default: nothing to do (an engine whose cache does not know sessions).
         """
-        hook = getattr(getattr(self, "cache", None), "request_arrived", None)
-        if session_key and callable(hook):
-            hook(session_key)
+        return None
 
     def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
         """The chat service says how a session's reply ended: tool calls (named) or text (none).

@@ -25,6 +25,7 @@ class ScriptedEngine(Engine):
         self.reply_ids = list(tokenizer(reply, add_special_tokens=False)["input_ids"])
         self.tiers = tiers
         self.finished: list[tuple[str, tuple[str, ...]]] = []
+        self.arrived: list[str] = []
         self.checked: list[SamplingParams] = []
         self.requests: list[GenerationRequest] = []
 
@@ -49,6 +50,9 @@ class ScriptedEngine(Engine):
         self.checked.append(params)
         if params.seed == 13:
             raise InvalidRequest("seed 13 is refused by this engine", param="seed")
+
+    def request_arrived(self, session_key: str) -> None:
+        self.arrived.append(session_key)
 
     def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
         self.finished.append((session_key, tuple(tool_names)))

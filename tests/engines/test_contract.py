@@ -46,6 +46,7 @@ def test_the_defaults_of_an_engine_that_has_nothing_to_say():
     assert eng.cache_location() == "the engine's KV cache"
     assert eng.cache_retention_s is None  # no expiry by time
     eng.reply_finished("s", ["f"])  # no session-aware cache: nothing happens, nothing raises
+    eng.request_arrived("s")
 
 
 @pytest.mark.parametrize("cls", [HFEngine, VllmEngine])
@@ -72,6 +73,7 @@ def test_chat_tells_the_engine_how_the_reply_ended_and_where_its_cache_lives(tok
     response = asyncio.run(service.complete(prepared))
     assert response["choices"][0]["message"]["content"] == "plain text"
     assert eng.finished == [(prepared.session.key, ())]  # a text reply: the session waits on a person
+    assert eng.arrived == [prepared.session.key]  # told before the engine took it (issue 38 item 4)
 
     async def drain() -> None:
         async for _ in service.stream(service.prepare_chat(req, {}, raw_body=raw)):
@@ -79,6 +81,7 @@ def test_chat_tells_the_engine_how_the_reply_ended_and_where_its_cache_lives(tok
 
     asyncio.run(drain())
     assert len(eng.finished) == 2 and eng.finished[1] == eng.finished[0]
+    assert eng.arrived == [prepared.session.key] * 2  # the streaming path tells it too
 
 
 def test_the_engine_refuses_sampling_it_cannot_honour_at_prepare_time(tokenizer):

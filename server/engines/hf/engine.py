@@ -236,6 +236,11 @@ class HFEngine(Engine):
                 self._wake.wait(0.5)
                 self._wake.clear()
 
+    def request_arrived(self, session_key: str) -> None:
+        """The service says a request of the session arrived (it may still wait for a slot)."""
+        if session_key:
+            self.cache.request_arrived(session_key)
+
     def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
         """The service says what the session's reply ended with: tool calls (named) or text."""
         self.cache.reply_finished(session_key, tuple(tool_names))
