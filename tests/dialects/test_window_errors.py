@@ -25,10 +25,15 @@ from server.protocol import ChatCompletionRequest, CompletionRequest
 
 # Claude Code 2.1.332 (@anthropic-ai/claude-code, the bun binary)
 CC_PROMPT_TOO_LONG = "prompt is too long"  # nyo(): a 400/413 containing it -> reactive compaction
-CC_PROMPT_TOO_LONG_NUMBERS = re.compile(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", re.I)  # aPe()
+# aPe(): the numbers (their gap: how much to drop)
+CC_PROMPT_TOO_LONG_NUMBERS = re.compile(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", re.I)
 CC_FIRST_PARTY = re.compile(r"^prompt is too long: \d+ tokens > \d+ maximum$")  # t_[0]
-CC_CONTEXT_LIMIT = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")  # YGe()
-CC_MAX_TOKENS = re.compile(r"^max_tokens: \d+ > (\d+), which is the maximum allowed number of output tokens for .+$")
+# YGe(): resend with max_tokens = limit - input - 1000
+CC_CONTEXT_LIMIT = re.compile(r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)")
+# YPs (lowerAfter): resend at N, matched whole
+CC_MAX_TOKENS = re.compile(
+    r"^max_tokens: \d+ > (\d+), which is the maximum allowed number of output tokens for .+$"
+)
 CC_GATEWAY = ("maximum context length", "context_length_exceeded", "reduce the length of the messages")  # _n
 CC_FLOOR_OUTPUT_TOKENS = 3000  # Eto: the least max_tokens it resends with after CC_CONTEXT_LIMIT
 # opencode 1.18.33 (opencode-linux-x64): b$, the context-overflow patterns (a match -> compaction)
@@ -138,7 +143,8 @@ def test_the_operator_cap_is_anthropics_max_tokens_message():
     exc = caught.value
     assert exc.param == "max_tokens" and "limits.max_tokens" in exc.message
     text = anthropic_message(exc)
-    assert text == f"max_tokens: 32000 > 8192, which is the maximum allowed number of output tokens for {MODEL}"
+    limit = "which is the maximum allowed number of output tokens for"
+    assert text == f"max_tokens: 32000 > 8192, {limit} {MODEL}"
     match = CC_MAX_TOKENS.match(text)
     assert match and int(match.group(1)) == 8192  # Claude Code resends at 8192
 
