@@ -1,4 +1,4 @@
-"""The real Claude Code (npm ``@anthropic-ai/claude-code@2.1.328``), unchanged, against ``agentserve serve``.
+"""The real Claude Code (npm ``@anthropic-ai/claude-code@2.1.332``), unchanged, against ``agentserve serve``.
 
 ``claude -p`` sends its real 13k-token system prompt, 14 tools and ``thinking``/``output_config``/
 ``context_management`` fields to ``/v1/messages?beta=true`` (streaming). The server runs a random-weight
@@ -18,7 +18,7 @@ import pytest
 from tests.dialects.agent_server import CLAUDE, agent_server, run_claude, served_statuses
 
 pytestmark = pytest.mark.slow
-VERSION = "2.1.328"
+VERSION = "2.1.332"
 
 
 @pytest.fixture(scope="module")
