@@ -76,7 +76,14 @@ def agent_server(workdir: Path, model: Path | None = None) -> Iterator[tuple[str
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
         try:
             wait_for_health(f"http://127.0.0.1:{port}", 120, proc)
-            yield f"http://127.0.0.1:{port}", log
+            drift_log = os.environ.get("AGENTSERVE_DRIFT_LOG")  # scripts/client_drift.sh: record requests
+            if drift_log:
+                from tests.dialects.request_recorder import recording_proxy
+
+                with recording_proxy(f"http://127.0.0.1:{port}", Path(drift_log)) as proxied:
+                    yield proxied, log
+            else:
+                yield f"http://127.0.0.1:{port}", log
         finally:
             proc.terminate()
             proc.wait(timeout=30)

@@ -11,6 +11,7 @@ no 4xx/5xx in the server log. Install the client with ``scripts/install_agent_cl
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -32,7 +33,8 @@ def server(tmp_path_factory):
 def test_claude_code_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp_path):
     url, log = server
     version = subprocess.run([str(CLAUDE), "--version"], capture_output=True, text=True, timeout=60).stdout
-    assert version.startswith(VERSION), version
+    if not os.environ.get("AGENTSERVE_DRIFT_LOG"):  # scripts/client_drift.sh runs the newest one
+        assert version.startswith(VERSION), version
     run = run_claude(tmp_path, url)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
