@@ -64,12 +64,14 @@ def make_agent_model(out: Path, hidden: int = 64, window: int = 32768) -> Path:
 
 
 @contextmanager
-def agent_server(workdir: Path, model: Path | None = None) -> Iterator[tuple[str, Path]]:
+def agent_server(
+    workdir: Path, model: Path | None = None, state_machine: str = "read_then_answer"
+) -> Iterator[tuple[str, Path]]:
     """``agentserve serve`` on ``model`` (default: a fresh ``make_agent_model`` in ``workdir``) with the
-    ``read_then_answer`` state machine; yields (base URL, server log)."""
+    ``read_then_answer`` state machine (or ``state_machine``: a name or a path); yields (base URL, log)."""
     out = model or make_agent_model(workdir / "model")
     port = free_port()
-    env = {**os.environ, "AGENTSERVE_TOOL_STATE_MACHINE": "read_then_answer", "AGENTSERVE_THREADS": "1"}
+    env = {**os.environ, "AGENTSERVE_TOOL_STATE_MACHINE": state_machine, "AGENTSERVE_THREADS": "1"}
     log = workdir / "server.log"
     with log.open("w") as sink:
         cmd = [sys.executable, "-m", "server.cli", "serve", "--model", str(out), "--port", str(port)]
