@@ -133,7 +133,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     @app.exception_handler(AgentServeError)
     async def on_agentserve_error(request: Request, exc: AgentServeError) -> JSONResponse:
         headers = {"Retry-After": str(exc.retry_after_s)} if hasattr(exc, "retry_after_s") else None
-        body = shape_error(request.url.path, exc.status, exc.body())
+        body = shape_error(request.url.path, exc.status, exc.body(), exc)
         return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -202,6 +202,15 @@ class LimitsSettings(_Section):
         "line), reject = a 400 naming the most that fits. A prompt alone over the window is a 400 either "
         "way (never truncated). clamp suits agent clients that send a fixed 32000 (opencode, Claude Code).",
     )
+    min_reply_tokens: int = Field(
+        256,
+        ge=1,
+        description="The least room a reply is given, capped at a quarter of the context window: when the "
+        "prompt leaves less and the request wants more, the answer is the window error agent clients compact "
+        "on (Messages 'prompt is too long: N tokens > M maximum', M = window - this; OpenAI "
+        "context_length_exceeded), not a reply clamped to a few tokens. A request asking for no more than "
+        "what is left is served.",
+    )
     max_schema_bound: int = Field(
         65536,
         ge=1,

@@ -34,6 +34,57 @@ class ContextLengthExceeded(InvalidRequest):
     default_code = "context_length_exceeded"
 
 
+class PromptTooLong(ContextLengthExceeded):
+    """The prompt leaves less of the context window than a reply needs (``limit``: the most prompt
+    tokens served; the window minus the reply floor). OpenAI's wording, which opencode, Claude Code's
+    gateway list and LiteLLM match; Anthropic's (``prompt is too long: N tokens > M maximum``) is
+    worded by the Messages dialect from the fields."""
+
+    def __init__(
+        self, prompt_tokens: int, window: int, limit: int, floor: int = 0, param: str = "messages"
+    ) -> None:
+        self.prompt_tokens, self.window, self.limit, self.floor = prompt_tokens, window, limit, floor
+        why = (
+            f", which leaves {window - prompt_tokens} for the reply, under the {floor}-token minimum "
+            f"(limits.min_reply_tokens)"
+            if prompt_tokens < window
+            else ""
+        )
+        super().__init__(
+            f"This model's maximum context length is {window} tokens. However, your {param} resulted in "
+            f"{prompt_tokens} tokens{why}. Please reduce the length of the {param} (nothing was truncated).",
+            param=param,
+        )
+
+
+class MaxTokensOverWindow(ContextLengthExceeded):
+    """``limits.max_tokens_over_window: reject``: prompt + max_tokens is over the window (OpenAI's
+    wording; Anthropic's ``input length and `max_tokens` exceed context limit`` from the fields)."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, window: int, name: str, prompt_word: str) -> None:
+        self.prompt_tokens, self.max_tokens, self.window = prompt_tokens, max_tokens, window
+        room = window - prompt_tokens
+        super().__init__(
+            f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_word}, {max_tokens} in the "
+            f"completion). Please reduce the length of the {prompt_word} or completion: {name} at most "
+            f"{room} fits (this server refuses rather than lowers it: limits.max_tokens_over_window: reject)",
+            param=name,
+        )
+
+
+class MaxTokensOverLimit(InvalidRequest):
+    """``max_tokens`` over the operator's cap ``limits.max_tokens`` (the model's output limit, as
+    far as clients can tell; Anthropic's ``max_tokens: X > N, which is the maximum allowed …``)."""
+
+    def __init__(self, max_tokens: int, cap: int, name: str, model: str) -> None:
+        self.max_tokens, self.cap, self.model = max_tokens, cap, model
+        super().__init__(
+            f"{name}={max_tokens} is over this server's limit of {cap} (limits.max_tokens): ask for fewer",
+            param=name,
+        )
+
+
 class ModelNotFound(InvalidRequest):
     default_code = "model_not_found"
 

@@ -7,7 +7,9 @@ accepted and logged once per name; wrong types and out-of-range values are 400s.
 one is a 400 that lists the accepted forms). Extensions: ``tool_state_machine``,
 ``cache_compare_with`` and ``cache_retention_s``. The response types are in server/response_types.py.
 
-Retention hints: OpenAI's ``prompt_cache_retention`` (``"in-memory"``: the default policy; ``"24h"``)
+Retention hints: OpenAI's ``prompt_cache_retention`` (``"in-memory"``: the default policy; ``"24h"``),
+``prompt_cache_options.ttl`` and per-content-part ``prompt_cache_breakpoint`` (``"30m"``, ``"12h"``;
+``mode`` accepted, no breakpoint placed: every block of the prefix is cached)
 and our ``cache_retention_s`` (seconds; what Anthropic's ``cache_control`` ttl becomes) ask the
 session-aware KV policy to keep the session's blocks at least that long after a reply
 (``retention_hint_s``; capped by ``prefix_cache.session_cap_s``). They never change the prompt.
@@ -50,9 +52,18 @@ class ToolCall(_Loose):
     function: FunctionCall
 
 
+class PromptCacheBreakpoint(_Loose):
+    """OpenAI's per-block ``prompt_cache_breakpoint``: no breakpoint is placed here (every block of
+    the prefix is cached anyway); its ``ttl`` (or the request's, or 30m) is a retention hint."""
+
+    mode: Literal["explicit"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+
+
 class ContentPart(_Loose):
     type: str
     text: str | None = None
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
 
 
 class ChatMessage(_Loose):
@@ -163,6 +174,8 @@ def parse_tool_choice(value: Any) -> ToolChoice | None:
 
 class PromptCacheOptions(_Loose):
     comparison_response_id: str | None = Field(None, max_length=256)
+    mode: Literal["implicit", "explicit"] | None = None  # accepted: prefix caching is always on
+    ttl: Literal["30m", "12h"] | None = None  # a retention hint (PROMPT_CACHE_TTL_S)
 
 
 # Top-level request fields that would change the output but are not implemented: sent with a
@@ -188,6 +201,7 @@ UNSUPPORTED_NEUTRAL: dict[str, tuple[Any, ...]] = {
 # Unknown fields accepted without a log line: they never change a reply (OpenAI bookkeeping).
 ACCEPTED_QUIETLY = frozenset({"metadata", "store", "service_tier", "safety_identifier"})
 RETENTION_S = {"in-memory": 0.0, "in_memory": 0.0, "24h": 86400.0}  # prompt_cache_retention → seconds
+PROMPT_CACHE_TTL_S = {"30m": 1800.0, "12h": 43200.0}  # prompt_cache_options / _breakpoint ttl → seconds
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (vLLM's default max_logprobs too)
 
 
@@ -250,7 +264,15 @@ class SamplingFields(_Loose):
         """Seconds the client asks the KV policy to keep this session after a reply (0: no hint)."""
         if self.cache_retention_s is not None:
             return self.cache_retention_s
-        return RETENTION_S.get(self.prompt_cache_retention or "", 0.0)
+        options_ttl = self.prompt_cache_options.ttl if self.prompt_cache_options else None
+        hints = [RETENTION_S.get(self.prompt_cache_retention or "", 0.0)]
+        if options_ttl is not None:
+            hints.append(PROMPT_CACHE_TTL_S[options_ttl])
+        for message in getattr(self, "messages", None) or []:
+            parts = message.content if isinstance(message.content, list) else []
+            for bp in (p.prompt_cache_breakpoint for p in parts if p.prompt_cache_breakpoint is not None):
+                hints.append(PROMPT_CACHE_TTL_S[bp.ttl or options_ttl or "30m"])
+        return max(hints)
 
     def comparison_response_id(self) -> str | None:
         """The response to diagnose the cache against (extension spelling first, then OpenAI's)."""

@@ -39,6 +39,7 @@ async def messages(body: MessagesBody, request: Request) -> Response:
         converted.dropped_tools,
         converted.diagnostics,
         converted.chat.cache_compare_with,
+        converted.warm_up,
     )
     tenant = request.state.tenant
     return await serve_prepared(

@@ -14,7 +14,8 @@ from server.admission import Ticket
 from server.api.sse import EventStreamResponse, Framing, sse_stream
 from server.chat.prepared import Prepared
 from server.chat.service import ChatService
-from server.errors import Timeout
+from server.dialects.messages.models import anthropic_model, anthropic_model_list
+from server.errors import NotFound, Timeout
 from server.protocol import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter()
@@ -127,27 +128,46 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     )
 
 
-@router.get("/v1/models")
-async def models(request: Request) -> dict[str, Any]:
+def _openai_model(request: Request, name: str) -> dict[str, Any]:
     s = request.app.state.settings
     engine = request.app.state.service.engine
-    family = request.app.state.service.family.ref
-    return {  # one entry per served name (aliases too): the same model, the same context window
-        "object": "list",
-        "data": [
-            {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "agentserve",
-                "max_model_len": engine.max_model_len,
-                "engine": engine.name,
-                "family": family,
-                **({"root": s.served_model_name} if name != s.served_model_name else {}),
-            }
-            for name in s.served_model_names()
-        ],
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "agentserve",
+        "max_model_len": engine.max_model_len,
+        "engine": engine.name,
+        "family": request.app.state.service.family.ref,
+        **({"root": s.served_model_name} if name != s.served_model_name else {}),
     }
+
+
+def _anthropic(request: Request) -> tuple[int, int] | None:
+    """(window, most max_tokens) when the request speaks Anthropic's API (``anthropic-version``)."""
+    if "anthropic-version" not in request.headers:
+        return None
+    window = request.app.state.service.engine.max_model_len
+    return window, request.app.state.settings.limits.max_tokens or window
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    """One entry per served name (aliases too): the same model, the same context window. Anthropic's
+    Models API shape when the request carries ``anthropic-version`` (dialects/messages/models.py)."""
+    names = request.app.state.settings.served_model_names()
+    anthropic = _anthropic(request)
+    if anthropic is not None:
+        return anthropic_model_list(names, *anthropic)
+    return {"object": "list", "data": [_openai_model(request, name) for name in names]}
+
+
+@router.get("/v1/models/{name:path}")
+async def model(name: str, request: Request) -> dict[str, Any]:
+    if name not in request.app.state.settings.served_model_names():
+        raise NotFound(f"model {name!r} is not served here: GET /v1/models lists the served names")
+    anthropic = _anthropic(request)
+    return anthropic_model(name, *anthropic) if anthropic is not None else _openai_model(request, name)
 
 
 def _engine_problem(request: Request) -> str | None:

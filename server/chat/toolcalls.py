@@ -233,7 +233,7 @@ class StreamingToolCallParser:
             return self._give_up_at(scan.tag_at, events)
         self._buf, self._in_call = buf[end:], False
         calls = [self.body.json_object(o) for o in arr] if isinstance(arr, list) and arr else [None]
-        if any(c is None for c in calls):
+        if any(c is None or not c.name.strip() for c in calls):
             self._emit_content(buf[:end], events)
         else:
             for call in calls:
@@ -249,7 +249,7 @@ class StreamingToolCallParser:
         return True
 
     def _add(self, call: ParsedCall | None, raw: str, events: Events) -> None:
-        if call is None:
+        if call is None or not call.name.strip():  # no tool has an empty name: never a call (issue 36)
             self._emit_content(raw, events)
         else:
             self.calls.append(call)

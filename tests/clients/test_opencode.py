@@ -36,19 +36,19 @@ MODEL = "smollm2-135m-instruct"
 EOS_BIAS = {"2": 10}  # <|im_end|> of the embedded model: short replies
 
 
+CONFIG = Path(__file__).resolve().parents[2] / "configs/clients/opencode/opencode.json"  # the README's
+
+
 def opencode_config(base_url: str) -> dict:
-    """The one setting opencode needs: an OpenAI-compatible provider at agentserve (no limit block)."""
+    """configs/clients/opencode/opencode.json (baseURL + model, no limit block) pointed at ``base_url``,
+    plus what the test adds: a short end-of-reply bias, a long timeout, no sharing, read-only tools."""
+    config = json.loads(CONFIG.read_text())
+    provider = config["provider"]["agentserve"]
+    provider["options"].update(baseURL=base_url + "/v1", apiKey="unused", timeout=1_200_000)
+    provider["models"][MODEL].update(name="SmolLM2 135M (embedded)", options={"logit_bias": EOS_BIAS})
+    assert config["model"] == f"agentserve/{MODEL}"
     return {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {
-            "agentserve": {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": "agentserve",
-                "options": {"baseURL": base_url + "/v1", "apiKey": "unused", "timeout": 1_200_000},
-                "models": {MODEL: {"name": "SmolLM2 135M (embedded)", "options": {"logit_bias": EOS_BIAS}}},
-            }
-        },
-        "model": f"agentserve/{MODEL}",
+        **config,
         "autoupdate": False,
         "share": "disabled",
         "permission": {"edit": "deny", "bash": "deny", "webfetch": "deny"},
@@ -147,9 +147,8 @@ def test_opencode_without_an_output_limit_runs_until_the_window_is_full(hf_engin
     # ... then the documented 400: the prompt alone is over the window, nothing truncated
     assert last["status"] == 400, detail
     error = json.loads(last["response"])["error"]
-    assert "context window is 8192" in error["message"] and "nothing was truncated" in error["message"], (
-        detail
-    )
-    assert "context window" in outputs[-1].stdout + outputs[-1].stderr, detail  # the user sees why
+    assert "maximum context length is 8192" in error["message"], detail
+    assert "nothing was truncated" in error["message"], detail
+    assert "maximum context length" in outputs[-1].stdout + outputs[-1].stderr, detail  # the user sees why
     assert all(c["status"] in (200, 400) for c in chats), detail  # nothing else, ever (no 5xx)
     print(detail)  # the whole exchange, for `pytest -s` / `-rP`

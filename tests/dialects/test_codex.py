@@ -138,7 +138,7 @@ def patch_server(tmp_path_factory):
         pytest.skip(f"Codex CLI is not installed at {CODEX}: run scripts/install_agent_clients.sh")
     work = tmp_path_factory.mktemp("codex-patch")
     model = make_agent_model(work / "model", steer=PATCH_STEER)
-    with agent_server(work, model, machine="edit_then_answer") as (url, log):
+    with agent_server(work, model, state_machine="edit_then_answer") as (url, log):
         yield url, log
 
 

@@ -45,7 +45,7 @@ def served(hf_engine, embedded_model_dir):
         running_server(
             _app(hf_engine, served_model_aliases=["claude-sonnet-4-5", "claude-haiku-4-5"])
         ) as alias,
-        running_server(_app(small, max_model_len=SMALL)) as small_url,
+        running_server(_app(small, max_model_len=SMALL, limits={"min_reply_tokens": 16})) as small_url,
     ):
         urls.update(clamp=clamp, reject=reject, alias=alias, small=small_url)
         yield urls
@@ -119,8 +119,9 @@ def test_reject_refuses_32000_naming_what_fits(served):
     r = chat(served["reject"], messages=[{"role": "user", "content": "hi"}], max_tokens=32000)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert err["param"] == "max_tokens" and "context window (8192)" in err["message"]
-    assert "lower max_tokens to at most" in err["message"] and "max_tokens_over_window" in err["message"]
+    assert err["param"] == "max_tokens" and err["code"] == "context_length_exceeded"
+    assert "maximum context length is 8192 tokens" in err["message"]
+    assert "max_tokens at most" in err["message"] and "max_tokens_over_window" in err["message"]
 
 
 @pytest.mark.parametrize("policy", ["clamp", "reject"])
@@ -129,7 +130,7 @@ def test_a_prompt_over_the_window_is_a_400_under_both(served, policy):
     for extra in ({}, {"max_tokens": 32000}):
         r = chat(served[policy], messages=messages, **extra)
         assert r.status_code == 400, r.text
-        assert "context window is 8192" in r.json()["error"]["message"]
+        assert "maximum context length is 8192 tokens" in r.json()["error"]["message"]
         assert "nothing was truncated" in r.json()["error"]["message"]
 
 
@@ -190,4 +191,4 @@ def test_every_dialect_reports_the_clamp(served):
         ),
     ):
         r = httpx.post(served["reject"] + path, json=body, timeout=300)
-        assert r.status_code == 400 and "context window" in r.text, (path, r.text)
+        assert r.status_code == 400 and "context" in r.text and "8192" in r.text, (path, r.text)

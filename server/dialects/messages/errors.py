@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from server.errors import AgentServeError, MaxTokensOverLimit, MaxTokensOverWindow, PromptTooLong
+
 PATH_PREFIX = "/v1/messages"
 
 # HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors)
@@ -64,9 +66,38 @@ def from_openai(openai_body: dict[str, Any], status: int | None = None) -> dict[
     return error_body(kind, _message(openai_body))
 
 
-def shape_error(path: str, status: int, openai_body: dict[str, Any]) -> dict[str, Any]:
-    """The error body for ``path``: Anthropic's on the Messages paths, else the OpenAI body unchanged."""
-    return from_openai(openai_body, status) if is_messages_path(path) else openai_body
+def anthropic_message(exc: AgentServeError | None) -> str | None:
+    """Anthropic's own wording of a window / max_tokens error, which Claude Code acts on (2.1.332):
+    ``prompt is too long`` -> it compacts; ``input length and `max_tokens` exceed context limit: I + M >
+    L`` -> it resends with max_tokens L - I - 1000 (when that is >= 3000); ``max_tokens: X > N, which
+    is the maximum allowed number of output tokens for MODEL`` (matched whole) -> it resends at N."""
+    if isinstance(exc, PromptTooLong):
+        return f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit} maximum"
+    if isinstance(exc, MaxTokensOverWindow):
+        return (
+            f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + {exc.max_tokens} > "
+            f"{exc.window}, decrease input length or `max_tokens` and try again"
+        )
+    if isinstance(exc, MaxTokensOverLimit):
+        return (
+            f"max_tokens: {exc.max_tokens} > {exc.cap}, which is the maximum allowed number of output "
+            f"tokens for {exc.model}"
+        )
+    return None
+
+
+def shape_error(
+    path: str, status: int, openai_body: dict[str, Any], exc: AgentServeError | None = None
+) -> dict[str, Any]:
+    """The error body for ``path``: Anthropic's on the Messages paths (in Anthropic's words where it has
+    its own, ``anthropic_message``), else the OpenAI body unchanged."""
+    if not is_messages_path(path):
+        return openai_body
+    body = from_openai(openai_body, status)
+    own = anthropic_message(exc)
+    if own is not None:
+        body["error"]["message"] = own
+    return body
 
 
 def stream_error_event(openai_body: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,9 @@ longest ``ttl`` (``"5m"``, the default, or ``"1h"``) becomes a retention hint fo
 (``cache_retention_s``: kept at least that long after a reply, up to ``prefix_cache.session_cap_s``).
 ``mcp_servers`` are dropped like server tools. Extensions ``tool_state_machine``,
 ``cache_compare_with``, ``prompt_cache_key`` and ``seed`` pass through. Other fields: accepted, logged once.
+``max_tokens: 0`` is a warm-up (Anthropic's pre-warming): the prompt is prefilled into the prefix cache
+(one token is decoded and dropped) and the reply has no content, ``stop_reason: "max_tokens"`` and
+``usage`` with ``output_tokens: 0``, so the next request with that prefix reads it from cache.
 ``max_tokens`` larger than what is left of the context window follows ``limits.max_tokens_over_window``
 as in every dialect (default ``clamp``: lowered to fit, as Anthropic's newer models do); a reply that
 reaches a lowered limit ends with ``model_context_window_exceeded``.
@@ -71,7 +74,7 @@ class CountTokensBody(BaseModel):
 class MessagesBody(CountTokensBody):
     """``/v1/messages``: Anthropic's ranges (temperature 0..1)."""
 
-    max_tokens: int = Field(ge=1)  # required here
+    max_tokens: int = Field(ge=0)  # required here; 0: a warm-up (the prompt is cached, nothing written)
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
@@ -95,6 +98,7 @@ class Converted:
     dropped_tools: list[str] = field(default_factory=list)
     diagnostics: bool = False  # the request asked for Anthropic's cache diagnostics
     stop_sequences: list[str] = field(default_factory=list)
+    warm_up: bool = False  # max_tokens 0: prefill (cache) the prompt, reply with no tokens
 
 
 def _check_thinking(thinking: dict[str, Any] | None) -> None:
@@ -202,7 +206,7 @@ def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:
         **({"tools": tools} if tools else {}),
         **({"tool_choice": tool_choice} if tool_choice is not None and tools else {}),
         "parallel_tool_calls": parallel,
-        "max_tokens": body.max_tokens,
+        "max_tokens": body.max_tokens or 1,  # a warm-up decodes one token, which is not sent
         **sampling,
         **({"stop": stops} if stops else {}),
         "stream": bool(raw_body.get("stream", False)),
@@ -222,9 +226,8 @@ def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise InvalidRequest(f"invalid request: {where}: {first.get('msg')}", param=where or None) from None
-    return Converted(
-        request, _raw(raw_body, messages, tools, tool_choice), dropped, diagnostics is not None, stops
-    )
+    raw = _raw(raw_body, messages, tools, tool_choice)
+    return Converted(request, raw, dropped, diagnostics is not None, stops, body.max_tokens == 0)
 
 
 def _raw(raw_body: dict[str, Any], messages: list[Any], tools: list[Any], tool_choice: Any) -> dict[str, Any]:

@@ -52,9 +52,12 @@ class Reply:
     dropped_tools: list[str] = field(default_factory=list)
     diagnostics: bool = False
     compare_with: str | None = None  # the chat id diagnostics compare against
+    warm_up: bool = False  # max_tokens 0: no content, stop_reason max_tokens, output_tokens 0
 
 
 def stop_reason(p: Prepared, reply: Reply, finish: str | None, matched: str | None) -> tuple[str, str | None]:
+    if reply.warm_up:
+        return "max_tokens", None
     if finish == "tool_calls":
         return "tool_use", None
     if finish == "length":
@@ -65,7 +68,7 @@ def stop_reason(p: Prepared, reply: Reply, finish: str | None, matched: str | No
     return "end_turn", None
 
 
-def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
+def usage(chat_usage: dict[str, Any] | None, warm_up: bool = False) -> dict[str, Any]:
     u = chat_usage or {}
     prompt = int(u.get("prompt_tokens") or 0)
     cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
@@ -73,7 +76,7 @@ def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
         "input_tokens": prompt - cached,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
-        "output_tokens": int(u.get("completion_tokens") or 0),
+        "output_tokens": 0 if warm_up else int(u.get("completion_tokens") or 0),
     }
 
 
@@ -140,6 +143,8 @@ def message(p: Prepared, reply: Reply, chat: dict[str, Any]) -> dict[str, Any]:
     choice = chat["choices"][0]
     msg = choice.get("message") or {}
     content: list[dict[str, Any]] = []
+    if reply.warm_up:
+        msg = {}  # the one decoded token is not part of a warm-up's reply
     if msg.get("reasoning_content"):
         content.append(thinking_block(msg["reasoning_content"]))
     if msg.get("content"):
@@ -154,6 +159,6 @@ def message(p: Prepared, reply: Reply, chat: dict[str, Any]) -> dict[str, Any]:
         "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": usage(chat.get("usage")),
-        **extensions(reply, chat, choice.get("incomplete_tool_call")),
+        "usage": usage(chat.get("usage"), reply.warm_up),
+        **extensions(reply, chat, None if reply.warm_up else choice.get("incomplete_tool_call")),
     }

@@ -122,7 +122,7 @@ async def _events(
     last: dict[str, Any] = {}
     chat_usage: dict[str, Any] | None = None
     async for chunk in chunks:
-        for choice in chunk.get("choices") or []:
+        for choice in [] if reply.warm_up else chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):
                 for event in blocks.thinking(delta["reasoning_content"]):
@@ -146,7 +146,7 @@ async def _events(
     yield {
         "type": "message_delta",
         "delta": {"stop_reason": reason, "stop_sequence": sequence},
-        "usage": usage(chat_usage),
+        "usage": usage(chat_usage, reply.warm_up),
         **extensions(reply, last, incomplete),
     }
     yield {"type": "message_stop"}

@@ -53,7 +53,7 @@ from server.engines.vllm.startup import (
     stat_logger_factory,
 )
 from server.engines.vllm.translate import FINISH, advance, map_error, vllm_logprobs, vllm_sampling_params
-from server.errors import AgentServeError, ContextLengthExceeded, InvalidRequest
+from server.errors import AgentServeError, InvalidRequest, PromptTooLong
 from server.model_store import resolve_model
 
 RETENTION_NOT_USED = (
@@ -208,11 +208,7 @@ class VllmEngine(Engine):
         if n_prompt == 0:
             raise InvalidRequest("the prompt is empty: send at least one token", param="prompt")
         if n_prompt >= self.max_model_len:
-            raise ContextLengthExceeded(
-                f"the prompt is {n_prompt} tokens but the context window is {self.max_model_len}: "
-                f"shorten it (nothing was truncated)",
-                param="messages",
-            )
+            raise PromptTooLong(n_prompt, self.max_model_len, self.max_model_len - 1)
         params = self.sampling_params(request)
         from vllm.inputs.engine import tokens_input
 
