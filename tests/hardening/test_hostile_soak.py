@@ -1,6 +1,8 @@
 """Soak with hostile and normal sessions mixed (bounded in count and time, loopback only): the normal
 sessions see 0 errors and a p99 latency within 2x of a clean run (plus a second of slack for the
-shared CI box); every attack gets its 4xx; the worker never restarts (same process throughout)."""
+shared CI box); every attack gets its 4xx; the worker never restarts (same process throughout).
+Attacks over HTTP (oversized and abusive bodies, grammar bombs) and over the Responses WebSocket (a
+browser origin, an oversized message, a socket flood past websocket.max_sockets) run side by side."""
 
 from __future__ import annotations
 
@@ -11,9 +13,14 @@ import time
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as ws_connect
+from websockets.typing import Origin
 
 from server.app import build_app
-from server.config import LimitsSettings
+from server.config import LimitsSettings, WebSocketSettings
+from server.ws_gate import uvicorn_ws_options
 from tests.conftest import running_server, worker_settings
 from tests.hardening.helpers import MODEL
 
@@ -21,6 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 SESSIONS = int(os.environ.get("AGENTSERVE_HOSTILE_SESSIONS", "3"))
 TURNS = int(os.environ.get("AGENTSERVE_HOSTILE_TURNS", "5"))
 PACE_S = 0.25  # between one attacker's requests
+MAX_SOCKETS = 6  # websocket.max_sockets of the soak's worker: the flood opens 2 more
 
 
 def _bomb(n: int) -> dict:
@@ -96,14 +104,61 @@ def _normal_sessions(url: str, tag: str) -> tuple[list[float], list[str]]:
     return latencies, errors
 
 
+def _ws_attack(url: str, stop: threading.Event, outcomes: list[tuple[str, int, int, str]]) -> None:
+    """A hostile WebSocket client, paced: a browser origin (403), a message over max_request_bytes
+    (an error event 413, the socket lives on), and a flood of MAX_SOCKETS + 2 idle sockets (the last
+    2 refused with 503) held for a while, so HTTP sessions run while the socket cap is full."""
+    ws_url = url.replace("http://", "ws://") + "/v1/responses"
+    item = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": "x" * (2**20 + 10)}],
+    }
+    oversized = json.dumps({"type": "response.create", "model": MODEL, "input": [item], "generate": False})
+
+    def origin_refused() -> int:
+        try:
+            ws_connect(ws_url, open_timeout=30, origin=Origin("http://evil.example")).close()
+        except InvalidStatus as exc:
+            return exc.response.status_code
+        return 101
+
+    while not stop.is_set():
+        outcomes.append(("ws_origin", origin_refused(), 403, ""))
+        with ws_connect(ws_url, open_timeout=30, max_size=None) as ws:
+            ws.send(oversized)
+            event = json.loads(ws.recv(timeout=60))
+            outcomes.append(("ws_message_size", event.get("status", 0), 413, str(event)[:300]))
+        held: list[ClientConnection] = []
+        refused: list[int] = []
+        for _ in range(MAX_SOCKETS + 2):
+            try:
+                held.append(ws_connect(ws_url, open_timeout=30))
+            except InvalidStatus as exc:
+                refused.append(exc.response.status_code)
+        # never more open than the cap (closes of the last round may still be counted: more refusals)
+        capped = len(held) <= MAX_SOCKETS and len(refused) >= 2 and set(refused) == {503}
+        outcomes.append(("ws_flood", 503 if capped else 0, 503, f"opened {len(held)}, refused {refused}"))
+        stop.wait(4 * PACE_S)  # the cap stays full while the sessions run
+        for ws in held:
+            ws.close()
+        stop.wait(PACE_S)
+
+
 def _p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 def test_normal_sessions_are_unaffected_by_hostile_ones(hf_engine):
-    settings = worker_settings().model_copy(update={"limits": LimitsSettings(max_request_bytes=2**20)})
-    with running_server(build_app(settings, engine=hf_engine)) as url:
+    settings = worker_settings().model_copy(
+        update={
+            "limits": LimitsSettings(max_request_bytes=2**20),
+            "websocket": WebSocketSettings(max_sockets=MAX_SOCKETS),
+        }
+    )
+    app = build_app(settings, engine=hf_engine)
+    with running_server(app, **uvicorn_ws_options(settings)) as url:
         _normal_sessions(url, "warm")
         clean, clean_errors = _normal_sessions(url, "clean")
         assert not clean_errors
@@ -131,6 +186,7 @@ def test_normal_sessions_are_unaffected_by_hostile_ones(hf_engine):
                     outcomes.append(("chunked_body", r.status_code, 413, ""))
 
         attackers = [threading.Thread(target=attack) for _ in range(2)]
+        attackers.append(threading.Thread(target=_ws_attack, args=(url, stop, outcomes)))
         for th in attackers:
             th.start()
         try:
@@ -142,6 +198,7 @@ def test_normal_sessions_are_unaffected_by_hostile_ones(hf_engine):
         assert not hostile_errors, hostile_errors[:3]
         wrong = [o for o in outcomes if o[1] != o[2]]
         assert outcomes and not wrong, wrong[:5]
+        assert {"ws_origin", "ws_message_size", "ws_flood"} <= {o[0] for o in outcomes}, outcomes[-5:]
         limit = max(2 * _p99(clean), _p99(clean) + 1.0)
         print(
             f"hostile soak: clean p99 {_p99(clean):.2f}s, with attacks {_p99(hostile):.2f}s, "
