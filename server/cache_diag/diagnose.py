@@ -108,7 +108,8 @@ def diagnose(prev: Prompt, cur: Prompt, state: CacheState, idle_s: float | None 
     core = pfp.core_tokens
     if continues_reply(prev, cur):  # the reply came back: its generated tokens were reusable too
         assert prev.ids is not None and cur.ids is not None
-        core = len(prev.ids) + len(prev.reply)
+        # the reply's last token was sampled, never run through the model: it has no KV to reuse
+        core = len(prev.ids) + len(prev.reply) - 1
         lcp = common_prefix([*prev.ids, *prev.reply], cur.ids)
         if lcp >= len(prev.ids) and lcp < core:
             return _reply_rewritten(prev, cur, state, lcp, core, g, idle_s)
@@ -153,7 +154,9 @@ def continues_reply(prev: Prompt, cur: Prompt) -> bool:
     generation prompt included)? Then the reply's tokens count as reusable."""
     if not prev.reply or prev.ids is None or cur.ids is None or prev.text is None or cur.text is None:
         return False
-    return cur.text.startswith(prev.text)
+    # a request that sends the same history again (a retry, another tool_choice) is no continuation:
+    # it stops before where the reply would end, so it is compared with the previous prompt alone
+    return cur.text.startswith(prev.text) and len(cur.text) > len(prev.text) + len(prev.reply_text)
 
 
 def _reply_rewritten(
@@ -161,7 +164,7 @@ def _reply_rewritten(
 ) -> Diagnosis:
     """The prompt renders the previous reply back with other tokens from reply token ``lcp - prompt``
     on: the template (or the client) wrote the reply differently from how it was generated."""
-    n_prev = core - len(prev.reply)
+    n_prev = len(prev.ids or ())
     limit = min(core, cur.fp.n_tokens - 1)
     reusable = (max(0, limit) // g) * g if state.enabled else 0
     missed = max(0, reusable - state.cached_tokens)

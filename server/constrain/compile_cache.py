@@ -31,7 +31,14 @@ from server.constrain.row_cache import ROWS, RowCache, owner_token
 
 _WORKERS = 2
 _PREFIX = "grammar-compile"
-_POOL = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix=_PREFIX)
+POOL = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix=_PREFIX)
+
+
+def new_pool() -> ThreadPoolExecutor:
+    """A compile pool like ``POOL`` (a test swaps it in to start from idle threads)."""
+    return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix=_PREFIX)
+
+
 _TIMEOUT_S: list[float | None] = [30.0]  # set once at start from limits.grammar_compile_timeout_s
 DEFAULT_SIZE = 64 * 1024  # bytes charged for a value whose size is unknown
 
@@ -51,7 +58,8 @@ class CompileCache:
     def __init__(
         self, limit: int, size: Callable[[Any], int] | None = None, store: RowCache | None = None
     ) -> None:
-        self.limit, self.lock = limit, threading.Lock()
+        # reentrant: a compile already done when its callback is added runs _store at once, under the lock
+        self.limit, self.lock = limit, threading.RLock()
         self.size = size or (lambda _: DEFAULT_SIZE)
         self.store = store if store is not None else ROWS
         self.token = owner_token()
@@ -87,7 +95,7 @@ class CompileCache:
                 raise self._too_slow(what, timeout)
             future = self.pending.get(key)
             if future is None:
-                future = _POOL.submit(make)
+                future = POOL.submit(make)
                 self.pending[key] = future
                 future.add_done_callback(lambda f: self._store(key, f))
         try:

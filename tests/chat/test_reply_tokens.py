@@ -167,7 +167,8 @@ def test_the_cache_report_counts_the_reply_and_names_the_rewrite() -> None:
     d = diagnose(base, cur, CacheState(cached, 1))
     assert d.type == "template_rewrote_history"
     # the reply as generated (capped by the prompt: the engine recomputes its last token)
-    assert d.missed_tokens == min(len(ids) + len(reply), len(plain) - 1) - cached > 0
+    # the reply's last token was sampled, never run through the model: no KV of it to reuse
+    assert d.missed_tokens == min(len(ids) + len(reply) - 1, len(plain) - 1) - cached > 0
     assert d.detail["segment"] == "reply" and d.detail["reply_token"] == same
     spliced = keep_reply(tok, nxt, base)
     assert spliced is not None
@@ -176,4 +177,4 @@ def test_the_cache_report_counts_the_reply_and_names_the_rewrite() -> None:
     ok = diagnose(base, cur, CacheState(len(ids) + len(reply), 1))
     assert ok.type is None and ok.missed_tokens == 0
     lost = diagnose(base, cur, CacheState(len(ids), 1))  # the reply's KV was evicted: counted
-    assert lost.type == "evicted" and lost.missed_tokens == len(reply)
+    assert lost.type == "evicted" and lost.missed_tokens == len(reply) - 1

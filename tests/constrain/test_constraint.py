@@ -182,9 +182,9 @@ def test_plan_round_trips_through_json(hermes, swe_tools):
 
 def test_grammars_are_compiled_once(factory, swe_tools, hermes):
     factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
-    before = len(factory.backend.cache.data)
+    before = len(factory.backend.cache)
     factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
-    assert len(factory.backend.cache.data) == before
+    assert len(factory.backend.cache) == before
     assert factory.trie(tuple(t["function"]["name"] for t in swe_tools)) is factory.trie(
         tuple(t["function"]["name"] for t in swe_tools)
     )

@@ -117,7 +117,7 @@ def test_models_health_metrics(server_url, client):
         ({"model": MODEL}, "messages"),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "role"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, "n=2"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 9000}]}, "context window"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 9000}]}, "maximum context length"),
         # max_tokens over the window: clamped by default, 400 under reject (test_max_tokens_window.py)
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
         (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -191,7 +192,11 @@ def test_the_xgrammar_compiler_cache_is_bounded_and_its_errors_are_400s(vocab):
     assert err.value.param == "tools"
 
 
-def test_a_compile_that_could_not_start_in_time_never_runs_and_an_overdue_one_fails_fast(short_timeout):
+def test_a_compile_that_could_not_start_in_time_never_runs_and_an_overdue_one_fails_fast(
+    short_timeout, monkeypatch
+):
+    # its own two pool threads: an earlier test's compile still running must not take one of them
+    monkeypatch.setattr(compile_cache, "POOL", compile_cache.new_pool())
     cache = CompileCache(8)
     release = threading.Event()
     ran: list[str] = []
@@ -207,10 +212,11 @@ def test_a_compile_that_could_not_start_in_time_never_runs_and_an_overdue_one_fa
     busy = [threading.Thread(target=lambda k=k: _swallow(cache, k, slow(k))) for k in ("a", "b")]
     for t in busy:
         t.start()
-    for _ in range(100):  # both pool threads busy
+    for _ in range(2000):  # both pool threads busy (seconds on a loaded box: wait, never guess)
         if len(ran) == 2:
             break
         time.sleep(0.01)
+    assert sorted(ran) == ["a", "b"]
     with pytest.raises(ConstraintError, match="limits.grammar_compile_timeout_s"):
         cache.get_or_make("queued", slow("queued"))  # waited in the queue past the limit: cancelled
     for t in busy:
@@ -233,3 +239,20 @@ def _swallow(cache: CompileCache, key: str, make) -> None:
         cache.get_or_make(key, make)
     except ConstraintError:
         pass
+
+
+def test_a_compile_done_before_its_callback_is_added_does_not_deadlock(monkeypatch):
+    """A fast compile (or one xgrammar answers from its own cache) can finish before get_or_make adds
+    its done callback under the lock; the callback then runs at once in the same thread and takes the
+    lock again. With a plain Lock that hung the request for good (seen: a 300 s test timeout)."""
+    done: Future[str] = Future()
+    done.set_result("compiled")
+    monkeypatch.setattr(compile_cache.POOL, "submit", lambda make: done)
+    cache = CompileCache(8)
+    got: list[str] = []
+    worker = threading.Thread(
+        target=lambda: got.append(cache.get_or_make("k", lambda: "compiled")), daemon=True
+    )
+    worker.start()
+    worker.join(5)
+    assert got == ["compiled"] and len(cache) == 1
