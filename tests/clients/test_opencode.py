@@ -143,7 +143,10 @@ def test_opencode_without_an_output_limit_runs_until_the_window_is_full(hf_engin
     assert all(json.loads(c["request"]).get("max_tokens") == 32000 for c in chats), detail
     # answered until the conversation outgrew the window ...
     assert all(c["status"] == 200 for c in served), detail
-    assert all(b'"max_tokens_clamped"' in c["response"] for c in served), detail
+    # every reply read to its end says it was clamped (opencode may close a stream early, e.g. its
+    # title request: such a stream never reached the final chunk that carries the field)
+    finished = [c for c in served if b"[DONE]" in c["response"] or b"data:" not in c["response"]]
+    assert finished and all(b'"max_tokens_clamped"' in c["response"] for c in finished), detail
     # ... then the documented 400: the prompt alone is over the window, nothing truncated
     assert last["status"] == 400, detail
     error = json.loads(last["response"])["error"]
