@@ -9,6 +9,8 @@ import asyncio
 import json
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -168,12 +170,11 @@ def test_the_origin_check(tokenizer, keys, allowed, origin, ok):
             assert "websocket.allowed_origins" in denied.value.json()["error"]["message"]
 
 
-def test_a_client_that_stops_reading_frees_its_slot(tokenizer):
-    """A client that never reads (a 4 KiB receive buffer) holds its engine request and admission slot
-    at most until the request's deadline (+ 1 s where a send is still blocked then: the socket is
-    ended, server/api/responses_ws.py). A regression check: on this box the stream's own deadline
-    usually ends it first, the blocked-send path could not be forced reliably in a fast test."""
-    settings = settings_with(limits={"request_timeout_s": 3.0})
+@contextmanager
+def stalled_turn(tokenizer: Any, limits: dict[str, Any]) -> Iterator[tuple[Any, SlowEngine, float]]:
+    """A turn of ~1.1 KB events to a client that never reads (a 4 KiB receive buffer), on a real
+    uvicorn server: yields (app, engine, when the turn was sent)."""
+    settings = settings_with(limits=limits)
     engine = SlowEngine(tokenizer, step_s=0.0, burst=256)  # ~1.1 KB per event
     engine.max_model_len = 4_000_000
     app = build_app(settings, engine=engine)
@@ -186,35 +187,29 @@ def test_a_client_that_stops_reading_frees_its_slot(tokenizer):
         ws = connect_sync(url.replace("http://", "ws://") + "/v1/responses", max_queue=1, sock=sock)
         try:
             ws.send(json.dumps(body))
-            sent = time.monotonic()
-            run = engine.wait_closed(0, timeout_s=30)
-            assert not run.finished and run.closed_at is not None and run.closed_at - sent < 3.0 + 2.5
-            deadline = time.monotonic() + 5
-            while app.state.admission.inside:  # the slot is free
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            yield app, engine, time.monotonic()
         finally:
             ws.close_socket()
+
+
+def test_a_client_that_stops_reading_frees_its_slot(tokenizer):
+    """A client that never reads holds its engine request and admission slot at most until the
+    request's deadline (+ 1 s where a send is still blocked then: the socket is ended,
+    server/api/responses_ws.py). A regression check: on this box the stream's own deadline usually
+    ends it first (a blocked send is the next test's)."""
+    with stalled_turn(tokenizer, {"request_timeout_s": 3.0}) as (app, engine, sent):
+        run = engine.wait_closed(0, timeout_s=30)
+        assert not run.finished and run.closed_at is not None and run.closed_at - sent < 3.0 + 2.5
+        deadline = time.monotonic() + 5
+        while app.state.admission.inside:  # the slot is free
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
 
 
 def test_a_socket_write_blocked_past_the_send_timeout_ends_the_turn(tokenizer):
     """limits.stream_send_timeout_s bounds one WebSocket write as it bounds one SSE write: a client
     that stops reading loses its turn within seconds, not at the request's deadline (60 s here)."""
-    settings = settings_with(limits={"request_timeout_s": 60.0, "stream_send_timeout_s": 1.0})
-    engine = SlowEngine(tokenizer, step_s=0.0, burst=256)  # ~1.1 KB per event
-    engine.max_model_len = 4_000_000
-    app = build_app(settings, engine=engine)
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go."}]}
-    body = {"type": "response.create", "model": MODEL, "input": [item], "max_output_tokens": 3_900_000}
-    with running_server(app, **uvicorn_ws_options(settings)) as url:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-        ws = connect_sync(url.replace("http://", "ws://") + "/v1/responses", max_queue=1, sock=sock)
-        try:
-            ws.send(json.dumps(body))
-            sent = time.monotonic()
-            run = engine.wait_closed(0, timeout_s=45)
-            assert not run.finished and run.closed_at is not None and run.closed_at - sent < 20.0
-        finally:
-            ws.close_socket()
+    limits = {"request_timeout_s": 60.0, "stream_send_timeout_s": 1.0}
+    with stalled_turn(tokenizer, limits) as (_, engine, sent):
+        run = engine.wait_closed(0, timeout_s=45)
+        assert not run.finished and run.closed_at is not None and run.closed_at - sent < 20.0
