@@ -124,7 +124,9 @@ def test_session_with_answers_names_the_rewrite_keep_reasoning_is_append_only(se
             f"\nharmony {name}: cached {c} of ideal {i} ({c / i:.2%}); of all prompt tokens {t} ({c / t:.2%})"
         )
     rewrites = [r for r in vendor[3] if r.get("type") == "template_rewrote_history"]
-    assert rewrites and "not rendered (until_answer" in json.dumps(rewrites[0]), vendor[3]
-    assert vendor[0] < vendor[1]  # the analysis dropped after each answer is recomputed
+    # the analysis dropped after an answer is named with the renderer's note (a call's header the
+    # template writes otherwise than the model did is named on the reply: tests/e2e/test_reasoning_api.py)
+    assert any("not rendered (until_answer" in json.dumps(r) for r in rewrites), vendor[3]
+    assert sum(r["missed_tokens"] for r in rewrites) > 0  # recomputed
     assert all(r.get("diverged_at_token") is None for r in kept[3]), kept[3]
-    assert kept[0] >= 0.99 * kept[1] and kept[0] > vendor[0]
+    assert kept[0] >= 0.99 * kept[1] and kept[0] / kept[2] > vendor[0] / vendor[2]

@@ -283,9 +283,14 @@ def test_past_reasoning_dropped_or_kept(served) -> None:
             f"\n{ref} {name}: cached {c} of ideal {i} ({c / i:.2%}); of all prompt tokens {t} ({c / t:.2%})"
         )
     if load_family(ref).reasoning.history == "until_answer":
-        # gpt-oss keeps the analysis of a tool loop (this session only calls): append-only both
-        # ways; tests/e2e/test_harmony_api.py has the session with answers (the rewrite)
-        assert all(r.get("diverged_at_token") is None for r in dropped[3] + kept[3])
+        # gpt-oss keeps the analysis of a tool loop (this session only calls): every prompt starts
+        # with the previous one both ways; tests/e2e/test_harmony_api.py has the session with answers.
+        # The vendor template writes a past call's header otherwise than the model did (`to=` before
+        # `<|channel|>`): the reply's own tokens from there on are named, never the prompt's
+        assert all(r.get("diverged_at_token") is None for r in kept[3]), kept[3]
+        for r in dropped[3]:
+            if r.get("diverged_at_token") is not None:
+                assert r["type"] == "template_rewrote_history" and r["detail"]["segment"] == "reply", r
         assert dropped[0] >= 0.99 * dropped[1] and kept[0] >= 0.99 * kept[1]
         return
     if load_family(ref).reasoning.history == "all":  # Mistral: every turn keeps its reasoning
@@ -297,10 +302,11 @@ def test_past_reasoning_dropped_or_kept(served) -> None:
     rewrites = [r for r in dropped[3] if r.get("type") == "template_rewrote_history"]
     assert rewrites, dropped[3]
     assert "reasoning" in json.dumps(rewrites[0]) and "keep_reasoning" in json.dumps(rewrites[0])
-    assert dropped[0] < dropped[1]  # each rewrite loses tokens the previous prompt had
-    # kept: append-only, every turn's prompt starts with the previous one
+    assert sum(r["missed_tokens"] for r in rewrites) > 0  # each rewrite loses tokens it had cached
+    # kept: append-only, every turn's prompt starts with the previous one (its reply too)
     assert all(r.get("diverged_at_token") is None for r in kept[3]), kept[3]
-    assert kept[0] >= 0.99 * kept[1] and kept[0] > dropped[0]
+    # (cached/ideal can pass 100% both ways: the reply's tokens count; compare shares of the prompts)
+    assert kept[0] >= 0.99 * kept[1] and kept[0] / kept[2] > dropped[0] / dropped[2]
 
 
 ANSWER = {
