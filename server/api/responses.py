@@ -7,7 +7,8 @@ the chat result comes back as a ``response`` object or as Responses stream event
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -119,8 +120,19 @@ class ResponseJob:
     def to_json(self, p: Prepared, chat: dict[str, Any]) -> dict[str, Any]:
         return from_chat(self.ctx, chat)
 
-    def to_stream(self, p: Prepared, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        return self.events.events(chunks)
+    async def to_stream(
+        self,
+        p: Prepared,
+        chunks: AsyncIterator[dict[str, Any]],
+        on_final: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The Responses events; ``on_final`` (the store's copy) is awaited before the terminal event
+        goes out, so a GET or the next turn sent on seeing it finds the response."""
+        async for ev in self.events.events(chunks):
+            final = self.events.final
+            if on_final is not None and final is not None and ev.get("response") is final:
+                await on_final(final)
+            yield ev
 
 
 @router.post("/v1/responses")
@@ -138,11 +150,12 @@ async def create_response(request: Request) -> Response:
             store.put(tenant, job.conv.input_items, response)
         return response
 
-    async def to_stream(p: Prepared, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        async for ev in job.to_stream(p, chunks):
-            yield ev
-        if keep and job.events.final is not None:
-            store.put(tenant, job.conv.input_items, job.events.final)
+    async def stored(response: dict[str, Any]) -> None:
+        if keep:  # off the event loop: it encodes the whole conversation
+            await asyncio.to_thread(store.put, tenant, job.conv.input_items, response)
+
+    def to_stream(p: Prepared, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        return job.to_stream(p, chunks, stored)
 
     framing = Framing(named_events=True, done=False, error_event=job.events.failed_event)
     return await serve_prepared(request, job.prepare, to_json, to_stream, framing)

@@ -213,28 +213,35 @@ class Socket:
                 await asyncio.to_thread(prepare)
             finally:
                 ticket.release()
-            job = made[0][0]
-            for event in job.events.start() + job.events.finish_events():
+            job, nbytes = made[0]
+            events = job.events.start() + job.events.finish_events()
+            assert job.events.final is not None
+            await asyncio.to_thread(self.held.remember, job, job.events.final, nbytes)
+            for event in events:
                 await self.send(event)
         else:
             prepared, ticket, deadline = await admit(self.state, prepare)
-            job = made[0][0]
             try:
-                await self.stream(job, prepared, ticket, deadline)
+                await self.stream(*made[0], prepared, ticket, deadline)
             finally:
                 ticket.release()  # (sse_stream releases it: this covers a failure before it starts)
-        if job.events.final is not None:
-            await asyncio.to_thread(self.held.remember, job, job.events.final, made[0][1])
 
-    async def stream(self, job: ResponseJob, prepared: Prepared, ticket: Ticket, deadline: float) -> None:
-        """The turn's events, each sent before the next is made. One send blocked past
+    async def stream(
+        self, job: ResponseJob, nbytes: int, prepared: Prepared, ticket: Ticket, deadline: float
+    ) -> None:
+        """The turn's events, each sent before the next is made; the response is held (and stored)
+        before its terminal event goes out. One send blocked past
         ``limits.stream_send_timeout_s``, or the turn past the request's deadline (+ a grace second:
         the stream's own timeout speaks first), means a client that stopped reading: the socket is
         ended and the engine request and admission slot freed."""
         self.active = turn = ActiveTurn(job.ctx.id, job.events)
         remaining = max(0.001, deadline - time.monotonic())
         send_timeout = self.state.settings.limits.stream_send_timeout_s
-        chunks = job.to_stream(prepared, until_stopped(self.state.service.stream(prepared), turn))
+
+        async def held(response: dict[str, Any]) -> None:
+            await asyncio.to_thread(self.held.remember, job, response, nbytes)
+
+        chunks = job.to_stream(prepared, until_stopped(self.state.service.stream(prepared), turn), held)
         framing = JsonFraming(done=False, error_event=job.events.failed_event)
         try:
             async with asyncio.timeout(remaining + SEND_GRACE_S):
