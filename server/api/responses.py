@@ -129,7 +129,7 @@ class ResponseJob:
         """The Responses events; ``on_final`` (the store's copy) is awaited before the terminal event
         goes out, so a GET or the next turn sent on seeing it finds the response."""
         async for ev in self.events.events(chunks):
-            final = self.events.final
+            final: dict[str, Any] | None = self.events.final
             if on_final is not None and final is not None and ev.get("response") is final:
                 await on_final(final)
             yield ev
