@@ -130,7 +130,7 @@ class ResponseJob:
         goes out, so a GET or the next turn sent on seeing it finds the response."""
         async for ev in self.events.events(chunks):
             final: dict[str, Any] | None = self.events.final
-            if on_final is not None and final is not None and ev.get("response") is final:
+            if on_final is not None and ev.get("response") is final and final is not None:
                 await on_final(final)
             yield ev
 
