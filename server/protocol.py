@@ -226,6 +226,9 @@ class SamplingFields(_Loose):
     cache_compare_with: str | None = Field(None, max_length=256)  # extension: a response id
     prompt_cache_retention: Literal["in-memory", "in_memory", "24h"] | None = None  # OpenAI's hint
     cache_retention_s: float | None = Field(None, ge=0.0, le=86400.0 * 7)  # extension: a hint, seconds
+    # extension, set by the Responses adapter: the prompt_cache_breakpoint of each input text part
+    # (their text is joined into one chat message, so the parts' own breakpoints would be lost)
+    prompt_cache_breakpoints: list[PromptCacheBreakpoint] | None = Field(None, max_length=4096)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)  # vLLM extension
@@ -272,6 +275,8 @@ class SamplingFields(_Loose):
             parts = message.content if isinstance(message.content, list) else []
             for bp in (p.prompt_cache_breakpoint for p in parts if p.prompt_cache_breakpoint is not None):
                 hints.append(PROMPT_CACHE_TTL_S[bp.ttl or options_ttl or "30m"])
+        for bp in self.prompt_cache_breakpoints or []:
+            hints.append(PROMPT_CACHE_TTL_S[bp.ttl or options_ttl or "30m"])
         return max(hints)
 
     def comparison_response_id(self) -> str | None:

@@ -116,3 +116,31 @@ def test_a_hint_the_cache_does_not_use_is_said_in_the_response_and_health(hf_eng
         assert r.json()["cache"]["retention_hint"] == {**hint, "requested_s": 60.0}
         health = c.get("/health").json()["retention_hints"]
         assert health == {"used": False, "reason": hint["reason"]}
+
+
+def responses_parts_hint(*parts: dict[str, Any], **body: Any) -> float:
+    item = {"type": "message", "role": "user", "content": list(parts)}
+    job = ResponseJob(None, {}, "", {"model": MODEL, "input": [item], **body}, None)  # type: ignore[arg-type]
+    return job.req.retention_hint_s()
+
+
+def test_responses_input_part_breakpoints_are_hints_though_their_text_is_joined():
+    plain = {"type": "input_text", "text": "rules "}
+    marked = {"type": "input_text", "text": "hi", "prompt_cache_breakpoint": {"mode": "explicit"}}
+    assert responses_parts_hint(plain) == 0.0
+    assert responses_parts_hint(plain, marked) == 1800.0  # no ttl: 30m
+    assert responses_parts_hint(plain, marked, prompt_cache_options={"ttl": "12h"}) == 43200.0  # inherits
+    long = {**marked, "prompt_cache_breakpoint": {"mode": "explicit", "ttl": "12h"}}
+    assert responses_parts_hint(marked, long) == 43200.0
+    job = ResponseJob(
+        None, {}, "", {"model": MODEL, "input": [{"role": "user", "content": [plain, long]}]}, None
+    )  # type: ignore[arg-type]
+    assert job.req.messages[-1].content == "rules hi"  # the prompt is unchanged: one joined message
+
+
+def test_responses_bad_part_breakpoint_is_a_400_naming_it():
+    bad = {"type": "input_text", "text": "hi", "prompt_cache_breakpoint": {"ttl": "1h"}}
+    with pytest.raises(InvalidRequest) as exc:
+        responses_parts_hint(bad)
+    assert exc.value.param == "input[0].content[0].prompt_cache_breakpoint"
+    assert "'30m' or '12h'" in exc.value.message

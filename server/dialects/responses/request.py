@@ -22,7 +22,8 @@ cache report read it). Mapping (what is accepted, and where it goes):
   ``tools`` / ``tool_choice`` → see ``tools.py``; ``prompt_cache_options`` (the diagnostics'
   ``comparison_response_id``), ``temperature``, ``top_p``, ``parallel_tool_calls``, ``user``,
   ``prompt_cache_key``, ``prompt_cache_retention`` (a retention hint for the session's KV:
-  ``"24h"`` keeps it up to ``prefix_cache.session_cap_s`` after a reply), ``stream``,
+  ``"24h"`` keeps it up to ``prefix_cache.session_cap_s`` after a reply), a content part's
+  ``prompt_cache_breakpoint`` (its ttl is a hint too: ``prompt_cache_breakpoints``), ``stream``,
   ``tool_state_machine``, ``cache_compare_with``, ``top_logprobs`` pass through.
 - Accepted, no effect on the tokens: ``store`` and ``previous_response_id`` (used here),
   ``metadata`` (echoed), ``include``; ``reasoning.effort`` → ``reasoning_effort`` (a reasoning
@@ -319,4 +320,30 @@ def to_chat(body: dict[str, Any], history: list[Any] | None = None) -> Converted
         chat["stream_options"] = {"include_usage": True}
     if chat.get("max_tokens") is None:  # OpenAI grants the model's maximum: here, the rest of the window
         chat["max_tokens_default"] = "window"
+    breakpoints = _breakpoints(items)
+    if breakpoints:  # retention hints (their ttl); the parts' text is joined into one chat message
+        chat["prompt_cache_breakpoints"] = breakpoints
     return Converted(chat, names, items)
+
+
+def _breakpoints(items: list[Any]) -> list[dict[str, Any]]:
+    """The ``prompt_cache_breakpoint`` of each content part of the conversation, in order."""
+    found = []
+    for i, item in enumerate(items):
+        content = item.get("content") if isinstance(item, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            bp = part.get("prompt_cache_breakpoint") if isinstance(part, dict) else None
+            if bp is None:
+                continue
+            if (
+                not isinstance(bp, dict)
+                or bp.get("ttl") not in (None, "30m", "12h")
+                or bp.get("mode") not in (None, "explicit")
+            ):
+                raise InvalidRequest(
+                    f"input[{i}].content[{j}].prompt_cache_breakpoint must be an object with an optional "
+                    "ttl of '30m' or '12h' (and mode 'explicit')",
+                    param=f"input[{i}].content[{j}].prompt_cache_breakpoint",
+                )
+            found.append(bp)
+    return found
