@@ -139,6 +139,14 @@ class UpstreamUnavailable(AgentServeError):
     default_code = "upstream_unavailable"
 
 
+class EngineDead(AgentServeError):
+    """The worker's engine stopped for good (its thread died): /health and /health/live say 503."""
+
+    status = 503
+    type = "server_error"
+    default_code = "engine_dead"
+
+
 def internal_error_body(exc: BaseException) -> dict[str, Any]:
     """Body for an unexpected exception: says what happened without leaking prompt text."""
     return {

@@ -19,16 +19,28 @@ def test_a_dead_engine_fails_health_and_liveness(embedded_model_dir):
     from server.engines.hf.engine import HFEngine
 
     engine = HFEngine(worker_settings().engine_settings())
+    body = {
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 400,
+    }
     with running_server(build_app(worker_settings(), engine=engine)) as url:
         assert httpx.get(url + "/health", timeout=5).json()["status"] == "ok"
         assert httpx.get(url + "/health/live", timeout=5).status_code == 200
-        engine._stop.set()  # the decode thread ends, as if it had crashed
-        engine._wake.set()
-        engine._thread.join(10)
+
+        def crash() -> None:  # a bug outside any one request's step: the decode thread dies
+            raise RuntimeError("a bug in the scheduler")
+
+        engine.scheduler.turn = crash  # type: ignore[method-assign]
+        # the request it held ends at once with an error (on main it waited for the request timeout)
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code >= 500 and "a bug in the scheduler" in r.text, r.text
         r = httpx.get(url + "/health", timeout=5)
         assert r.status_code == 503 and r.json()["status"] == "engine_dead", r.text
-        assert "decode thread" in r.json()["reason"]
+        assert "decode thread" in r.json()["reason"] and "RuntimeError" in r.json()["reason"]
         assert httpx.get(url + "/health/live", timeout=5).status_code == 503
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)  # refused, not queued
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead", r.text
 
 
 def test_an_overloaded_worker_stays_live_and_ready(hf_engine):

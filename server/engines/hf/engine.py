@@ -50,6 +50,7 @@ from server.engines.hf.linears.install import install_linears
 from server.engines.hf.runner import Runner
 from server.engines.hf.scheduler import Scheduler
 from server.engines.hf.sequence import SequenceState
+from server.errors import EngineDead
 from server.kvcache.sessions import LookupReport
 from server.model_store import resolve_model
 
@@ -114,6 +115,7 @@ class HFEngine(Engine):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_error: Exception | None = None  # what stopped the engine thread before its loop
+        self._crash: Exception | None = None  # what ended the engine thread's loop (never recovered)
         self._stats = EngineStats()
         # the model's work on sequences (prefill, decode, retain): a part of the engine, not a base
         self.runner = Runner(
@@ -157,6 +159,8 @@ class HFEngine(Engine):
 
     def health(self) -> str | None:
         """None while the engine can serve; else why not (/health answers 503 with it)."""
+        if self._crash is not None:
+            return f"the hf engine's decode thread has stopped ({type(self._crash).__name__}: {self._crash})"
         if self._thread is not None and not self._thread.is_alive():
             return "the hf engine's decode thread has stopped"
         return None
@@ -175,6 +179,8 @@ class HFEngine(Engine):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._thread is None:
             await self.start()
+        if (dead := self.health()) is not None:  # nobody would take the request: never a hang
+            raise EngineDead(f"{dead}: this worker cannot serve until it is restarted")
         seq = SequenceState(request, asyncio.get_running_loop(), asyncio.Queue())
         seq.stop_ids = frozenset((*self.eos_token_ids, *request.sampling.stop_token_ids))
         seq.constraint = request.constraint  # compiled at prepare time: not compiled again
@@ -182,6 +188,8 @@ class HFEngine(Engine):
             with constraint_errors_as_400():
                 seq.constraint = self.constraints.build(request.tool_spec)
         self.scheduler.add(seq)
+        if self._crash is not None:  # the loop ended while this was queued: end it here
+            self.scheduler.fail_waiting(self._crash)
         self._wake.set()
         try:
             while True:
@@ -228,13 +236,18 @@ class HFEngine(Engine):
             return
         finally:
             ready.set()
-        while not self._stop.is_set():
-            self.scheduler.turn()
-            if self.scheduler.idle():
-                if self.runner.slots is not None:
-                    self.runner.slots.release_idle()  # idle: an empty pool gives its memory back, later
-                self._wake.wait(0.5)
-                self._wake.clear()
+        try:
+            while not self._stop.is_set():
+                self.scheduler.turn()
+                if self.scheduler.idle():
+                    if self.runner.slots is not None:
+                        self.runner.slots.release_idle()  # idle: an empty pool gives its memory back
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+        except Exception as exc:  # a bug outside one request's step: the engine cannot go on
+            self._crash = exc  # first: generate() refuses new requests from now on
+            log.critical("the hf engine's decode thread died; every request it held fails", exc_info=exc)
+            self.scheduler.fail_all(exc)
 
     def request_arrived(self, session_key: str) -> None:
         """The service says a request of the session arrived (it may still wait for a slot)."""

@@ -118,6 +118,23 @@ class Scheduler:
             for seq in going:
                 seq.fail(exc)
 
+    def fail_all(self, exc: Exception) -> None:
+        """The engine thread ends on ``exc``: every request it holds ends with an error chunk."""
+        held = [*self.running, *([self.prefilling] if self.prefilling is not None else [])]
+        self.running, self.prefilling = [], None
+        for seq in held:
+            seq.fail(exc)
+        self.fail_waiting(exc)
+
+    def fail_waiting(self, exc: Exception) -> None:
+        """End the queued requests with an error chunk (any thread: the queue is thread-safe)."""
+        while True:
+            try:
+                seq = self.waiting.get_nowait()
+            except queue.Empty:
+                return
+            seq.fail(exc)
+
     def guarded(self, seq: SequenceState, step: Callable[[SequenceState], Any]) -> Any:
         """``step(seq)``, unless ``seq`` was cancelled (its KV kept, it leaves); an exception ends
         ``seq`` with an error chunk (never the engine thread). None when it did not run."""

@@ -41,7 +41,7 @@ from server.engines.base import (
 from server.engines.hf.sampler import TokenSampler
 from server.engines.llamacpp.batch import KVFull, Row, Runtime
 from server.engines.llamacpp.slots import Slot, SlotTable
-from server.errors import ContextLengthExceeded, InvalidRequest
+from server.errors import ContextLengthExceeded, EngineDead, InvalidRequest
 from server.model_store import gguf_path, tokenizer_folder
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,10 @@ class SeqState:
             self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
         except RuntimeError:  # the client's event loop is gone: nobody to tell
             self.cancelled = True
+
+
+def _engine_error(exc: Exception) -> str:
+    return f"engine error: {type(exc).__name__}: {exc}"
 
 
 def pool_cells(budget_bytes: int, per_token: int, max_model_len: int) -> int:
@@ -123,6 +127,7 @@ class LlamaCppEngine(Engine):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._crash: Exception | None = None  # what ended the engine thread's loop (never recovered)
         self._stats = EngineStats()
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -141,6 +146,9 @@ class LlamaCppEngine(Engine):
         self.rt.close()
 
     def health(self) -> str | None:
+        if self._crash is not None:
+            crash = self._crash
+            return f"the llamacpp engine's decode thread has stopped ({type(crash).__name__}: {crash})"
         if self._thread is not None and not self._thread.is_alive():
             return "the llamacpp engine's decode thread has stopped"
         return None
@@ -172,6 +180,8 @@ class LlamaCppEngine(Engine):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._thread is None:
             await self.start()
+        if (dead := self.health()) is not None:  # nobody would take the request: never a hang
+            raise EngineDead(f"{dead}: this worker cannot serve until it is restarted")
         n_prompt = len(request.prompt_ids)
         if n_prompt == 0:
             raise InvalidRequest("the prompt is empty: send at least one token", param="prompt")
@@ -199,6 +209,8 @@ class LlamaCppEngine(Engine):
             TokenSampler(p, request.prompt_ids, self.vocab_size, torch.device("cpu"), gen),
         )
         self._inbox.put(seq)
+        if self._crash is not None:  # the loop ended while this was queued: end it here
+            self._fail_inbox(self._crash)
         self._wake.set()
         try:
             while True:
@@ -213,13 +225,33 @@ class LlamaCppEngine(Engine):
     # -- engine thread --------------------------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
-        while not self._stop.is_set():
-            self._admit()
-            if self._running or self._prefilling:
-                self._turn()
-            elif self._inbox.empty():
-                self._wake.wait(0.5)
-                self._wake.clear()
+        try:
+            while not self._stop.is_set():
+                self._admit()
+                if self._running or self._prefilling:
+                    self._turn()
+                elif self._inbox.empty():
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+        except Exception as exc:  # a bug outside one batch: the engine cannot go on
+            self._crash = exc  # first: generate() refuses new requests from now on
+            log.critical(
+                "the llamacpp engine's decode thread died; every request it held fails", exc_info=exc
+            )
+            held = [*self._running, *self._prefilling, *self._waiting]
+            self._running, self._prefilling, self._waiting = [], [], []
+            for seq in held:
+                seq.emit(GenerationChunk([], seq.cached_tokens, "error", _engine_error(exc)))
+            self._fail_inbox(exc)
+
+    def _fail_inbox(self, exc: Exception) -> None:
+        """End the requests not yet admitted with an error chunk (any thread: the inbox is a queue)."""
+        while True:
+            try:
+                seq = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            seq.emit(GenerationChunk([], 0, "error", _engine_error(exc)))
 
     def _admit(self) -> None:
         while not self._inbox.empty():
@@ -287,7 +319,7 @@ class LlamaCppEngine(Engine):
         except Exception as exc:  # the batch failed: end its requests, keep the engine
             log.exception("llama.cpp decode of %d rows failed", len(rows))
             for seq in [*decoding, *(s for s, _ in chunks)]:
-                self._finish(seq, "error", f"engine error: {type(exc).__name__}: {exc}", keep=False)
+                self._finish(seq, "error", _engine_error(exc), keep=False)
             return
         out = iter(wanted)
         for seq in decoding:
