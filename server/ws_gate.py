@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -83,6 +84,37 @@ def origin_refusal(origin: str | None, settings: Settings) -> OriginNotAllowed |
     )
 
 
+INCOMPLETE_HANDSHAKE = "ASGI callable returned without completing handshake"
+
+
+class DenialLogFilter(logging.Filter):
+    """uvicorn's ``websockets-sansio`` protocol (``--ws auto``'s choice) logs ERROR "ASGI callable
+    returned without completing handshake." after every denial response, which it sent correctly: it
+    never marks the handshake done (Kludex/uvicorn#3138, open). A socket flood was an ERROR flood.
+    One such record is dropped per denial this process sent; any other is kept (a real app bug)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = 0
+        self.lock = threading.Lock()
+
+    def denied(self) -> None:
+        with self.lock:
+            self.pending += 1
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(INCOMPLETE_HANDSHAKE):
+            return True
+        with self.lock:
+            if self.pending <= 0:
+                return True
+            self.pending -= 1
+            return False
+
+
+DENIALS = DenialLogFilter()
+
+
 async def refuse(ws: WebSocket, exc: AgentServeError, close_code: int) -> None:
     """Answer the upgrade with ``exc`` as HTTP (close code ``close_code`` where the server cannot)."""
     headers = {"Retry-After": "1"} if exc.status == 503 else None
@@ -90,12 +122,15 @@ async def refuse(ws: WebSocket, exc: AgentServeError, close_code: int) -> None:
         await ws.send_denial_response(JSONResponse(exc.body(), status_code=exc.status, headers=headers))
     except RuntimeError:  # no HTTP answer possible in place of the upgrade
         await ws.close(code=close_code, reason=exc.message[:120])
+    else:
+        DENIALS.denied()
 
 
 class SocketGate:
     """Counts a process's open WebSockets and refuses an upgrade over the limit or from a refused origin."""
 
     def __init__(self, settings: Settings) -> None:
+        logging.getLogger("uvicorn.error").addFilter(DENIALS)  # once: a logger keeps one of each
         self.settings = settings
         self.limit = socket_limit(settings)
         self.open = 0

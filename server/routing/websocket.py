@@ -29,7 +29,6 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
@@ -41,7 +40,7 @@ from server.errors import AgentServeError, UpstreamUnavailable
 from server.routing.forward import HOP_HEADERS
 from server.routing.request import route_request
 from server.session_key import CLAUDE_CODE_HEADER, HEADER
-from server.ws_gate import accept_headers
+from server.ws_gate import CLOSE_POLICY, accept_headers, refuse
 
 if TYPE_CHECKING:
     from server.routing.router import Router
@@ -49,7 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentserve.routing")
 PATH = "/v1/responses"
-CLOSE_POLICY = 1008  # a refused key, where no HTTP answer can replace the upgrade
 CLOSE_ERROR = 1011  # the worker's socket ended abnormally
 CLOSE_TRY_LATER = 1013  # no worker could take the socket
 _READ_HEADERS = {name.encode(): name for name in ("authorization", "x-api-key", HEADER, CLAUDE_CODE_HEADER)}
@@ -109,10 +107,7 @@ def _forwarded(name: bytes) -> bool:
 
 
 async def _refuse(ws: WebSocket, exc: AgentServeError) -> None:
-    try:
-        await ws.send_denial_response(JSONResponse(exc.body(), status_code=exc.status))
-    except RuntimeError:  # the server cannot answer the upgrade with an HTTP response
-        await ws.close(code=CLOSE_POLICY, reason=exc.message[:120])
+    await refuse(ws, exc, CLOSE_POLICY)
 
 
 async def _connect(

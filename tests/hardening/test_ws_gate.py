@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -213,3 +214,33 @@ def test_a_socket_write_blocked_past_the_send_timeout_ends_the_turn(tokenizer):
     with stalled_turn(tokenizer, limits) as (_, engine, sent):
         run = engine.wait_closed(0, timeout_s=45)
         assert not run.finished and run.closed_at is not None and run.closed_at - sent < 20.0
+
+
+def test_a_refused_upgrade_logs_no_incomplete_handshake_error(tokenizer):
+    """uvicorn's websockets-sansio protocol logged ERROR "ASGI callable returned without completing
+    handshake." for every denial it had sent correctly (Kludex/uvicorn#3138): one per refused socket."""
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = seen.append  # type: ignore[method-assign]
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    try:
+        with serve(settings_with(), tokenizer) as url:
+            uvicorn_log.addHandler(handler)  # after uvicorn's dictConfig, which drops its handlers
+            ws_url = url.replace("http://", "ws://") + "/v1/responses"
+
+            async def refused() -> int:
+                try:
+                    await connect(
+                        ws_url, additional_headers={"Origin": "http://evil.example"}, open_timeout=30
+                    )
+                except InvalidStatus as exc:
+                    return exc.response.status_code
+                return 101
+
+            for _ in range(3):
+                assert asyncio.run(refused()) == 403
+            time.sleep(0.5)  # uvicorn logs after the app returns
+    finally:
+        uvicorn_log.removeHandler(handler)
+    errors = [r.getMessage() for r in seen if r.levelno >= logging.ERROR]
+    assert not errors, errors
