@@ -55,7 +55,7 @@ from server.api.responses import ResponseJob
 from server.api.routes import admit
 from server.api.sse import Framing, sse_stream
 from server.api.ws_conversation import Conversation
-from server.api.ws_interrupt import ActiveTurn, until_stopped
+from server.api.ws_interrupt import ActiveTurn
 from server.auth import authenticate
 from server.chat.prepared import Prepared
 from server.errors import AgentServeError, InvalidRequest, PayloadTooLarge, internal_error_body
@@ -241,7 +241,7 @@ class Socket:
         async def held(response: dict[str, Any]) -> None:
             await asyncio.to_thread(self.held.remember, job, response, nbytes)
 
-        chunks = job.to_stream(prepared, until_stopped(self.state.service.stream(prepared), turn), held)
+        chunks = job.to_stream(prepared, self.state.service.stream(prepared, turn.stop), held)
         framing = JsonFraming(done=False, error_event=job.events.failed_event)
         try:
             async with asyncio.timeout(remaining + SEND_GRACE_S):

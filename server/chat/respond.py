@@ -65,9 +65,10 @@ def _call(p: Prepared, index: int, call: ParsedCall) -> ToolCallOut:
 def finish_parser(
     parser: StreamingToolCallParser, finish: str, envelope: Envelope
 ) -> tuple[Events, IncompleteToolCall | None]:
-    """Flush the parser. A reply cut ("length") inside a call keeps the call's text out of the
-    content and returns it as an ``IncompleteToolCall`` (name + arguments as written, unaltered)."""
-    cut = finish == "length" and parser.in_call
+    """Flush the parser. A reply cut ("length", or "interrupted" by the client) inside a call keeps
+    the call's text out of the content and returns it as an ``IncompleteToolCall`` (name + arguments
+    as written, unaltered)."""
+    cut = finish in ("length", "interrupted") and parser.in_call
     events = parser.finish(unfinished_as_content=not cut)
     return events, (incomplete_call(parser.unfinished or "", envelope) if cut else None)
 

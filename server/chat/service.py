@@ -15,6 +15,7 @@ Lifecycle of one request (docs/architecture.md, "Request lifecycle"); one module
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from server.cache_diag import CacheReporter
 from server.chat.family_choice import choose_family, envelope_name, make_renderer
 from server.chat.generate import GenerationResult, generate_text
+from server.chat.interruptible import INTERRUPTED, Interruptible
 from server.chat.prepare import Preparer
 from server.chat.prepared import Prepared
 from server.chat.reply_tokens import decode
@@ -132,16 +134,21 @@ class ChatService:
         )
         return response
 
-    async def stream(self, p: Prepared) -> AsyncIterator[dict[str, Any]]:
-        """Yield OpenAI stream chunks (dicts); the route turns them into SSE lines."""
+    async def stream(self, p: Prepared, stop: asyncio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Yield OpenAI stream chunks (dicts); the route turns them into SSE lines. ``stop`` set
+        mid-way cancels the engine request and ends the reply ``interrupted``, with its usage."""
         out = GenerationResult()
         self.engine.request_arrived(p.session.key)
         chunks = StreamChunks(p, p.model or self.settings.served_model_name, self.envelope)
         for c in chunks.start():
             yield c
-        async for text in generate_text(self.engine, self.metrics, p, out, self._on_first_token):
+        texts = generate_text(self.engine, self.metrics, p, out, self._on_first_token)
+        stopper = Interruptible(stop) if stop is not None else None
+        async for text in texts if stopper is None else stopper.items(texts):
             for c in chunks.text(text, out):
                 yield c
+        if stopper is not None and stopper.cut:  # the engine request is cancelled; what it wrote stays
+            out.finish_reason = INTERRUPTED
         for c in chunks.close(out):
             yield c
         self._reply_finished(p, [c.name for c in chunks.parser.calls] if chunks.parser else [])

@@ -68,6 +68,9 @@ def test_interrupt_cancels_the_engine_request_and_the_socket_goes_on(client, eng
         assert done["type"] == "response.incomplete", kinds
         assert done["response"]["incomplete_details"] == {"reason": "interrupted"}
         assert not run.finished and run.steps <= steps + 3, (steps, run)  # ~one decode step after it
+        usage = done["response"]["usage"]  # what the turn used until it was stopped (it was null)
+        assert usage["input_tokens"] > 0 and 0 < usage["output_tokens"] <= run.steps + 1, (usage, run)
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
         assert run.closed_at is not None and run.closed_at - sent_at < 1.0
         output = done["response"]["output"]
         if mode == "discard_partial_items":
@@ -109,6 +112,8 @@ def test_interrupt_during_the_prefill_stops_before_the_first_token(tokenizer):
         assert tail[-1]["response"]["incomplete_details"] == {"reason": "interrupted"}
         run = engine.wait_closed(0, timeout_s=2.0)  # not the 30 s prefill
         assert run.steps == 0
+        usage = tail[-1]["response"]["usage"]
+        assert usage["input_tokens"] > 0 and usage["output_tokens"] == 0, usage
 
 
 @pytest.mark.parametrize("prefill_s", [0.0, 30.0], ids=["decoding", "prefilling"])
