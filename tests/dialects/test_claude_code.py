@@ -42,7 +42,8 @@ def test_claude_code_runs_a_tool_and_answers_with_turn_two_from_cache(server, tm
     url, log = server
     version = subprocess.run([str(CLAUDE), "--version"], capture_output=True, text=True, timeout=60).stdout
     if not os.environ.get("AGENTSERVE_DRIFT_LOG"):  # scripts/client_drift.sh runs the newest one
-        assert version.startswith(VERSION), version
+        if not os.environ.get("AGENTSERVE_DRIFT_LOG"):  # scripts/client_drift.sh runs newer versions
+            assert version.startswith(VERSION), version
     run = run_claude(tmp_path, url)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,8 @@ def test_codex_exec_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp
         pytest.skip("uvicorn has no WebSocket support here: install the 'websockets' package")
     seen = len(log.read_text().splitlines())
     version = subprocess.run([str(CODEX), "--version"], capture_output=True, text=True, timeout=60).stdout
-    assert version.split()[-1] == VERSION, version
+    if not os.environ.get("AGENTSERVE_DRIFT_LOG"):  # scripts/client_drift.sh runs newer versions
+        assert version.split()[-1] == VERSION, version
     run = run_codex(tmp_path, url, websockets)
     home = tmp_path / "codex_home"
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
