@@ -284,7 +284,7 @@ class PrefixCache:
             if session:
                 last = tuple(token_ids[(len(kept) - 1) * bs : covered]) if kept else ()
                 self.book.set_chain(session, kept, covered, last)
-            self.tiers.evict()
+            self.tiers.evict(protect=frozenset(kept))  # never this request's own chain (it fits: see above)
         return added
 
     def _add(self, h: bytes, parent: bytes, tokens: tuple[int, ...], payload: Any, nbytes: int) -> Block:
