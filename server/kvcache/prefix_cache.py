@@ -195,6 +195,7 @@ class PrefixCache:
             parent = self.root(salt)
             pos = 0
             missed = b""
+            self.tiers.drop_plan()  # this lookup's restores share one eviction order (tiers.evict)
             while pos + bs <= limit:
                 h = chain_key(parent, token_ids[pos : pos + bs])
                 payload, restored = self.tiers.take(h, keys)
@@ -217,6 +218,7 @@ class PrefixCache:
                     payloads.append(payload)
                     tier2_tokens += best_n if restored else 0
                     self.counters.tail_hit_tokens += best_n
+            self.tiers.drop_plan()
             self.index.touch(keys)
             cached = sum(lengths)
             self.counters.hit_tokens_tier1 += cached - tier2_tokens

@@ -188,12 +188,15 @@ def session_eviction_order(
 
     ``lru`` lists the tier-1 keys least recently used first (a chain's tail before its head).
     """
-    live = [s for s in sessions.values() if not sessions.expired(s, now) and s.chain]
+    live = [
+        (sessions.time_to_return(s, now), -s.since, i, s)
+        for i, s in enumerate(sessions.values())
+        if not sessions.expired(s, now) and s.chain
+    ]
     # most needed first: each block is claimed by the first (soonest-returning) session holding it
-    live.sort(key=lambda s: (sessions.time_to_return(s, now), -s.since))
+    live.sort(key=lambda x: x[:3])
     claim: dict[bytes, tuple[float, int]] = {}
-    for s in live:
-        ttr = sessions.time_to_return(s, now)
+    for ttr, _, _, s in live:
         for depth in range(len(s.chain) - 1, -1, -1):
             h = s.chain[depth]
             if h in claim:
