@@ -18,7 +18,10 @@ requests fire at their recorded ``t`` times ``--time-scale``. A request looks th
 (its session key is the trace's id), inserts its prompt, and its reply ends
 ``api_time x time-scale`` later (``reply_finished``: waits on a tool when ``stop`` is
 ``tool_use``, else on a person). With ``--hints`` every request carries Claude Code's
-retention hint (``cache_control`` ephemeral, 5 minutes: ``--hint-s``).
+retention hint (``cache_control`` ephemeral, 5 minutes: ``--hint-s``). With ``--retain`` the
+prompt is inserted again when its reply ends, as the hf engine does (it holds the request's KV
+while the reply runs and puts prompt + reply back into the cache): blocks evicted meanwhile
+come back without a recompute, and the chain is touched as just used.
 
 ``ceiling``: the share of input units an infinite cache would serve (per trace, the longest
 prefix of a request's ids that an earlier request of the trace had): ``hit_share_of_ceiling``
@@ -179,6 +182,7 @@ class Config:
     session_cap_s: float = 600.0
     workers: int = 1
     routing: str = "affinity"
+    retain: bool = False  # insert the prompt again when the reply ends (the hf engine's ``retain``)
 
     @property
     def unit_bytes(self) -> int:
@@ -304,6 +308,12 @@ def replay(traces: Sequence[Trace], cfg: Config, cache: PrefixCache | None = Non
         if kind == "end":
             w = placed.pop((k, i))
             in_flight[w] -= 1
+            if cfg.retain:  # the engine held the KV while the reply ran: it goes back into the cache
+                n = len(r.units)
+                blocks = functools.partial(
+                    _payload, n_units=n, block_units=cfg.block_units, unit_bytes=unit_bytes
+                )
+                caches[w].insert(r.units, "", blocks, tail=True, session=tr.name)
             caches[w].reply_finished(tr.name, (TOOL,) if r.tool_call else ())
             last_end[k] = at
             continue
@@ -342,6 +352,7 @@ def replay(traces: Sequence[Trace], cfg: Config, cache: PrefixCache | None = Non
     out: dict[str, Any] = {
         "policy": cfg.policy,
         "hints": cfg.hints,
+        "retain": cfg.retain,
         "users": cfg.users,
         "hbm_tokens": cfg.hbm_tokens,
         "host_tokens": cfg.host_tokens,
@@ -415,6 +426,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kv-bytes-per-token", type=int, default=KV_BYTES_PER_TOKEN)
     ap.add_argument("--workers", type=int, default=1, help="fleet: workers, each with a cache of this size")
     ap.add_argument("--routing", default="affinity", help="fleet: the router's policies (comma list: each)")
+    ap.add_argument(
+        "--retain",
+        action="store_true",
+        help="insert each prompt again when its reply ends (the hf engine does: its KV was held meanwhile)",
+    )
     ap.add_argument("--json", help="append each run's JSON object (one per line) to this file")
     return ap
 
@@ -444,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_bytes_per_token=args.kv_bytes_per_token,
             workers=args.workers,
             routing=routing,
+            retain=args.retain,
         )
         out = replay(traces, cfg)
         out["range"] = args.range or "all"

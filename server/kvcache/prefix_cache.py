@@ -195,6 +195,7 @@ class PrefixCache:
             parent = self.root(salt)
             pos = 0
             missed = b""
+            self.tiers.drop_plan()  # this lookup's restores share one eviction order (tiers.evict)
             while pos + bs <= limit:
                 h = chain_key(parent, token_ids[pos : pos + bs])
                 payload, restored = self.tiers.take(h, keys)
@@ -217,6 +218,7 @@ class PrefixCache:
                     payloads.append(payload)
                     tier2_tokens += best_n if restored else 0
                     self.counters.tail_hit_tokens += best_n
+            self.tiers.drop_plan()
             self.index.touch(keys)
             cached = sum(lengths)
             self.counters.hit_tokens_tier1 += cached - tier2_tokens
@@ -284,7 +286,7 @@ class PrefixCache:
             if session:
                 last = tuple(token_ids[(len(kept) - 1) * bs : covered]) if kept else ()
                 self.book.set_chain(session, kept, covered, last)
-            self.tiers.evict()
+            self.tiers.evict(protect=frozenset(kept))  # never this request's own chain (it fits: see above)
         return added
 
     def _add(self, h: bytes, parent: bytes, tokens: tuple[int, ...], payload: Any, nbytes: int) -> Block:

@@ -14,6 +14,17 @@ Eviction order (``session`` policy), first evicted first:
 2. blocks of sessions by expected time to return, latest first, each chain from its
    tail. A block shared by several sessions counts for the one that returns soonest.
 
+A *running* session is ranked by when the cache's copy of its KV is next needed: while its
+reply runs the engine holds that KV itself (the request's matched payloads and its own KV,
+which the engine inserts again when the reply ends), so the copy is needed at its next
+request, after the pause that follows the reply: ranked as ``remaining(last wait, 0)``, the
+pause of what it waited on before this request (0 before any). Never evicted: the chain a
+request is inserting (``PrefixCache.insert`` protects it; ``match`` protects what it
+restores). A session whose next request has arrived ranks first (-1). (Until 2026-11-26 a
+running session ranked first until its reply ended: with ~half of 32 Claude Code users
+running, their chains filled the budget and sessions in a 10 s tool pause went first;
+``session`` lost to ``lru``: benchmarks/results/cc_traces.md.)
+
 Time to return = the expected *remaining* pause given how long the session has already
 waited: over the recent pauses observed for what it waits on (per tool name; "person" for
 a text reply), the mean of (pause - waited) among those longer than the wait so far. A
@@ -114,6 +125,7 @@ class SessionState:
     since: float = 0.0  # when the last reply ended (or the request began, while running)
     keep_s: float = 0.0  # the client's retention hint (cache_control ttl, prompt_cache_retention), seconds
     arrived: float | None = None  # its next request arrived then (waiting for the engine): it is back
+    last_wait: tuple[str, ...] = ()  # what it waited on before its current request (kept while running)
 
 
 class Sessions:
@@ -153,10 +165,13 @@ class Sessions:
         return now - s.since > limit
 
     def time_to_return(self, s: SessionState, now: float) -> float:
-        """Expected seconds until the session is back, given how long it has waited (-1 while
-        running); see the module header."""
-        if s.state == "running" or s.arrived is not None:
+        """Expected seconds until the session's KV is next needed, given how long it has waited;
+        see the module header. -1: its request has arrived and waits for the engine. Running:
+        the pause it will take after its reply, as its last one (0 before any)."""
+        if s.arrived is not None:
             return -1.0
+        if s.state == "running":
+            return self.pauses.remaining(s.last_wait, 0.0) if s.last_wait else 0.0
         return self.pauses.remaining(s.waiting_on, now - s.since)
 
     def __len__(self) -> int:
@@ -173,12 +188,15 @@ def session_eviction_order(
 
     ``lru`` lists the tier-1 keys least recently used first (a chain's tail before its head).
     """
-    live = [s for s in sessions.values() if not sessions.expired(s, now) and s.chain]
+    live = [
+        (sessions.time_to_return(s, now), -s.since, i, s)
+        for i, s in enumerate(sessions.values())
+        if not sessions.expired(s, now) and s.chain
+    ]
     # most needed first: each block is claimed by the first (soonest-returning) session holding it
-    live.sort(key=lambda s: (sessions.time_to_return(s, now), -s.since))
+    live.sort(key=lambda x: x[:3])
     claim: dict[bytes, tuple[float, int]] = {}
-    for s in live:
-        ttr = sessions.time_to_return(s, now)
+    for ttr, _, _, s in live:
         for depth in range(len(s.chain) - 1, -1, -1):
             h = s.chain[depth]
             if h in claim:

@@ -117,6 +117,8 @@ class SessionBook:
             if s.state in ("tool", "person"):
                 self.sessions.pauses.observe(s.waiting_on, back - s.since)
         s, _ = self.sessions.touch(session)
+        if s.state in ("tool", "person"):
+            s.last_wait = s.waiting_on
         s.state, s.waiting_on, s.since, s.keep_s, s.arrived = "running", (), now, retain_s, None
         return before
 

@@ -14,6 +14,7 @@ and insert on it; callers hold its lock.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,7 @@ class Tiers:
         self.counters = counters
         self.sessions = sessions
         self.evictions = 0
+        self._plan: deque[bytes] | None = None  # the eviction order, kept across one lookup's restores
 
     def take(self, h: bytes, protect: list[bytes]) -> tuple[Any, bool]:
         """The payload of block ``h`` (restored from tier 2 if worth it), and whether it was restored."""
@@ -77,7 +79,7 @@ class Tiers:
         self.counters.blocks_restored += 1
         self.counters.bytes_from_tier2 += blk.nbytes
         index.to_tier1(h, payload)
-        self.evict(protect=frozenset([*protect, h]))
+        self.evict(protect=frozenset([*protect, h]), keep_plan=True)
         return payload, True
 
     def forget(self, h: bytes) -> None:
@@ -87,20 +89,36 @@ class Tiers:
             self.tier2.discard(h)
 
     # -- eviction ---------------------------------------------------------------
-    def evict(self, protect: frozenset[bytes] = frozenset()) -> None:
-        """Demote blocks in the policy's order until tier 1 is within its budget."""
+    def evict(self, protect: frozenset[bytes] = frozenset(), *, keep_plan: bool = False) -> None:
+        """Demote blocks in the policy's order until tier 1 is within its budget.
+
+        ``keep_plan``: reuse the order computed by the previous such call (``take`` during one
+        lookup: each restore evicts, and nothing else changes meanwhile but the restored blocks,
+        which ``protect`` holds; ``drop_plan`` ends it). Computing the order anew per restored
+        block made a lookup quadratic in its chain (the tier-2 replays of issue 38)."""
         index = self.index
+        if not keep_plan:
+            self._plan = None
         if index.used_bytes <= self.capacity_bytes:
             return
-        if self.policy == "session":
-            order = session_eviction_order(index.lru, list(index.lru), self.sessions, self.clock())
-        else:
-            order = list(index.lru)
-        for h in order:
-            if index.used_bytes <= self.capacity_bytes:
-                break
+        if self._plan is None:
+            self._plan = deque(self._order())
+        plan = self._plan
+        while plan and index.used_bytes > self.capacity_bytes:
+            h = plan.popleft()  # protected ones stay protected for the rest of the lookup
             if h not in protect and h in index:
                 self._demote(h)
+        if not keep_plan:
+            self._plan = None
+
+    def drop_plan(self) -> None:
+        self._plan = None
+
+    def _order(self) -> list[bytes]:
+        index = self.index
+        if self.policy == "session":
+            return session_eviction_order(index.lru, list(index.lru), self.sessions, self.clock())
+        return list(index.lru)
 
     def _demote(self, h: bytes) -> None:
         """Move a tier-1 block to tier 2, or drop it when there is no tier 2."""

@@ -143,3 +143,39 @@ def test_time_to_return_is_the_expected_remaining_pause_given_the_wait_so_far():
     assert book.time_to_return(late, now) < book.time_to_return(fresh, now)
     late.since = 60.0  # 40 s in: longer than any pause seen, taken to be gone
     assert book.time_to_return(late, now) == 600.0
+
+
+def _slow_person_and_a_fast_tool() -> tuple[PrefixCache, Clock]:
+    """Session "r" (people take ~200 s to answer it) is running again; "t" paused on a fast tool."""
+    c, clock = cache("session", blocks=6)
+    turn(c, "r", [1] * 4, ())  # a person's turn...
+    clock.t += 200  # ...answered 200 s later: person pauses are learned long
+    c.match([1] * 4 + [2] * 2, session="r")  # r's next request: running, its reply not ended
+    c.insert([1] * 4 + [2] * 2, "", make, tail=True, session="r")  # 3 blocks
+    turn(c, "t", [3] * 4, ("file_read",))  # 2 blocks, waits on a tool of ~10 s
+    clock.t += 1
+    return c, clock
+
+
+def test_a_running_session_is_ranked_by_when_its_kv_is_next_needed():
+    """While r's reply runs the engine holds its KV; the cache's copy is needed at r's next request,
+    after the pause it takes (a person's: ~200 s). t is back in ~10 s: r's blocks go first.
+    (Before: a running session was never evicted, and t's blocks went.)"""
+    c, clock = _slow_person_and_a_fast_tool()
+    turn(c, "n", [4] * 4, ("file_read",))  # 2 more blocks: 7 > 6
+    assert held(c, [3] * 4) == 2 and held(c, [4] * 4) == 2
+    assert held(c, [1] * 4 + [2] * 2) == 2  # r lost its last block, from its tail
+    s = c.sessions.get("r")
+    assert s is not None and s.state == "running" and s.last_wait == ("person",)
+    assert c.sessions.time_to_return(s, clock.t) > 150
+
+
+def test_a_request_never_loses_its_own_chain_at_its_insert():
+    """r's own insert may not evict r's chain, even though r ranks last (it just came back from a
+    200 s pause): t's blocks go instead, and r's whole prompt stays cached."""
+    c, clock = _slow_person_and_a_fast_tool()
+    ids = [1] * 4 + [2] * 2 + [5] * 4  # r again (a second request in flight), 5 blocks
+    c.match(ids, session="r")
+    c.insert(ids, "", make, tail=True, session="r")
+    assert held(c, ids) == 5 and held(c, [3] * 4) < 2
+    assert c.used_bytes <= c.capacity_bytes
