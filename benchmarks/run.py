@@ -172,7 +172,9 @@ def parser() -> argparse.ArgumentParser:
         default=0.3,
         help="peers --alternate: idle seconds before each request (the last server's threads stop spinning)",
     )
-    pe.add_argument("--merge", help="peers: one report from these results JSON files (comma list)")
+    pe.add_argument(
+        "--merge", help="peers, agents --long: one report from these results JSON files (comma list)"
+    )
     pe.add_argument("--no-swe", action="store_true", help="peers: leave out the SWE-agent replays")
     pe.add_argument("--bfcl-sets", default="simple,live_simple", help="peers: BFCL sets (comma list)")
     pe.add_argument("--bfcl-cases", type=int, default=20, help="peers: cases per BFCL set (spread evenly)")

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from benchmarks.agents_long import ANSWER_IN_TEXT, COMPACT_PATH, WINDOW, annotate, load_long, summarize
-from benchmarks.compare.agents import HIDDEN, ROOT, replay_turn, servers, vllm_peer
+from benchmarks.compare.agents import HIDDEN, ROOT, replay_turn, servers
 from benchmarks.report import git_commit, machine
 
 LOCAL_CAPTURES = Path.home() / ".cache/agentserve/captures"
@@ -30,15 +30,22 @@ AGENTSERVE_SHOWN = (
 )
 
 
+def vllm_peer(args: Any, model_dir: Path, window: int) -> Any:
+    """Stock vLLM as ``bench agents`` starts it, its ``--max-model-len`` the capture's window."""
+    from benchmarks.peers import builtin_peer
+
+    return builtin_peer("vllm", model_dir, args.threads or 1, window)
+
+
 @contextlib.contextmanager
-def target(args: Any, server: str, model_dir: Path) -> Iterator[str]:
+def target(args: Any, server: str, model_dir: Path, window: int) -> Iterator[str]:
     if server == "agentserve" and args.url:
         yield args.url
         return
     if server == "vllm":
         from benchmarks.peers import running
 
-        with running(vllm_peer(args, model_dir)) as url:
+        with running(vllm_peer(args, model_dir, window)) as url:
             yield url
         return
     from tests.dialects.agent_server import agent_server
@@ -66,8 +73,10 @@ def compact_turn(client: httpx.Client, req: dict[str, Any], model: str) -> dict[
     return row
 
 
-def replay(args: Any, server: str, model_dir: Path, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    with target(args, server, model_dir) as url, httpx.Client(base_url=url, timeout=900) as client:
+def replay(
+    args: Any, server: str, model_dir: Path, window: int, requests: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    with target(args, server, model_dir, window) as url, httpx.Client(base_url=url, timeout=900) as client:
         model = args.served_model or client.get("/v1/models").json()["data"][0]["id"]
         rows: list[dict[str, Any]] = []
         for turn, req in enumerate(requests, 1):
@@ -102,8 +111,9 @@ def markdown(records: list[dict[str, Any]], summaries: list[dict[str, Any]], met
         f"Command: `{meta['command']}` (captures: `python benchmarks/agents_long.py capture "
         f"{meta['capture_args']}`)",
         "",
-        f"Servers, on the same random-weight {WINDOW // 1024}k test model (`make-test-model --family hermes "
-        f"--hidden {HIDDEN} --max-positions {WINDOW}` + `ends_early`):",
+        "Servers, on the same random-weight test model per client (`make-test-model --family hermes "
+        f"--hidden {HIDDEN} --max-positions WINDOW` + `ends_early`; WINDOW: the capture's, "
+        f"{meta['windows']}):",
         "",
         *(f"- `{name}`: {shown}" for name, shown in meta["servers"].items()),
         "",
@@ -176,7 +186,32 @@ NOTES = [
 ]
 
 
+def merge(files: list[Path]) -> dict[str, Any]:
+    """One report body from several runs' JSON (e.g. one client each): records, summaries and live
+    runs concatenated; the first run's meta, its windows, commands and live runs joined."""
+    bodies = [json.loads(f.read_text()) for f in files]
+    meta = dict(bodies[0]["meta"])
+    meta["live"] = [x for b in bodies for x in b["meta"]["live"]]
+    for key in ("windows", "capture_args", "command"):
+        meta[key] = "; ".join(dict.fromkeys(b["meta"][key] for b in bodies if b["meta"][key]))
+    return {
+        "meta": meta,
+        "summaries": [x for b in bodies for x in b["summaries"]],
+        "records": [x for b in bodies for x in b["records"]],
+    }
+
+
+def write(out: Path, name: str, body: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(body, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(body["records"], body["summaries"], body["meta"]))
+    print(f"wrote {out / name}.md")
+
+
 def run(args: Any) -> None:
+    if getattr(args, "merge", None):
+        write(Path(args.out), args.name or "agents_long", merge([Path(f) for f in args.merge.split(",")]))
+        return
     given = getattr(args, "captures", None)
     captures = Path(given) if given else LOCAL_CAPTURES
     sessions = load_long(captures)
@@ -185,18 +220,22 @@ def run(args: Any) -> None:
     names = servers(args)
     records: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
+    live = [json.loads(p.read_text()) for p in sorted(captures.glob("*_long.live.json"))]
+    windows = {x["client"]: x["window"] for x in live}
     with tempfile.TemporaryDirectory(prefix="bench-agents-long-model-") as tmp:
         from tests.dialects.agent_server import make_agent_model
 
-        model_dir = make_agent_model(Path(tmp) / "model", hidden=HIDDEN, window=WINDOW)
+        models: dict[int, Path] = {}
         for client, requests in sessions.items():
+            window = windows.get(client, WINDOW)
+            if window not in models:
+                models[window] = make_agent_model(Path(tmp) / f"model-{window}", hidden=HIDDEN, window=window)
             if args.max_turns:
                 requests = requests[: args.max_turns]
             for server in names:
-                rows = replay(args, server, model_dir, requests)
+                rows = replay(args, server, models[window], window, requests)
                 records += [{"client": client, "server": server, **r} for r in rows]
                 summaries.append({"client": client, "server": server, **summarize(rows)})
-    live = [json.loads(p.read_text()) for p in sorted(captures.glob("*_long.live.json"))]
     meta = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
@@ -204,10 +243,11 @@ def run(args: Any) -> None:
         "servers": {
             n: (args.url or AGENTSERVE_SHOWN)
             if n == "agentserve"
-            else vllm_peer(args, Path("MODEL")).shown().replace(f"{ROOT}/", "")
+            else vllm_peer(args, Path("MODEL"), 0).shown().replace(f"{ROOT}/", "").replace(" 0 ", " WINDOW ")
             for n in names
         },
         "captures": str(captures),
+        "windows": ", ".join(f"{c} {w}" for c, w in sorted(windows.items())),
         "capture_args": " ".join(
             sorted(
                 {f"--turns {x['turns']} --notes {x['notes_per_turn']} --window {x['window']}" for x in live}
@@ -217,10 +257,6 @@ def run(args: Any) -> None:
         "command": "agentserve bench " + " ".join(getattr(args, "argv", ["agents", "--long"])),
         "notes": NOTES,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = args.name or "agents_long"
-    body = {"meta": meta, "summaries": summaries, "records": records}
-    (out / f"{name}.json").write_text(json.dumps(body, indent=1) + "\n")
-    (out / f"{name}.md").write_text(markdown(records, summaries, meta))
-    print(f"wrote {out / name}.md")
+    write(
+        Path(args.out), args.name or "agents_long", {"meta": meta, "summaries": summaries, "records": records}
+    )

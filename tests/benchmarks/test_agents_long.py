@@ -128,3 +128,28 @@ def test_markdown_names_each_kind_of_request_and_the_live_run():
     assert "| claude | 30 | 29 | 2 | 2 | 32 | 1 |" in text
     assert "| claude | 2 | agentserve | compaction (summary prompt) |" in text
     assert "| claude | 3 | agentserve | after compaction |" in text
+
+
+def test_merge_joins_runs_of_one_client_each(tmp_path):
+    from benchmarks.compare.agents_long import merge
+
+    def body(client: str, window: int) -> dict:
+        meta = {
+            "windows": f"{client} {window}",
+            "capture_args": f"--window {window}",
+            "command": "c",
+            "live": [{"client": client}],
+            "date": "d",
+        }
+        rec = {"client": client, "server": "agentserve", "turn": 1}
+        return {"meta": meta, "summaries": [{"client": client}], "records": [rec]}
+
+    files = []
+    for client, window in (("claude", 32768), ("codex", 65536)):
+        files.append(tmp_path / f"{client}.json")
+        files[-1].write_text(json.dumps(body(client, window)))
+    out = merge(files)
+    assert [r["client"] for r in out["records"]] == ["claude", "codex"]
+    assert [s["client"] for s in out["summaries"]] == ["claude", "codex"]
+    assert out["meta"]["windows"] == "claude 32768; codex 65536" and out["meta"]["command"] == "c"
+    assert [x["client"] for x in out["meta"]["live"]] == ["claude", "codex"]
