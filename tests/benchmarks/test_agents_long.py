@@ -121,6 +121,7 @@ def test_markdown_names_each_kind_of_request_and_the_live_run():
         "command": "x",
         "capture_args": "",
         "notes": [],
+        "windows": "claude 32768",
         "servers": {"agentserve": "serve"},
         "live": [live],
     }
