@@ -166,7 +166,7 @@ def _claude_turn(root: Path, url: str, work: Path, turn: int, notes: int, window
         timeout=900,
     )
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    result = next((e for e in events if e.get("type") == "result"), {})
+    result: dict[str, Any] = next((e for e in events if e.get("type") == "result"), {})
     compacted = [e for e in events if e.get("type") == "system" and e.get("subtype") == "compact_boundary"]
     return {
         "rc": run.returncode,
