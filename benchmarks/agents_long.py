@@ -52,6 +52,9 @@ default: answer
 # /v1/responses/compact when it compacts remotely.
 CLAUDE_MARKERS = ("create a detailed summary of the conversation",)
 CODEX_MARKERS = ("CONTEXT CHECKPOINT COMPACTION",)
+# Claude Code 2.1.332 resends a turn whose reply had no visible text with this added to the end of
+# its last user message: the reusable prompt then stops before that message.
+RETRY_MARKERS = ("Your previous response had no visible output",)
 COMPACT_PATH = "/v1/responses/compact"
 PATHS = ("/v1/messages", "/v1/responses", COMPACT_PATH)
 
@@ -91,6 +94,13 @@ def compaction_kind(request: dict[str, Any]) -> str | None:
     return None
 
 
+def is_client_retry(request: dict[str, Any]) -> bool:
+    """A request the client resent with its last user message edited (not a compaction)."""
+    body = request.get("body")
+    text = _last_user_text(body) if isinstance(body, dict) else ""
+    return compaction_kind(request) is None and any(m in text for m in RETRY_MARKERS)
+
+
 def load_long(captures: Path) -> dict[str, list[dict[str, Any]]]:
     """The API requests of each ``NAME_long.jsonl`` capture (key NAME), in the order sent."""
     sessions: dict[str, list[dict[str, Any]]] = {}
@@ -103,13 +113,16 @@ def load_long(captures: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def annotate(rows: list[dict[str, Any]], requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each replayed row with ``compaction`` (its kind or None) and ``after_compaction`` (the first
-    normal request after a compaction: its prompt starts over from the summary)."""
+    """Each replayed row with ``compaction`` (its kind or None), ``after_compaction`` (the first
+    normal request after a compaction: its prompt starts over from the summary) and ``client_retry``
+    (``is_client_retry``)."""
     out = []
     pending = False
     for row, req in zip(rows, requests, strict=True):
         kind = compaction_kind(req)
-        out.append({**row, "compaction": kind, "after_compaction": kind is None and pending})
+        after = kind is None and pending
+        retry = is_client_retry(req)
+        out.append({**row, "compaction": kind, "after_compaction": after, "client_retry": retry})
         pending = kind is not None
     return out
 
@@ -123,8 +136,11 @@ def _stats(values: list[float]) -> dict[str, Any]:
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One client x server: requests, those answered without a protocol error, compactions, and the
     cache share of the previous prompt over steady turns (neither a compaction, the first request
-    after one, nor the first request), compaction turns and after-compaction turns."""
-    steady = [r for r in rows[1:] if not r["compaction"] and not r["after_compaction"]]
+    after one, a client retry, nor the first request), compaction turns, after-compaction turns and
+    client retries."""
+    steady = [
+        r for r in rows[1:] if not r["compaction"] and not r["after_compaction"] and not r.get("client_retry")
+    ]
     shares = [r["of_previous"] for r in steady if r.get("of_previous") is not None]
     return {
         "requests": len(rows),
@@ -137,6 +153,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "compaction_hit": _stats([r["hit"] for r in rows if r["compaction"] and r.get("hit") is not None]),
         "after_compaction_hit": _stats(
             [r["hit"] for r in rows if r["after_compaction"] and r.get("hit") is not None]
+        ),
+        "client_retry_of_previous": _stats(
+            [r["of_previous"] for r in rows if r.get("client_retry") and r.get("of_previous") is not None]
         ),
     }
 

@@ -135,15 +135,16 @@ def markdown(records: list[dict[str, Any]], summaries: list[dict[str, Any]], met
         "",
         "| client | server | requests | answered | protocol errors | compactions | steady turns ≥ 99 % "
         "| steady: of previous prompt min / mean (n) | compaction turns: hit min / mean (n) "
-        "| first turn after a compaction: hit min / mean (n) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| first turn after a compaction: hit min / mean (n) | client retries: of previous min / mean (n) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         st = s["steady_of_previous"]
         lines.append(
             f"| {s['client']} | {s['server']} | {s['requests']} | {s['answered']} | {s['protocol_errors']} "
             f"| {s['compactions']} | {s['steady_at_least_99']} of {st['n']} | {_stat(st)} "
-            f"| {_stat(s['compaction_hit'])} | {_stat(s['after_compaction_hit'])} |"
+            f"| {_stat(s['compaction_hit'])} | {_stat(s['after_compaction_hit'])} "
+            f"| {_stat(s.get('client_retry_of_previous', {'n': 0}))} |"
         )
     lines += [
         "",
@@ -159,7 +160,11 @@ def markdown(records: list[dict[str, Any]], summaries: list[dict[str, Any]], met
         kind = (
             f"compaction ({r['compaction']})"
             if r["compaction"]
-            else ("after compaction" if r["after_compaction"] else "turn")
+            else "after compaction"
+            if r["after_compaction"]
+            else "client retry (empty reply)"
+            if r.get("client_retry")
+            else "turn"
         )
         lines.append(
             f"| {r['client']} | {r['turn']} | {r['server']} | {kind} | {r.get('prompt', '–')} "
@@ -177,7 +182,10 @@ NOTES = [
     'last user message asks to "create a detailed summary of the conversation"; Codex\'s last user input '
     "is its summarization prompt, or the request is `POST /v1/responses/compact`. Steady turns: every "
     "request but the first, the compactions and the first request after each compaction (its prompt starts "
-    "over from the summary, so the previous prompt is not its prefix). hit rate = cached / prompt tokens; "
+    "over from the summary, so the previous prompt is not its prefix) and the client's retries (Claude Code "
+    'resends a turn whose reply had no visible text with "[Your previous response had no visible output…]" '
+    "added to the end of its last user message, so that message's tokens cannot come from cache). "
+    "hit rate = cached / prompt tokens; "
     "of previous prompt = cached / the previous request's prompt tokens. Each client on a fresh server "
     "(request 1 is cold). A protocol error is a non-200, an `error` / `response.failed` event, a stream "
     "without its closing event, or an unparsable event. Prompt tokens differ between servers (each renders "
@@ -201,6 +209,21 @@ def merge(files: list[Path]) -> dict[str, Any]:
     }
 
 
+def reannotate(body: dict[str, Any], sessions: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """``body`` with its records annotated and summarized again from the captured requests (the
+    current rules), for every client whose capture is at hand."""
+    records, summaries = [], []
+    for s in body["summaries"]:
+        rows = [r for r in body["records"] if (r["client"], r["server"]) == (s["client"], s["server"])]
+        requests = sessions.get(s["client"])
+        if requests is not None:
+            rows = annotate(rows, requests[: len(rows)])
+            s = {"client": s["client"], "server": s["server"], **summarize(rows)}
+        records += rows
+        summaries.append(s)
+    return {**body, "records": records, "summaries": summaries}
+
+
 def write(out: Path, name: str, body: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(body, indent=1) + "\n")
@@ -208,12 +231,17 @@ def write(out: Path, name: str, body: dict[str, Any]) -> None:
     print(f"wrote {out / name}.md")
 
 
+def captures_of(args: Any) -> Path:
+    given = getattr(args, "captures", None)
+    return Path(given) if given else LOCAL_CAPTURES
+
+
 def run(args: Any) -> None:
     if getattr(args, "merge", None):
-        write(Path(args.out), args.name or "agents_long", merge([Path(f) for f in args.merge.split(",")]))
+        body = merge([Path(f) for f in args.merge.split(",")])
+        write(Path(args.out), args.name or "agents_long", reannotate(body, load_long(captures_of(args))))
         return
-    given = getattr(args, "captures", None)
-    captures = Path(given) if given else LOCAL_CAPTURES
+    captures = captures_of(args)
     sessions = load_long(captures)
     if not sessions:
         raise SystemExit(f"no *_long.jsonl in {captures}: run python benchmarks/agents_long.py capture first")

@@ -154,3 +154,45 @@ def test_merge_joins_runs_of_one_client_each(tmp_path):
     assert [s["client"] for s in out["summaries"]] == ["claude", "codex"]
     assert out["meta"]["windows"] == "claude 32768; codex 65536" and out["meta"]["command"] == "c"
     assert [x["client"] for x in out["meta"]["live"]] == ["claude", "codex"]
+
+
+def test_a_client_retry_of_an_empty_reply_is_not_a_steady_turn():
+    """Claude Code 2.1.332 resends a turn whose reply had no visible text, its last user message
+    edited: the previous prompt cannot all come from cache, and the summary says so apart."""
+    retry = _claude("Say OK.")
+    retry["body"]["messages"][-1]["content"].append(
+        {"type": "text", "text": "<system-reminder>\n[Your previous response had no visible output. Please"}
+    )
+    reqs = [_claude("a"), _claude("b"), retry, _claude("c")]
+    rows = [
+        _row(1, 1000, 0, None),
+        _row(2, 1200, 1000, 1000),
+        _row(3, 1250, 1000, 1200),
+        _row(4, 1300, 1250, 1250),
+    ]
+    out = annotate(rows, reqs)
+    assert [r["client_retry"] for r in out] == [False, False, True, False]
+    s = summarize(out)
+    assert s["steady_of_previous"]["n"] == 2 and s["steady_at_least_99"] == 2
+    assert s["client_retry_of_previous"] == {"n": 1, "min": 1000 / 1200, "mean": round(1000 / 1200, 4)}
+    assert compaction_kind(retry) is None
+
+
+def test_reannotate_applies_the_current_rules_to_a_saved_run():
+    from benchmarks.compare.agents_long import reannotate
+
+    reqs = [_claude("a"), _claude(CLAUDE_SUMMARY), _claude("c")]
+    rows = [_row(1, 10, 0, None), _row(2, 12, 10, 10), _row(3, 5, 4, 12)]
+    saved = [
+        {"client": "claude", "server": "vllm", "compaction": None, "after_compaction": False, **r}
+        for r in rows
+    ]
+    body = {
+        "meta": {},
+        "records": saved,
+        "summaries": [{"client": "claude", "server": "vllm", "compactions": 0}],
+    }
+    out = reannotate(body, {"claude": reqs})
+    assert [r["compaction"] for r in out["records"]] == [None, "summary prompt", None]
+    assert out["summaries"][0]["compactions"] == 1 and out["records"][2]["after_compaction"]
+    assert reannotate(body, {}) == body  # no capture at hand: as saved
