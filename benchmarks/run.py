@@ -135,6 +135,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="agents: the long-session arm (30+ turns through compaction: benchmarks/agents_long.py)",
     )
+    t.add_argument(
+        "--no-custom-tools",
+        action="store_true",
+        help="agents --long: leave the captures' custom (grammar) tools out (Codex without its catalog)",
+    )
     t.add_argument("--tokenizer", help="tokenizer folder for budgets (default: the embedded model's)")
     t.add_argument(
         "--shape", choices=["llama-1b", "llama-8b", "tiny"], help="inproc: random-weight model shape"

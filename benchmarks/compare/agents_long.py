@@ -231,6 +231,20 @@ def write(out: Path, name: str, body: dict[str, Any]) -> None:
     print(f"wrote {out / name}.md")
 
 
+def without_custom_tools(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The requests with their ``custom`` tools left out (what Codex sends a provider without its
+    model catalog: no ``apply_patch``), for a server that refuses grammar custom tools."""
+    out = []
+    for req in requests:
+        body = dict(req["body"])
+        if isinstance(body.get("tools"), list):
+            body["tools"] = [
+                t for t in body["tools"] if not (isinstance(t, dict) and t.get("type") == "custom")
+            ]
+        out.append({**req, "body": body})
+    return out
+
+
 def captures_of(args: Any) -> Path:
     given = getattr(args, "captures", None)
     return Path(given) if given else LOCAL_CAPTURES
@@ -260,10 +274,13 @@ def run(args: Any) -> None:
                 models[window] = make_agent_model(Path(tmp) / f"model-{window}", hidden=HIDDEN, window=window)
             if args.max_turns:
                 requests = requests[: args.max_turns]
+            label = client
+            if getattr(args, "no_custom_tools", False):
+                requests, label = without_custom_tools(requests), f"{client} (custom tools removed)"
             for server in names:
                 rows = replay(args, server, models[window], window, requests)
-                records += [{"client": client, "server": server, **r} for r in rows]
-                summaries.append({"client": client, "server": server, **summarize(rows)})
+                records += [{"client": label, "server": server, **r} for r in rows]
+                summaries.append({"client": label, "server": server, **summarize(rows)})
     meta = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),

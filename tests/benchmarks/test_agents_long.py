@@ -196,3 +196,16 @@ def test_reannotate_applies_the_current_rules_to_a_saved_run():
     assert [r["compaction"] for r in out["records"]] == [None, "summary prompt", None]
     assert out["summaries"][0]["compactions"] == 1 and out["records"][2]["after_compaction"]
     assert reannotate(body, {}) == body  # no capture at hand: as saved
+
+
+def test_without_custom_tools_leaves_out_only_the_grammar_tools():
+    from benchmarks.compare.agents_long import without_custom_tools
+
+    req = _codex("a")
+    req["body"]["tools"] = [
+        {"type": "function", "name": "exec_command", "parameters": {}},
+        {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark"}},
+    ]
+    (out,) = without_custom_tools([req])
+    assert [t["name"] for t in out["body"]["tools"]] == ["exec_command"]
+    assert len(req["body"]["tools"]) == 2  # the capture itself is unchanged
