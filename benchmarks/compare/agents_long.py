@@ -199,7 +199,10 @@ def merge(files: list[Path]) -> dict[str, Any]:
     runs concatenated; the first run's meta, its windows, commands and live runs joined."""
     bodies = [json.loads(f.read_text()) for f in files]
     meta = dict(bodies[0]["meta"])
-    meta["live"] = [x for b in bodies for x in b["meta"]["live"]]
+    live: dict[str, Any] = {}
+    for x in (x for b in bodies for x in b["meta"]["live"]):
+        live.setdefault(x["client"], x)  # one live run a client (several replays may carry it)
+    meta["live"] = list(live.values())
     for key in ("windows", "capture_args", "command"):
         meta[key] = "; ".join(dict.fromkeys(b["meta"][key] for b in bodies if b["meta"][key]))
     return {

@@ -146,14 +146,14 @@ def test_merge_joins_runs_of_one_client_each(tmp_path):
         return {"meta": meta, "summaries": [{"client": client}], "records": [rec]}
 
     files = []
-    for client, window in (("claude", 32768), ("codex", 65536)):
+    for client, window in (("claude", 32768), ("codex", 65536), ("codex", 65536)):
         files.append(tmp_path / f"{client}.json")
         files[-1].write_text(json.dumps(body(client, window)))
     out = merge(files)
-    assert [r["client"] for r in out["records"]] == ["claude", "codex"]
-    assert [s["client"] for s in out["summaries"]] == ["claude", "codex"]
+    assert [r["client"] for r in out["records"]] == ["claude", "codex", "codex"]
+    assert [s["client"] for s in out["summaries"]] == ["claude", "codex", "codex"]
     assert out["meta"]["windows"] == "claude 32768; codex 65536" and out["meta"]["command"] == "c"
-    assert [x["client"] for x in out["meta"]["live"]] == ["claude", "codex"]
+    assert [x["client"] for x in out["meta"]["live"]] == ["claude", "codex"]  # one live run a client
 
 
 def test_a_client_retry_of_an_empty_reply_is_not_a_steady_turn():
