@@ -190,7 +190,8 @@ NOTES = [
     "(request 1 is cold). A protocol error is a non-200, an `error` / `response.failed` event, a stream "
     "without its closing event, or an unparsable event. Prompt tokens differ between servers (each renders "
     "with its own template): compare shares, not token counts. Measured on a 2-core machine shared with "
-    "other jobs: TTFTs are noisy.",
+    'other jobs: TTFTs are noisy. Live "compactions (client said)": Claude Code\'s `compact_boundary` '
+    "events; Codex's `exec --json` prints no compaction event (0), its compaction requests are the count.",
 ]
 
 
@@ -198,7 +199,7 @@ def merge(files: list[Path]) -> dict[str, Any]:
     """One report body from several runs' JSON (e.g. one client each): records, summaries and live
     runs concatenated; the first run's meta, its windows, commands and live runs joined."""
     bodies = [json.loads(f.read_text()) for f in files]
-    meta = dict(bodies[0]["meta"])
+    meta = {**bodies[0]["meta"], "notes": NOTES}  # the current notes (the rules reannotate applies)
     live: dict[str, Any] = {}
     for x in (x for b in bodies for x in b["meta"]["live"]):
         live.setdefault(x["client"], x)  # one live run a client (several replays may carry it)
