@@ -15,6 +15,7 @@ Comparisons (one module each in benchmarks/compare/; each writes benchmarks/resu
              sessions, SWE-agent replays, cache-breaking variants, BFCL tool calling
   agents     captured Codex CLI / Claude Code sessions replayed (benchmarks/agent_capture.py):
              hit rate per turn (the billing-header line), TTFT, tool-call validity, protocol errors
+             --long: the long captured sessions (benchmarks/agents_long.py), through compaction
   traces     Claude Code traces (kv-cache-tester format) on the prefix cache: hit rate as a share
              of the ceiling per policy and capacity (benchmarks/cc_traces.py; its own options)
   all        cache, variants, tools, swe (+ routing when available)
@@ -129,6 +130,16 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--captures", help="agents: folder of captured sessions (default ~/.cache/agentserve/captures)"
     )
+    t.add_argument(
+        "--long",
+        action="store_true",
+        help="agents: the long-session arm (30+ turns through compaction: benchmarks/agents_long.py)",
+    )
+    t.add_argument(
+        "--no-custom-tools",
+        action="store_true",
+        help="agents --long: leave the captures' custom (grammar) tools out (Codex without its catalog)",
+    )
     t.add_argument("--tokenizer", help="tokenizer folder for budgets (default: the embedded model's)")
     t.add_argument(
         "--shape", choices=["llama-1b", "llama-8b", "tiny"], help="inproc: random-weight model shape"
@@ -166,7 +177,9 @@ def parser() -> argparse.ArgumentParser:
         default=0.3,
         help="peers --alternate: idle seconds before each request (the last server's threads stop spinning)",
     )
-    pe.add_argument("--merge", help="peers: one report from these results JSON files (comma list)")
+    pe.add_argument(
+        "--merge", help="peers, agents --long: one report from these results JSON files (comma list)"
+    )
     pe.add_argument("--no-swe", action="store_true", help="peers: leave out the SWE-agent replays")
     pe.add_argument("--bfcl-sets", default="simple,live_simple", help="peers: BFCL sets (comma list)")
     pe.add_argument("--bfcl-cases", type=int, default=20, help="peers: cases per BFCL set (spread evenly)")
