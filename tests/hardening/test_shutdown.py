@@ -32,7 +32,8 @@ def test_sigterm_finishes_in_flight_stream(embedded_model_dir):
         body = {
             "model": "smollm2-135m-instruct",
             "messages": [{"role": "user", "content": "Tell a story."}],
-            "max_tokens": 30,
+            # short: the stream must end inside uvicorn's 30 s graceful shutdown on a loaded box
+            "max_tokens": 12,
             "temperature": 0,
             "stream": True,
         }
