@@ -37,6 +37,7 @@ def stream(url, **extra):
     return chunks
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_a_call_cut_by_max_tokens_is_reported_not_leaked(server_url):
     r = post(server_url, tool_choice="required", max_tokens=12)
     choice = r["choices"][0]

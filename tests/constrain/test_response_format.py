@@ -109,6 +109,7 @@ def test_twenty_random_json_replies_validate(factory, tokenizer, hermes):
         jsonschema.validate(json.loads(tokenizer.decode(ids)), PERSON)
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_json_object_any_object(factory, tokenizer, hermes):
     c = json_only(factory, {"type": "object"}, hermes=hermes)
     first = allowed(c, len(tokenizer))

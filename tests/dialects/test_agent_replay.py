@@ -57,6 +57,7 @@ def client(hf_engine):
         yield c
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 @pytest.mark.e2e
 def test_replay_reads_both_dialects_streams(client):
     ask = [{"role": "user", "content": "Read a.py"}]

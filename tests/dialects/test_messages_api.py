@@ -68,6 +68,7 @@ def test_text_reply(claude):
     assert count.input_tokens == cache["prompt_tokens"]
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_tool_use_then_tool_result_loop_reuses_the_cache(claude):
     tools = [WEATHER, TIME]
     r1 = create(claude, system=SYSTEM, tools=tools, tool_choice={"type": "any"}, max_tokens=60)

@@ -55,6 +55,7 @@ def stream(url, **body):
     return calls, finish
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 @pytest.mark.timeout(1800)
 def test_named_custom_tool_gives_a_valid_custom_call_and_stream_equals_whole(server_url):
     tools = [READ, APPLY_PATCH]
@@ -74,6 +75,7 @@ def test_named_custom_tool_gives_a_valid_custom_call_and_stream_equals_whole(ser
         assert calls[0]["type"] == "custom" and calls[0]["index"] == 0 and calls[0]["id"]
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 @pytest.mark.timeout(1800)
 def test_sampled_regex_custom_calls_match_and_history_round_trips(server_url):
     for seed in range(4):

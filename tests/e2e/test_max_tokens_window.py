@@ -76,6 +76,7 @@ def test_clamp_serves_32000_on_the_8k_model(served):
     assert body["usage"]["completion_tokens"] <= granted
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_a_clamped_reply_that_runs_out_ends_with_length(served, long_messages):
     r = chat(served["small"], messages=long_messages, max_tokens=32000, temperature=0, logit_bias=EOS_BIAS)
     assert r.status_code == 200, r.text

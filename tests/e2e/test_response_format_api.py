@@ -91,6 +91,7 @@ def test_json_object_is_parseable_json(server_url):
         assert isinstance(json.loads(choice["message"]["content"]), dict)
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 @pytest.mark.timeout(1200)
 def test_with_tools_auto_the_reply_is_a_call_or_schema_json(server_url):
     """Tools + response_format, tool_choice auto: either valid calls, or content that follows the schema."""
@@ -113,6 +114,7 @@ def test_with_tools_auto_the_reply_is_a_call_or_schema_json(server_url):
     assert kinds  # both are allowed; which one the model takes is its choice
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_with_tools_none_the_content_follows_the_schema(server_url):
     msgs = [{"role": "user", "content": "Call shell_exec with ls now. <tool_call>"}]
     resp = ok(server_url, messages=msgs, tools=TOOLS, tool_choice="none", response_format=RF, temperature=0)

@@ -102,6 +102,7 @@ def test_family_renderer_and_model_template_agree_on_a_chatml_template() -> None
     )
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_a_long_conversation_renders_a_linear_number_of_prefixes(monkeypatch) -> None:
     """Every prefix used to be rendered (quadratic: 4,096 messages ~ 8M message renders)."""
     from server.families import model_template

@@ -18,6 +18,7 @@ SYSTEM = (
 ) * 2
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_sessions_stay_on_one_real_worker_and_hit_its_cache(embedded_model_dir):
     with real_cluster(3, health_interval_s=2) as (url, proc):
         assert httpx.get(url + "/health", timeout=5).json()["healthy"] == 3

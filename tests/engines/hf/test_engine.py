@@ -50,6 +50,7 @@ async def _generate(engine, ids, max_tokens, seed=None, temperature=0.0, salt=""
     return out
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_concurrent_sessions_do_not_corrupt_each_other(hf_engine, tokenizer):
     texts = ["Tell me about cats.", "Explain gravity in one line. " * 20, "List three colors."]
     prompts = [

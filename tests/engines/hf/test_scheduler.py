@@ -13,6 +13,7 @@ from tests.engines.hf.model.test_rows import _Sink, chat_ids
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_a_burst_of_short_prompts_joins_in_one_turn_and_a_long_one_takes_the_rest_of_the_chunk(
     hf_engine, tokenizer
 ):

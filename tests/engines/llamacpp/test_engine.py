@@ -143,6 +143,7 @@ def test_a_shared_prefix_and_the_next_turn_come_from_cache(engine, loop):
     assert tokens(d) == tokens(c)
 
 
+@pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
 def test_a_masked_tool_call_is_valid(engine, loop):
     hermes = load_envelope("hermes")
     messages = [ChatMessage(role="user", content="Open the site https://example.org and take a screenshot.")]
