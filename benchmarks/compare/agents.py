@@ -82,7 +82,7 @@ def with_billing_hash(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(body: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+def offered_tools(body: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
     """Tool name → its JSON schema (None: a custom tool, no JSON arguments), as the request offered."""
     tools: dict[str, dict[str, Any] | None] = {}
     for t in body.get("tools") or []:
@@ -127,7 +127,7 @@ def replay_turn(client: httpx.Client, req: dict[str, Any], model: str) -> dict[s
     headers = {k: v for k, v in req["headers"].items() if k not in DROP_HEADERS}
     headers["authorization"] = headers["x-api-key"] = "bench"
     url = req["path"] + (f"?{req['query']}" if req["query"] else "")
-    tools = _tools(body)
+    tools = offered_tools(body)
     row: dict[str, Any] = {"ttft_ms": None, "calls": 0, "valid_calls": 0, "errors": []}
     start = time.perf_counter()
     blocks: dict[int, dict[str, Any]] = {}

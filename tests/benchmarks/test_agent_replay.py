@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from benchmarks.compare.agents import _tools, replay_turn, valid_call, with_billing_hash
+from benchmarks.compare.agents import offered_tools, replay_turn, valid_call, with_billing_hash
 from server.app import build_app
 from tests.conftest import worker_settings
 
@@ -34,7 +34,7 @@ def test_billing_hash_arm_changes_only_that_line_and_differs_per_request():
 
 
 def test_tool_call_validity():
-    tools = _tools(
+    tools = offered_tools(
         {
             "tools": [
                 {"type": "function", "name": "read_file", "parameters": SCHEMA},
