@@ -91,9 +91,12 @@ def test_codex_exec_runs_a_tool_and_answers_with_turn_two_from_cache(server, tmp
     assert [o["call_id"] for o in outputs] == [calls[0]["call_id"]]  # the tool ran; its output went back
     assert outputs[0]["output"]  # what view_image said of the random path ("unable to locate image at ...")
     answers = [i for i in items if i["type"] == "message" and i["role"] == "assistant"]
-    assert items.index(answers[-1]) > items.index(outputs[0])
     final = [e["item"]["text"] for e in events if e.get("item", {}).get("type") == "agent_message"]
-    assert final and final[-1] == answers[-1]["content"][0]["text"]  # the final answer was printed
+    # the random test model ends a text reply at its first token 2 % of the time (ends_early's p_eos):
+    # then Codex records no answer (seen once in CI); turn 2 ran all the same (its usage below)
+    if answers or final:
+        assert items.index(answers[-1]) > items.index(outputs[0])
+        assert final and final[-1] == answers[-1]["content"][0]["text"]  # the final answer was printed
     (usage,) = [e["usage"] for e in events if e.get("type") == "turn.completed"]
     # the usage is summed over both requests; turn 2's prompt holds turn 1's, so turn 1 <= half the sum
     assert usage["input_tokens"] > 2000
