@@ -37,7 +37,7 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -226,19 +226,36 @@ def replay(
 ) -> list[dict[str, Any]]:
     with target(args, server, model_dir) as url, httpx.Client(base_url=url, timeout=600) as client:
         model = args.served_model or client.get("/v1/models").json()["data"][0]["id"]
-        rows = []
-        for turn, req in enumerate(requests, 1):
-            try:
-                row = {"turn": turn, **replay_turn(client, req, model)}
-            except httpx.HTTPError as exc:  # the server dropped the connection: a result too
-                row = {"turn": turn, "ttft_ms": None, "calls": 0, "valid_calls": 0, "errors": [repr(exc)]}
-            prev = rows[-1].get("prompt") if rows else None
-            if row.get("prompt") and row.get("cached") is not None:
-                row["hit"] = round(row["cached"] / row["prompt"], 4)
-                if prev:
-                    row["of_previous"] = round(min(row["cached"], prev) / prev, 4)
-            rows.append(row)
-        return rows
+        return replay_requests(client, requests, model)
+
+
+TurnFn = Callable[[httpx.Client, dict[str, Any], str], dict[str, Any]]
+
+
+def replay_requests(
+    client: httpx.Client,
+    requests: list[dict[str, Any]],
+    model: str,
+    turn_fn: Callable[[dict[str, Any]], TurnFn] = lambda req: replay_turn,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Each captured request in order, sent by ``turn_fn(req)``: a row per request with its hit rate
+    and the share of the previous prompt read from cache (``on_row`` sees each as it comes)."""
+    rows: list[dict[str, Any]] = []
+    for turn, req in enumerate(requests, 1):
+        try:
+            row = {"turn": turn, **turn_fn(req)(client, req, model)}
+        except httpx.HTTPError as exc:  # the server dropped the connection: a result too
+            row = {"turn": turn, "ttft_ms": None, "calls": 0, "valid_calls": 0, "errors": [repr(exc)]}
+        prev = rows[-1].get("prompt") if rows else None
+        if row.get("prompt") and row.get("cached") is not None:
+            row["hit"] = round(row["cached"] / row["prompt"], 4)
+            if prev:
+                row["of_previous"] = round(min(row["cached"], prev) / prev, 4)
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
 
 
 def _pct(v: Any) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from benchmarks.agents_long import ANSWER_IN_TEXT, COMPACT_PATH, WINDOW, annotate, load_long, summarize
-from benchmarks.compare.agents import HIDDEN, ROOT, replay_turn, servers
+from benchmarks.compare.agents import HIDDEN, ROOT, replay_requests, replay_turn, servers
 from benchmarks.report import git_commit, machine
 
 LOCAL_CAPTURES = Path.home() / ".cache/agentserve/captures"
@@ -78,20 +78,13 @@ def replay(
 ) -> list[dict[str, Any]]:
     with target(args, server, model_dir, window) as url, httpx.Client(base_url=url, timeout=900) as client:
         model = args.served_model or client.get("/v1/models").json()["data"][0]["id"]
-        rows: list[dict[str, Any]] = []
-        for turn, req in enumerate(requests, 1):
-            try:
-                one = compact_turn if req["path"] == COMPACT_PATH else replay_turn
-                row = {"turn": turn, **one(client, req, model)}
-            except httpx.HTTPError as exc:
-                row = {"turn": turn, "ttft_ms": None, "calls": 0, "valid_calls": 0, "errors": [repr(exc)]}
-            prev = rows[-1].get("prompt") if rows else None
-            if row.get("prompt") and row.get("cached") is not None:
-                row["hit"] = round(row["cached"] / row["prompt"], 4)
-                if prev:
-                    row["of_previous"] = round(min(row["cached"], prev) / prev, 4)
-            rows.append(row)
-            print(json.dumps({"server": server, **row}), flush=True)
+        rows = replay_requests(
+            client,
+            requests,
+            model,
+            lambda req: compact_turn if req["path"] == COMPACT_PATH else replay_turn,
+            lambda row: print(json.dumps({"server": server, **row}), flush=True),
+        )
         return annotate(rows, requests)
 
 

@@ -209,3 +209,23 @@ def test_without_custom_tools_leaves_out_only_the_grammar_tools():
     (out,) = without_custom_tools([req])
     assert [t["name"] for t in out["body"]["tools"]] == ["exec_command"]
     assert len(req["body"]["tools"]) == 2  # the capture itself is unchanged
+
+
+def test_replay_requests_computes_the_shares_and_keeps_a_dropped_request_as_a_row():
+    import httpx
+
+    from benchmarks.compare.agents import replay_requests
+
+    answers = iter([{"prompt": 100, "cached": 0}, {"prompt": 200, "cached": 100}, None])
+
+    def one(client, req, model):
+        row = next(answers)
+        if row is None:
+            raise httpx.ReadError("dropped")
+        return {"ttft_ms": 1.0, "calls": 0, "valid_calls": 0, "errors": [], **row}
+
+    seen = []
+    rows = replay_requests(None, [{}, {}, {}], "m", lambda req: one, seen.append)  # type: ignore[arg-type]
+    assert [r.get("hit") for r in rows] == [0.0, 0.5, None]
+    assert rows[1]["of_previous"] == 1.0 and "of_previous" not in rows[0]
+    assert rows[2]["errors"] == ["ReadError('dropped')"] and seen == rows
