@@ -16,10 +16,11 @@ leaving an ``async for`` early) cancels the request and frees its resources.
 from __future__ import annotations
 
 import abc
+import queue
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from server.constrain.builder import ConstraintBuilder
 from server.constrain.errors import ConstraintError
@@ -217,3 +218,20 @@ class Engine(abc.ABC):
         (an engine whose cache does not know sessions).
         """
         return None
+
+
+T = TypeVar("T")
+
+
+def engine_error(exc: Exception) -> str:
+    """The error text of a request an engine could not finish: the exception named."""
+    return f"engine error: {type(exc).__name__}: {exc}"
+
+
+def drained(waiting: queue.SimpleQueue[T]) -> Iterator[T]:
+    """What ``waiting`` holds now, taken out one by one (any thread: the queue is thread-safe)."""
+    while True:
+        try:
+            yield waiting.get_nowait()
+        except queue.Empty:
+            return

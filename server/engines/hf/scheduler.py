@@ -25,6 +25,7 @@ import queue
 from collections.abc import Callable
 from typing import Any
 
+from server.engines.base import drained
 from server.engines.hf.outbox import one_wakeup
 from server.engines.hf.runner import Runner
 from server.engines.hf.sequence import SequenceState
@@ -128,11 +129,7 @@ class Scheduler:
 
     def fail_waiting(self, exc: Exception) -> None:
         """End the queued requests with an error chunk (any thread: the queue is thread-safe)."""
-        while True:
-            try:
-                seq = self.waiting.get_nowait()
-            except queue.Empty:
-                return
+        for seq in drained(self.waiting):
             seq.fail(exc)
 
     def guarded(self, seq: SequenceState, step: Callable[[SequenceState], Any]) -> Any:

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from server.constrain.interface import TokenConstraint
-from server.engines.base import GenerationChunk, GenerationRequest
+from server.engines.base import GenerationChunk, GenerationRequest, engine_error
 from server.engines.hf.outbox import send
 from server.engines.hf.sampler import TokenSampler
 
@@ -42,6 +42,4 @@ class SequenceState:
     def fail(self, exc: Exception) -> None:
         """End with an error chunk that names the exception (the engine goes on)."""
         self.kv = None
-        self.emit(
-            GenerationChunk([], self.cached_tokens, "error", f"engine error: {type(exc).__name__}: {exc}")
-        )
+        self.emit(GenerationChunk([], self.cached_tokens, "error", engine_error(exc)))

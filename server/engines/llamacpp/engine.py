@@ -37,6 +37,8 @@ from server.engines.base import (
     GenerationRequest,
     TokenLogprob,
     constraint_errors_as_400,
+    drained,
+    engine_error,
 )
 from server.engines.hf.sampler import TokenSampler
 from server.engines.llamacpp.batch import KVFull, Row, Runtime
@@ -70,10 +72,6 @@ class SeqState:
             self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
         except RuntimeError:  # the client's event loop is gone: nobody to tell
             self.cancelled = True
-
-
-def _engine_error(exc: Exception) -> str:
-    return f"engine error: {type(exc).__name__}: {exc}"
 
 
 def pool_cells(budget_bytes: int, per_token: int, max_model_len: int) -> int:
@@ -241,17 +239,13 @@ class LlamaCppEngine(Engine):
             held = [*self._running, *self._prefilling, *self._waiting]
             self._running, self._prefilling, self._waiting = [], [], []
             for seq in held:
-                seq.emit(GenerationChunk([], seq.cached_tokens, "error", _engine_error(exc)))
+                seq.emit(GenerationChunk([], seq.cached_tokens, "error", engine_error(exc)))
             self._fail_inbox(exc)
 
     def _fail_inbox(self, exc: Exception) -> None:
         """End the requests not yet admitted with an error chunk (any thread: the inbox is a queue)."""
-        while True:
-            try:
-                seq = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            seq.emit(GenerationChunk([], 0, "error", _engine_error(exc)))
+        for seq in drained(self._inbox):
+            seq.emit(GenerationChunk([], 0, "error", engine_error(exc)))
 
     def _admit(self) -> None:
         while not self._inbox.empty():
@@ -319,7 +313,7 @@ class LlamaCppEngine(Engine):
         except Exception as exc:  # the batch failed: end its requests, keep the engine
             log.exception("llama.cpp decode of %d rows failed", len(rows))
             for seq in [*decoding, *(s for s, _ in chunks)]:
-                self._finish(seq, "error", _engine_error(exc), keep=False)
+                self._finish(seq, "error", engine_error(exc), keep=False)
             return
         out = iter(wanted)
         for seq in decoding:
