@@ -1,6 +1,6 @@
 """Per-request size limits checked before any rendering or tokenizing (each a 400 naming its setting).
 
-Every limit is a field of ``limits`` in server/config.py and is listed in docs/security.md.
+Every limit is a field of ``limits`` in server/config/limits.py and is listed in docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,36 @@
+"""prefix_cache: the KV prefix cache and its second tier (hf engine; server/kvcache/)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from server.config.section import Section
+
+
+class Tier2Settings(Section):
+    """hf engine: where blocks evicted from the prefix cache go (server/kvcache/tier2.py)."""
+
+    memory_mb: int = Field(0, ge=0, description="Tier-2 budget in MiB (0 = no second tier).")
+    path: str | None = Field(
+        None, description="A local folder for tier 2 (CPU engines); unset = host RAM (CUDA engines)."
+    )
+    restore: Literal["auto", "always", "never"] = Field(
+        "auto", description="auto = restore a block only when measured cheaper than recomputing it."
+    )
+
+
+class PrefixCacheSettings(Section):
+    enabled: bool = Field(True, description="Serve repeated prompt prefixes from the KV cache.")
+    block_size: int = Field(32, ge=1, le=1024, description="Tokens per cache block (hf engine).")
+    memory_mb: int = Field(1024, ge=0, description="KV-cache memory budget in MiB; eviction past it.")
+    policy: Literal["lru", "session"] = Field(
+        "session",
+        description="Eviction: lru, or session = keep the blocks of sessions waiting on tools / a person "
+        "by expected time to return (server/kvcache/retention.py).",
+    )
+    session_cap_s: float = Field(
+        600.0, gt=0, description="session policy: no idle session holds blocks longer than this."
+    )
+    tier2: Tier2Settings = Tier2Settings()
