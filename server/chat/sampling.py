@@ -1,6 +1,6 @@
 """A request's sampling fields → the engine's ``SamplingParams``; the parameter 400s.
 
-Every OpenAI chat parameter either works or is a 400 that names it (README "Parameters"):
+Every OpenAI chat parameter either works or is a 400 that names it (docs/parameters.md):
 ``logit_bias`` keys must be token ids of this model's vocabulary and values in
 [-100, 100]; fields that would change the output but are not implemented
 (``protocol.UNSUPPORTED_NEUTRAL``) are refused; other unknown top-level fields are

@@ -10,7 +10,7 @@ sides; the reasoning an SDK sends as
 ``reasoning_content`` is the template's ``thinking`` field. Tokens: the Harmony test vocabulary
 (SmolLM2's + the Harmony special tokens; the o200k vocabulary cannot be fetched here).
 
-What the template cannot express (README "Model families"): several calls in one assistant message
+What the template cannot express (docs/families.md): several calls in one assistant message
 (it renders only the first: checked up to there); a later system message (it drops it: we render
 a developer message).
 """

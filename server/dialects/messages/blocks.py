@@ -1,6 +1,6 @@
 """Anthropic ``system``, ``messages`` and ``tools`` -> chat messages and tools (what the model sees).
 
-Rendering rules (see README "Anthropic Messages"):
+Rendering rules (see docs/api.md "Anthropic Messages"):
 - a string and a list of text blocks render alike: the texts joined by ``TEXT_JOIN`` (so a
   one-text-block list is exactly its string); ``cache_control`` and ``citations`` are not rendered;
 - Claude Code's ``x-anthropic-billing-header: …`` line in ``system`` is billing metadata for

@@ -1,6 +1,6 @@
 """A Messages request body -> the internal ``ChatCompletionRequest`` + a chat-shaped raw body.
 
-Field by field (README "Anthropic Messages"): ``model``, ``max_tokens``, ``temperature``,
+Field by field (docs/api.md "Anthropic Messages"): ``model``, ``max_tokens``, ``temperature``,
 ``top_p``, ``top_k``, ``stop_sequences``, ``stream``, ``system``/``messages``/``tools``/
 ``tool_choice`` (``blocks.py``), ``output_config.format`` (a JSON schema: enforced like
 ``response_format``) and ``thinking`` (a reasoning family: ``budget_tokens`` is the reasoning
