@@ -272,7 +272,7 @@ def _events(traces: Sequence[Trace], cfg: Config) -> Iterator[tuple[float, int, 
 
 def _router(cfg: Config) -> Any:
     from server.config import RoutingSettings
-    from server.routing.policy import make_policy
+    from server.routing.policies import make_policy
 
     return make_policy(RoutingSettings(policy=cfg.routing))
 

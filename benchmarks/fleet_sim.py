@@ -57,7 +57,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from server.config import RoutingSettings  # noqa: E402
-from server.routing.policy import RoutingPolicy, WorkerLoad, make_policy  # noqa: E402
+from server.routing.policies import make_policy  # noqa: E402
+from server.routing.policy import RoutingPolicy, WorkerLoad  # noqa: E402
 from server.routing.request import RouteRequest  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -62,8 +62,16 @@ MODULES = {
 }
 
 
+# a comparison's variant with a module of its own: (comparison, flag) -> module
+VARIANT_MODULES = {("agents", "long"): "agents_long", ("peers", "alternate"): "peers_alternate"}
+
+
 def run_comparison(name: str, args: argparse.Namespace) -> None:
-    importlib.import_module(f"benchmarks.compare.{MODULES[name]}").run(args)
+    module = MODULES[name]
+    for (comparison, flag), variant in VARIANT_MODULES.items():
+        if comparison == name and getattr(args, flag, False) and not getattr(args, "merge", None):
+            module = variant
+    importlib.import_module(f"benchmarks.compare.{module}").run(args)
 
 
 def run_all(args: argparse.Namespace) -> None:

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             settings = _settings(args, routing=routing or None)
             from server.auth import check_router_auth
-            from server.routing.router import serve_router
+            from server.routing.router_app import serve_router
 
             check_router_auth(settings.auth)
             if not args.worker and not args.workers_dns:

@@ -322,11 +322,6 @@ def servers(args: Any) -> list[str]:
 
 
 def run(args: Any) -> None:
-    if getattr(args, "long", False):
-        from benchmarks.compare import agents_long
-
-        agents_long.run(args)
-        return
     given = getattr(args, "captures", None)
     captures = Path(given) if given else LOCAL_CAPTURES if load(LOCAL_CAPTURES) else REPO_CAPTURES
     sessions = load(captures)

@@ -43,7 +43,7 @@ def _load() -> str:
         return "?"
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
@@ -84,7 +84,7 @@ def _replays(
             continue
         variant = variant_of(workload, mask)
         arm = Arm(f"{peer.name}|{workload}", variant)
-        _say(f"{peer.name}: {workload} ({variant}), {len(sessions[workload])} session(s)")
+        say(f"{peer.name}: {workload} ({variant}), {len(sessions[workload])} session(s)")
         t0 = time.perf_counter()
         recs = run_jobs_sync(
             url,
@@ -163,10 +163,11 @@ def merge(args: argparse.Namespace) -> None:
     write(args, servers, rows, brows, reps, bfs, notes, {"agent": [], "swe": []})
 
 
-def run(args: argparse.Namespace) -> None:
-    if args.merge:
-        merge(args)
-        return
+def setup(
+    args: argparse.Namespace,
+) -> tuple[list[Peer], dict[str, list[Session]], list[Any], list[str], list[str]]:
+    """The peers, sessions, BFCL cases and modes, and notes of a run (``--alternate`` too:
+    ``peers_alternate.run``)."""
     if args.quick:  # a smoke test: a few turns, a few BFCL cases
         args.max_turns = args.max_turns or 4
         args.bfcl_cases = min(args.bfcl_cases, 2)
@@ -177,13 +178,17 @@ def run(args: argparse.Namespace) -> None:
     sessions = _workload_sessions(args)
     cases = [c for s in args.bfcl_sets.split(",") if s for c in bfcl.load_cases(s, args.bfcl_cases)]
     modes = [m for m in args.bfcl_modes.split(",") if m]
-    if args.alternate:
-        from benchmarks.compare.peers_alternate import run_side_by_side
+    return peers, sessions, cases, modes, notes
 
-        servers, replay_recs, bfcl_recs = run_side_by_side(args, peers, sessions, cases, modes, notes)
-    else:
-        servers, replay_recs, bfcl_recs = _run_one_by_one(args, peers, sessions, cases, modes, notes)
-    _write(args, servers, replay_recs, bfcl_recs, notes, sessions)
+
+def run(args: argparse.Namespace) -> None:
+    """Server by server (``--alternate``, all at once turn by turn, is ``peers_alternate.run``)."""
+    if args.merge:
+        merge(args)
+        return
+    peers, sessions, cases, modes, notes = setup(args)
+    servers, replay_recs, bfcl_recs = _run_one_by_one(args, peers, sessions, cases, modes, notes)
+    write_report(args, servers, replay_recs, bfcl_recs, notes, sessions)
 
 
 def start_peer(stack: contextlib.ExitStack, peer: Peer, args: argparse.Namespace) -> Served:
@@ -193,13 +198,13 @@ def start_peer(stack: contextlib.ExitStack, peer: Peer, args: argparse.Namespace
     try:
         url = stack.enter_context(running(peer))
     except RuntimeError as exc:
-        _say(f"{peer.name}: FAILED: {exc}")
+        say(f"{peer.name}: FAILED: {exc}")
         return Served(peer, "", "", False, {"error": str(exc)[:300]}, 0.0, load_before)
     started = time.perf_counter() - t0
     info = _info(url)
     model = args.served_model or info["model"]
     mask = not peer.stock and _mask_supported(url, model)
-    _say(f"{peer.name}: up in {started:.0f} s ({info.get('engine') or 'engine ?'})")
+    say(f"{peer.name}: up in {started:.0f} s ({info.get('engine') or 'engine ?'})")
     return Served(peer, url, model, mask, info, started, load_before)
 
 
@@ -241,7 +246,7 @@ def run_bfcl(
 ) -> list[dict[str, Any]]:
     if not (cases and modes):
         return []
-    _say(f"{srv.peer.name}: BFCL {len(cases)} cases x {modes}")
+    say(f"{srv.peer.name}: BFCL {len(cases)} cases x {modes}")
     return bfcl.run_bfcl(
         srv.url,
         srv.model,
@@ -269,7 +274,7 @@ def _run_one_by_one(
     servers: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     for i, peer in enumerate(peers, 1):
-        _say(f"server {i}/{len(peers)}: {peer.name}: starting (load {_load()})")
+        say(f"server {i}/{len(peers)}: {peer.name}: starting (load {_load()})")
         with contextlib.ExitStack() as stack:
             srv = start_peer(stack, peer, args)
             if srv.failed:
@@ -281,14 +286,14 @@ def _run_one_by_one(
             bfcl_recs += run_bfcl(srv, cases, modes, args)
             measured = time.perf_counter() - t1
         servers.append(srv.entry(measured))
-        _say(f"{peer.name}: done in {measured:.0f} s (load {_load()})")
+        say(f"{peer.name}: done in {measured:.0f} s (load {_load()})")
         if i < len(peers):  # a partial report after each server: a stopped run keeps what it measured
-            _write(args, servers, replay_recs, bfcl_recs, notes, sessions, quiet=True)
-    _say(f"all servers done in {time.perf_counter() - t_start:.0f} s")
+            write_report(args, servers, replay_recs, bfcl_recs, notes, sessions, quiet=True)
+    say(f"all servers done in {time.perf_counter() - t_start:.0f} s")
     return servers, replay_recs, bfcl_recs
 
 
-def _write(
+def write_report(
     args: argparse.Namespace,
     servers: list[dict[str, Any]],
     replay_recs: list[dict[str, Any]],

@@ -32,6 +32,16 @@ from typing import Any
 import httpx
 
 from benchmarks.arms import Arm, arm_jobs
+from benchmarks.compare.peers import (
+    REPLAYS,
+    run_bfcl,
+    say,
+    setup,
+    start_peer,
+    variant_of,
+    warm_up,
+    write_report,
+)
 from benchmarks.peers import Peer
 from benchmarks.runner import Job, request_body, timed_request
 from benchmarks.trace_gen import Session
@@ -115,7 +125,6 @@ def run_side_by_side(
     notes: list[str],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """All servers at once: warm-up each, the replays alternated, then BFCL server by server."""
-    from benchmarks.compare.peers import REPLAYS, _say, run_bfcl, start_peer, variant_of, warm_up
 
     replay_recs: list[dict[str, Any]] = []
     bfcl_recs: list[dict[str, Any]] = []
@@ -146,7 +155,7 @@ def run_side_by_side(
                         arm_jobs(arm, sessions[workload], args, run_id, True),
                     )
                 )
-            _say(f"{workload}: {len(sessions[workload])} session(s), alternated over {len(up)} servers")
+            say(f"{workload}: {len(sessions[workload])} session(s), alternated over {len(up)} servers")
             got = replay_alternated_sync(
                 targets, max_tokens=args.max_tokens, pause_s=args.alternate_pause, progress=not args.quiet
             )
@@ -166,3 +175,10 @@ def run_side_by_side(
         "server's own request times"
     )
     return servers, replay_recs, bfcl_recs
+
+
+def run(args: argparse.Namespace) -> None:
+    """``agentserve bench peers --alternate``: the servers side by side, turn by turn."""
+    peers, sessions, cases, modes, notes = setup(args)
+    servers, replay_recs, bfcl_recs = run_side_by_side(args, peers, sessions, cases, modes, notes)
+    write_report(args, servers, replay_recs, bfcl_recs, notes, sessions)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.cache_diag import fixes
+import server.cache_diag.fixes as fixes
 from server.cache_diag.changes import (
     NAMESPACE_SETTINGS,
     Change,

@@ -172,7 +172,7 @@ def worker_settings_file(settings: Settings, directory: str) -> str:
 
 def serve_cluster(settings: Settings, command: WorkerCommand | None = None) -> None:
     """Start ``settings.workers`` workers, then the router on settings.host:port until it exits."""
-    from server.routing.router import serve_router
+    from server.routing.router_app import serve_router
 
     n = settings.workers
     if settings.auth.api_keys and not settings.auth.router_token:

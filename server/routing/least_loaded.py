@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Sequence
 
 from server.config import RoutingSettings
-from server.routing.policy import Selection, WorkerLoad, register_policy
+from server.routing.policy import Selection, WorkerLoad
 from server.routing.request import RouteRequest
 
 
@@ -36,6 +36,5 @@ class LeastLoadedPolicy:
         return Selection(tuple(order), "none")
 
 
-@register_policy("least_loaded")
-def _make(settings: RoutingSettings) -> LeastLoadedPolicy:
+def make(settings: RoutingSettings) -> LeastLoadedPolicy:
     return LeastLoadedPolicy()

@@ -1,13 +1,13 @@
-"""Routing policy interface and registry.
+"""The routing policy interface: what a policy sees and what it answers.
 
 A policy answers one question: given a request (``RouteRequest``: session key, prefix hash,
 turn) and the current workers (health, in-flight count), which worker serves it, and in which
 order to try the others if that one cannot be reached. Policies are pure and synchronous; the
 router owns health, in-flight counting and retries.
 
-Register a policy with ``@register_policy("name")`` on a factory taking
-``RoutingSettings``; ``make_policy(settings)`` builds the configured one. The router, the
-benchmarks and the fleet simulation build policies only this way (by name).
+The policies are named in one table, ``server/routing/policies.py`` (``make_policy(settings)``
+builds the configured one); the router, the benchmarks and the fleet simulation build them only
+that way (by name). A policy module imports this one, never the table.
 """
 
 from __future__ import annotations
@@ -67,32 +67,3 @@ class RoutingPolicy(Protocol):
 
 
 PolicyFactory = Callable[[RoutingSettings], RoutingPolicy]
-_REGISTRY: dict[str, PolicyFactory] = {}
-
-
-def register_policy(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
-    def deco(factory: PolicyFactory) -> PolicyFactory:
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def policy_names() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
-
-
-def make_policy(settings: RoutingSettings) -> RoutingPolicy:
-    _load_builtins()
-    try:
-        factory = _REGISTRY[settings.policy]
-    except KeyError:
-        raise ValueError(
-            f"unknown routing policy {settings.policy!r}: use one of {', '.join(sorted(_REGISTRY))}"
-        ) from None
-    return factory(settings)
-
-
-def _load_builtins() -> None:
-    from server.routing import least_loaded, rendezvous, round_robin  # noqa: F401  (registers)

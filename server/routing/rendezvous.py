@@ -66,7 +66,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from server.config import RoutingSettings
-from server.routing.policy import Outcome, Selection, WorkerLoad, register_policy
+from server.routing.policy import Outcome, Selection, WorkerLoad
 from server.routing.request import RouteRequest
 
 
@@ -203,18 +203,15 @@ class PrefixAffinityPolicy(RendezvousPolicy):
         return _banded(prefix, key, tuple(worker_ids), self.spread)
 
 
-@register_policy("affinity")
-def _make(settings: RoutingSettings) -> RendezvousPolicy:
+def make(settings: RoutingSettings) -> RendezvousPolicy:
     return RendezvousPolicy(settings.load_epsilon, settings.load_floor, settings.load_epsilon_new)
 
 
-@register_policy("prefix")
-def _make_prefix(settings: RoutingSettings) -> PrefixPolicy:
+def make_prefix(settings: RoutingSettings) -> PrefixPolicy:
     return PrefixPolicy(settings.load_epsilon, settings.load_floor, settings.load_epsilon_new)
 
 
-@register_policy("prefix_affinity")
-def _make_prefix_affinity(settings: RoutingSettings) -> PrefixAffinityPolicy:
+def make_prefix_affinity(settings: RoutingSettings) -> PrefixAffinityPolicy:
     return PrefixAffinityPolicy(
         settings.load_epsilon, settings.load_floor, settings.prefix_spread, settings.load_epsilon_new
     )

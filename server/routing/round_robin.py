@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Sequence
 
 from server.config import RoutingSettings
-from server.routing.policy import Selection, WorkerLoad, register_policy
+from server.routing.policy import Selection, WorkerLoad
 from server.routing.request import RouteRequest
 
 
@@ -34,6 +34,5 @@ class RoundRobinPolicy:
         return Selection(tuple(healthy[start:] + healthy[:start]), "none")
 
 
-@register_policy("round_robin")
-def _make(settings: RoutingSettings) -> RoundRobinPolicy:
+def make(settings: RoutingSettings) -> RoundRobinPolicy:
     return RoundRobinPolicy()

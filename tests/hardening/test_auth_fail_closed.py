@@ -31,7 +31,7 @@ def test_require_router_without_a_token_refuses_to_start():
 
 
 def test_a_router_with_keys_but_no_router_token_refuses_to_start(monkeypatch, capsys):
-    import server.routing.router as router_mod
+    import server.routing.router_app as router_mod
 
     monkeypatch.setattr(router_mod, "serve_router", lambda *a, **k: None)
     monkeypatch.setenv("AGENTSERVE_AUTH__API_KEYS", '{"team-a": "sk-a-SECRET-123"}')

@@ -127,7 +127,7 @@ def test_serve_worker_and_the_router_run_uvicorn_with_the_websocket_options(monk
     import uvicorn
 
     from server.app import serve_worker
-    from server.routing.router import serve_router
+    from server.routing.router_app import serve_router
 
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))

@@ -19,7 +19,7 @@ import uvicorn
 
 from server.config import RoutingSettings, Settings
 from server.ports import free_port, listening_socket, wait_for_health
-from server.routing.router import create_router_app
+from server.routing.router_app import create_router_app
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

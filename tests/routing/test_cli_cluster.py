@@ -26,7 +26,7 @@ def test_route_flags_merge_with_the_yaml_routing_section(tmp_path, monkeypatch):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("routing:\n  load_epsilon: 0.5\n  health_interval_s: 3.0\n")
     got = {}
-    import server.routing.router as router_mod
+    import server.routing.router_app as router_mod
 
     monkeypatch.setattr(router_mod, "serve_router", lambda s, w: got.update(settings=s, workers=w))
     argv = [

@@ -97,7 +97,7 @@ def test_router_discovers_the_workers_service_and_its_arguments_parse(monkeypatc
     front = by_kind("Service", "agentserve")
     assert front["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     # the container's arguments are accepted by `agentserve route` (the image's entrypoint)
-    import server.routing.router as router_mod
+    import server.routing.router_app as router_mod
 
     got = {}
     monkeypatch.setattr(

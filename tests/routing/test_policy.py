@@ -9,7 +9,8 @@ import pytest
 
 from server.config import RoutingSettings
 from server.routing.least_loaded import LeastLoadedPolicy
-from server.routing.policy import WorkerLoad, make_policy, policy_names
+from server.routing.policies import make_policy, policy_names
+from server.routing.policy import WorkerLoad
 from server.routing.rendezvous import (
     PrefixAffinityPolicy,
     PrefixPolicy,

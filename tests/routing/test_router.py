@@ -74,7 +74,7 @@ def test_worker_4xx_passed_through_unchanged(workers, make_router):
 
 
 def test_a_router_bug_on_the_proxy_path_is_an_openai_shaped_500(workers, make_router, monkeypatch):
-    import server.routing.router as router_module
+    import server.routing.router_app as router_module
 
     async def broken(*args: object) -> None:
         raise RuntimeError("boom")

@@ -77,7 +77,7 @@ def test_agentserve_route_imports_with_only_the_router_dependencies():
                     raise ModuleNotFoundError(f"{{name}}: from {{sorted(owners)}}, not in the router image")
                 return None
         sys.meta_path.insert(0, Block())
-        import server.cli, server.auth, server.routing.router, server.routing.websocket
+        import server.cli, server.auth, server.routing.router_app, server.routing.websocket
         import uvicorn.protocols.http.httptools_impl, uvicorn.protocols.websockets.websockets_impl
         import uvicorn.loops.uvloop, uvicorn.lifespan.on
         from server.cli import main
