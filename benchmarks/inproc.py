@@ -1,4 +1,5 @@
 """In-process benchmarks: the hf engine's own prefill + prefix cache, no HTTP, torch + transformers only.
+from server.families.model_facts import facts_of_model
 
 - ``random_model(shape, ...)``: a RANDOM-WEIGHT model of a named shape (Llama-3.2-1B or
   Llama-3.1-8B layer sizes, built with ``LlamaConfig`` + ``AutoModelForCausalLM.from_config``,
@@ -6,7 +7,7 @@
   the embedding and LM head are smaller than the real models', everything else is the
   same). Timings are real; outputs are meaningless. Results are labelled so.
 - ``engine_for(model, tokenizer, ...)``: an ``HFEngine`` around that model without
-  loading a checkpoint (``HFEngine(settings, model=..., tokenizer=...)``), so
+  loading a checkpoint (``HFEngine(settings, facts_of_model(...), model=...)``), so
   the timed code is the engine's own ``prefill_logits`` -> ``_prefill``: prefix-cache
   match, KV blocks concatenated onto the device, chunked prefill of the rest, insert
   of the new blocks.
@@ -119,13 +120,14 @@ def engine_for(
     """An HFEngine around an already built ``model`` (no checkpoint; the engine thread is not started)."""
     from server.config import load_settings
     from server.engines.hf.engine import HFEngine
+    from server.families.model_facts import facts_of_model
 
     settings = load_settings(
         prefix_cache={"enabled": cache, "block_size": block_size, "memory_mb": memory_mb},
         max_model_len=int(model.config.max_position_embeddings),
         prefill_chunk_tokens=prefill_chunk,
     )
-    return HFEngine(settings.engine_settings(), model=model, tokenizer=tokenizer)
+    return HFEngine(settings.engine_settings(), facts_of_model(settings, tokenizer, model), model=model)
 
 
 def _sync(device: torch.device) -> None:

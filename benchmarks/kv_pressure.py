@@ -1,4 +1,5 @@
 """KV pressure: many concurrent agent sessions whose working set is 2x, 4x, 8x the first tier.
+from server.families.model_facts import facts_of_model
 
 Side by side, in one run and on the same request order: an unbounded cache (the ideal),
 ``lru``, ``session`` (session-aware retention), ``session`` + tier 2, and ``lru`` + tier 2.
@@ -192,6 +193,7 @@ def make_engine(
 ):
     from server.config import load_settings
     from server.engines.hf.engine import HFEngine
+    from server.families.model_facts import facts_of_model
 
     tier2: dict[str, Any] = {}
     if t2_bytes:
@@ -201,7 +203,7 @@ def make_engine(
         max_model_len=int(model.config.max_position_embeddings),
         device="cpu",
     )
-    eng = HFEngine(settings, model=model, tokenizer=tokenizer)
+    eng = HFEngine(settings, facts_of_model(settings, tokenizer, model), model=model)
     eng.cache.capacity_bytes = t1_bytes if t1_bytes is not None else 1 << 60
     if eng.cache.tier2 is not None:
         eng.cache.tier2.capacity_bytes = t2_bytes

@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from server.families.model_facts import load_model_facts  # noqa: E402
 from server.model_store import embedded_gguf  # noqa: E402
 
 N = 64  # tokens a reply
@@ -66,7 +67,7 @@ def arm_engine(model: str, threads: int, ctx: int) -> dict[str, float]:
     from server.engines.llamacpp.engine import LlamaCppEngine
 
     settings = load_settings(None, engine="llamacpp", model=model, max_model_len=ctx, threads=threads)
-    eng = LlamaCppEngine(settings.engine_settings())
+    eng = LlamaCppEngine(settings.engine_settings(), load_model_facts(settings, "llamacpp"))
     p = prompts(eng.tokenizer)
     greedy = SamplingParams(max_tokens=N, temperature=0.0)
     out: dict[str, float] = {}

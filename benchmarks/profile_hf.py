@@ -1,4 +1,5 @@
 """Profile the hf engine's decode loop on one agent turn (cProfile), against the bare model forward.
+from server.families.model_facts import load_model_facts
 
     python benchmarks/profile_hf.py [--context 4000] [--tokens 64] [--threads 2] [--top 25]
 
@@ -44,13 +45,15 @@ def main() -> None:
     from server.engines.hf.kv.growing import cache_kw
     from server.engines.hf.sampler import TokenSampler
     from server.engines.hf.sequence import SequenceState
+    from server.families.model_facts import load_model_facts
 
     def say(msg: str) -> None:
         print(f"[profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    eng = HFEngine(load_settings(None, threads=args.threads).engine_settings())
+    settings = load_settings(None, threads=args.threads)
+    eng = HFEngine(settings.engine_settings(), load_model_facts(settings, "hf"))
     tok = load_tokenizer(None)
     session = generate_sessions(0, 1, context=8192, steps=50)[0]
     reqs = build_requests(session, "good")

@@ -30,6 +30,7 @@ from server.constrain.row_cache import ROWS
 from server.dialects.messages.errors import shape_error
 from server.engines.base import Engine
 from server.errors import AgentServeError, internal_error_body
+from server.families.model_facts import load_model_facts
 from server.front_door import FrontDoor, route_paths
 from server.metrics import Metrics
 from server.ws_gate import uvicorn_ws_options
@@ -58,18 +59,21 @@ def engine_kind(settings: Settings) -> str:
 
 
 def build_engine(settings: Settings) -> Engine:
+    """The model's facts first (tokenizer, family, end-of-reply ids: ``load_model_facts``), then
+    the configured engine, given them."""
     kind = engine_kind(settings)
+    facts = load_model_facts(settings, kind)
     if kind == "llamacpp":
         from server.engines.llamacpp.engine import LlamaCppEngine  # imports llama_cpp: only for this engine
 
-        return LlamaCppEngine(settings.engine_settings())
+        return LlamaCppEngine(settings.engine_settings(), facts)
     if kind == "vllm":
         from server.engines.vllm.engine import VllmEngine  # imports vllm (lazily): only for this engine
 
-        return VllmEngine(settings.engine_settings())
+        return VllmEngine(settings.engine_settings(), facts)
     from server.engines.hf.engine import HFEngine
 
-    return HFEngine(settings.engine_settings())
+    return HFEngine(settings.engine_settings(), facts)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -53,8 +53,9 @@ def hf_engine(embedded_model_dir: Path):
     import asyncio
 
     from server.engines.hf.engine import HFEngine
+    from server.families.model_facts import load_model_facts
 
-    engine = HFEngine(worker_settings().engine_settings())
+    engine = HFEngine(worker_settings().engine_settings(), load_model_facts(worker_settings(), "hf"))
     yield engine
     # stop the engine thread before the interpreter exits: a daemon thread still inside a torch op
     # at exit aborts the process ("terminate called without an active exception", exit 134)

@@ -9,6 +9,7 @@ from benchmarks import report
 from benchmarks.arms import finish, limit_turns, make_sessions, ratio_line, server_overrides, set_info
 from benchmarks.runner import Job
 from benchmarks.variants import build_requests
+from server.families.model_facts import load_model_facts
 
 
 def engine_and_label(args: argparse.Namespace, cache: bool):
@@ -28,7 +29,7 @@ def engine_and_label(args: argparse.Namespace, cache: bool):
     from server.engines.hf.engine import HFEngine
 
     settings = load_settings(args.config, prefix_cache={"enabled": cache}, **server_overrides(args))
-    eng = HFEngine(settings.engine_settings())
+    eng = HFEngine(settings.engine_settings(), load_model_facts(settings, "hf"))
     return eng, f"{settings.model} on {eng.device}"  # (HFEngine has no model_path)
 
 

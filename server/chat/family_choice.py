@@ -1,4 +1,5 @@
-"""The deployment's model family, chosen once at start (config ``model_family`` or detection)."""
+"""What chat makes of the model family decided at start (``families/model_facts.py``): the tool-call
+envelope and the prompt renderer."""
 
 from __future__ import annotations
 
@@ -6,27 +7,13 @@ import logging
 from typing import Any
 
 from server.config import ConfigError, Settings
-from server.families.defaults import DEFAULT_FAMILY
 from server.families.model_template import ModelTemplateRenderer
 from server.families.render import FamilyRenderer
 from server.families.rendered import PromptRenderer
-from server.families.select import MODEL_TEMPLATE, Selection, chat_template_of, select_family
-from server.families.spec import FamilyError, load_family
+from server.families.select import MODEL_TEMPLATE, Selection, chat_template_of
 from server.model_store import EMBEDDED, tokenizer_folder
 
 log = logging.getLogger(__name__)
-
-
-def choose_family(settings: Settings, tokenizer: Any) -> Selection:
-    """The family for ``settings.model``; a ConfigError naming the choices when none fits."""
-    try:
-        if settings.model == EMBEDDED and settings.model_family in ("", "auto"):
-            return Selection(load_family(DEFAULT_FAMILY), "embedded default (SmolLM2)")
-        folder = None if settings.model == EMBEDDED else tokenizer_folder(settings.model, progress=False)
-        selection = select_family(settings.model_family, folder, tokenizer)
-    except FamilyError as exc:
-        raise ConfigError(str(exc)) from None
-    return selection
 
 
 def envelope_name(settings: Settings, selection: Selection) -> str:

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from server.cache_diag import CacheReporter
-from server.chat.family_choice import choose_family, envelope_name, make_renderer
+from server.chat.family_choice import envelope_name, make_renderer
 from server.chat.generate import GenerationResult, generate_text
 from server.chat.interruptible import INTERRUPTED, Interruptible
 from server.chat.prepare import Preparer
@@ -30,7 +30,6 @@ from server.chat.reply_tokens import decode
 from server.chat.respond import StreamChunks, complete_response
 from server.config import Settings
 from server.engines.base import Engine
-from server.families.end_tokens import family_end_tokens
 from server.families.envelope import load_envelope
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest, CompletionRequest
@@ -43,9 +42,8 @@ class ChatService:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
-        self.family_selection = choose_family(settings, engine.tokenizer)
+        self.family_selection = engine.facts.family  # decided before the engine (families/model_facts.py)
         self.family = self.family_selection.family
-        engine.use_end_tokens(family_end_tokens(self.family))  # the stop set and the masks' EOS
         self.renderer = make_renderer(settings, self.family_selection, engine.tokenizer)
         envelope = self.envelope_ref = envelope_name(settings, self.family_selection)
         self.envelope = load_envelope(envelope)
@@ -59,7 +57,6 @@ class ChatService:
             sessions_bytes_per_tenant=(settings.session_table_tenant_mb or 0) * 2**20 or None,
             responses_bytes_per_tenant=settings.response_fingerprints_mb * 2**20,
             tier=engine.cache_location(),
-            retention_s=engine.cache_retention_s,
         )
         self.preparer = Preparer(
             engine,

@@ -27,7 +27,7 @@ from server.constrain.errors import ConstraintError
 from server.constrain.interface import TokenConstraint
 from server.constrain.spec import ToolSpec
 from server.errors import InvalidRequest
-from server.families.end_tokens import reply_end_ids
+from server.families.model_facts import ModelFacts
 
 
 @contextmanager
@@ -120,12 +120,11 @@ class Engine(abc.ABC):
     """
 
     name: str  # "hf" | "vllm" | a test's name (/health and /v1/models show it)
-    tokenizer: Any  # a transformers PreTrainedTokenizerBase
+    facts: ModelFacts  # decided before the engine and given to its constructor (families/model_facts.py)
+    tokenizer: Any  # facts.tokenizer: a transformers PreTrainedTokenizerBase
     max_model_len: int
     vocab_size: int  # rows of the logits (may exceed len(tokenizer))
-    eos_token_ids: tuple[int, ...]  # the ids that end a reply (the engine's stop set, the masks' EOS)
-    config_eos: int | list[int] | None = None  # the model config's EOS id(s), as the engine read them
-    end_tokens: tuple[str, ...] = ()  # the family's end-of-turn tokens (``use_end_tokens``)
+    eos_token_ids: tuple[int, ...]  # facts.end_ids: the engine's stop set, the masks' EOS
     block_size: int  # tokens per prefix-cache block (what cached_tokens is a multiple of)
     constraints: ConstraintBuilder  # builds (and warms) the constraint of a ToolSpec
 
@@ -144,21 +143,6 @@ class Engine(abc.ABC):
         Default: always healthy (an engine with no background worker that could die).
         """
         return None
-
-    # -- the end of a reply ---------------------------------------------------------------------
-    def end_of_reply_ids(self) -> tuple[int, ...]:
-        """The ids that end a reply, decided in one place (``families.end_tokens.reply_end_ids``)."""
-        return reply_end_ids(self.tokenizer, self.end_tokens, self.config_eos)
-
-    def use_end_tokens(self, end_tokens: Sequence[str]) -> None:
-        """The chat service names the chosen family's end-of-turn tokens (grammars/families data).
-
-        ``eos_token_ids`` becomes the tokenizer's EOS, these tokens, then the config's EOS ids:
-        the engine's stop set and the EOS every mask allows (the builder's default too).
-        """
-        self.end_tokens = tuple(end_tokens)
-        self.eos_token_ids = self.end_of_reply_ids()
-        self.constraints.eos_token_ids = self.eos_token_ids
 
     # -- requests ------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -184,11 +168,6 @@ class Engine(abc.ABC):
         Default: none known (``cache_location`` then says "the engine's KV cache").
         """
         return ()
-
-    # Seconds after which the prefix cache drops an idle session's blocks by time (the cache report's
-    # "expired" miss). None: no expiry by time; neither engine here has one (hf evicts by byte
-    # budget and policy, vLLM by its block pool), so both keep this default.
-    cache_retention_s: float | None = None
 
     def retention_hints(self) -> str | None:
         """None when the prefix cache uses the client's retention hint (``GenerationRequest.retain_s``:

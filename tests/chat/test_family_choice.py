@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from server.chat.family_choice import choose_family, envelope_name
+from server.chat.family_choice import envelope_name
 from server.config import load_settings
 from server.families.defaults import DEFAULT_ENVELOPE, DEFAULT_FAMILY
+from server.families.model_facts import choose_family
 from server.families.spec import load_family
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from server.config import load_settings
 from server.families.envelope import GRAMMARS_DIR
+from server.families.model_facts import load_model_facts
 from server.families.spec import load_family
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -63,7 +64,7 @@ def family_url(request, tmp_path_factory):
     settings = load_settings(
         model=str(folder), device="cpu", served_model_name=MODEL, tool_state_machine=None
     )
-    engine = HFEngine(settings)
+    engine = HFEngine(settings, load_model_facts(settings, "hf"))
     with running_server(build_app(settings, engine=engine)) as url:
         yield ref, url
 

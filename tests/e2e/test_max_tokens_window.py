@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from server.config import load_settings
+from server.families.model_facts import load_model_facts
 from tests.conftest import running_server
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +38,8 @@ def served(hf_engine, embedded_model_dir):
     second engine with a 1k window."""
     from server.engines.hf.engine import HFEngine
 
-    small = HFEngine(load_settings(device="cpu", max_model_len=SMALL).engine_settings())
+    small_settings = load_settings(device="cpu", max_model_len=SMALL)
+    small = HFEngine(small_settings.engine_settings(), load_model_facts(small_settings, "hf"))
     urls = {}
     with (
         running_server(_app(hf_engine)) as clamp,

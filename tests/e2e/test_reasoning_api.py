@@ -22,6 +22,7 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from server.config import load_settings
+from server.families.model_facts import load_model_facts
 from server.families.spec import family_choices, load_family
 from tests.finite_tools import SCHEMAS, TOOLS
 
@@ -53,7 +54,8 @@ def serve_family(ref: str, tmp_path_factory) -> Iterator[tuple[str, dict[bool, s
                 tool_state_machine=None,
                 keep_reasoning=keep,
             )
-            urls[keep] = stack.enter_context(running_server(build_app(settings, engine=HFEngine(settings))))
+            engine = HFEngine(settings, load_model_facts(settings, "hf"))
+            urls[keep] = stack.enter_context(running_server(build_app(settings, engine=engine)))
         yield ref, urls, AutoTokenizer.from_pretrained(folder)
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from server.config import Settings, load_settings
 from server.constrain.builder import ConstraintBuilder
 from server.engines.base import Engine, EngineStats, GenerationChunk, GenerationRequest, SamplingParams
 from server.errors import InvalidRequest
+from server.families.model_facts import decide
 
 
 class ScriptedEngine(Engine):
@@ -15,11 +17,19 @@ class ScriptedEngine(Engine):
 
     name = "scripted"
 
-    def __init__(self, tokenizer: Any, reply: str = "hello", tiers: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        reply: str = "hello",
+        tiers: tuple[str, ...] = (),
+        settings: Settings | None = None,
+    ) -> None:
+        """``settings`` decide the family (default: the tests' worker settings: the embedded model's)."""
+        self.facts = decide(settings or load_settings(device="cpu"), tokenizer, None)
         self.tokenizer = tokenizer
         self.max_model_len = 2048
         self.vocab_size = len(tokenizer)
-        self.eos_token_ids = self.end_of_reply_ids()  # the tokenizer's EOS until chat names the family's
+        self.eos_token_ids = self.facts.end_ids
         self.block_size = 16
         self.constraints = ConstraintBuilder(tokenizer, self.vocab_size, self.eos_token_ids)
         self.reply_ids = list(tokenizer(reply, add_special_tokens=False)["input_ids"])

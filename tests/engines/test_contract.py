@@ -44,7 +44,6 @@ def test_the_defaults_of_an_engine_that_has_nothing_to_say():
     assert eng.health() is None
     assert eng.cache_tiers == ()
     assert eng.cache_location() == "the engine's KV cache"
-    assert eng.cache_retention_s is None  # no expiry by time
     eng.reply_finished("s", ["f"])  # no session-aware cache: nothing happens, nothing raises
     eng.request_arrived("s")
 
@@ -63,10 +62,8 @@ def _request(**extra):
 
 def test_chat_tells_the_engine_how_the_reply_ended_and_where_its_cache_lives(tokenizer):
     eng = ScriptedEngine(tokenizer, reply="plain text", tiers=("tier 1 (ram)", "tier 2 (the moon)"))
-    eng.cache_retention_s = 90.0
     service = ChatService(eng, worker_settings(), Metrics())
     assert service.cache_report.tier == "tier 2 (the moon)"  # the engine's last tier, asked, not probed
-    assert service.cache_report.retention_s == 90.0  # the declared retention reaches the cache report
     req, raw = _request(prompt_cache_key="sess-1")
     prepared = service.prepare_chat(req, {}, raw_body=raw)
     assert eng.checked and eng.checked[-1] == prepared.sampling  # the engine's sampling check ran

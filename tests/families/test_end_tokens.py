@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -10,7 +11,9 @@ import yaml
 from server.chat.service import ChatService
 from server.config import load_settings
 from server.engines.base import GenerationRequest, SamplingParams
+from server.engines.hf.engine import HFEngine
 from server.families.end_tokens import family_end_tokens, reply_end_ids
+from server.families.model_facts import decide
 from server.families.spec import FAMILIES_DIR, family_names, load_family
 from server.families.tokenizers import llama3_tokenizer
 from server.metrics import Metrics
@@ -35,12 +38,18 @@ def test_every_family_names_its_end_tokens_in_its_file(name):
 
 def test_the_family_end_tokens_reach_the_engine_and_the_masks():
     tok = llama3_tokenizer()  # its EOS is <|eot_id|>; llama3_json's turns also end at <|eom_id|>
-    eng = ScriptedEngine(tok)
     eom = tok.convert_tokens_to_ids("<|eom_id|>")
-    assert eom not in eng.eos_token_ids
+    assert (
+        eom
+        not in ScriptedEngine(tok, settings=load_settings(device="cpu", model_family="hermes")).eos_token_ids
+    )
     settings = load_settings(device="cpu", model_family="llama3_json")
+    facts = decide(settings, tok, None)  # decided before any engine, and only there
+    assert eom in facts.end_ids and facts.end_ids[0] == tok.eos_token_id
+    eng = ScriptedEngine(tok, settings=settings)
+    assert eng.eos_token_ids == facts.end_ids and eng.facts.family.family.ref == "llama3_json"
     service = ChatService(eng, settings, Metrics())
-    assert eom in eng.eos_token_ids and eng.eos_token_ids[0] == tok.eos_token_id
+    assert service.family is eng.facts.family.family  # chat reads the family the engine was built with
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     raw = {
         "model": settings.served_model_name,
@@ -56,20 +65,20 @@ def test_a_family_end_token_stops_the_hf_engine(hf_engine):
     start = hf_engine.tokenizer.convert_tokens_to_ids("<|im_start|>")  # no family ends a turn with it
     sampling = SamplingParams(max_tokens=3, temperature=0.0, logit_bias=((start, 100.0),))
 
-    async def run() -> tuple[list[int], str | None]:
+    async def run(engine: HFEngine) -> tuple[list[int], str | None]:
         ids: list[int] = []
         reason = None
-        async for chunk in hf_engine.generate(GenerationRequest("end-tokens", [1, 9690, 198], sampling)):
+        async for chunk in engine.generate(GenerationRequest("end-tokens", [1, 9690, 198], sampling)):
             ids += chunk.token_ids
             reason = chunk.finish_reason
         return ids, reason
 
-    before = hf_engine.end_tokens
-    assert asyncio.run(run()) == ([start] * 3, "length")
-    try:
-        hf_engine.use_end_tokens(["<|im_start|>"])
-        assert start in hf_engine.eos_token_ids
-        assert asyncio.run(run()) == ([], "stop")  # the family's end token ends the reply
-    finally:
-        hf_engine.use_end_tokens(before)
     assert start not in hf_engine.eos_token_ids
+    assert asyncio.run(run(hf_engine)) == ([start] * 3, "length")
+    facts = replace(hf_engine.facts, end_ids=(*hf_engine.facts.end_ids, start))  # a family ending at it
+    engine = HFEngine(hf_engine.settings, facts, model=hf_engine.model)
+    try:
+        assert start in engine.eos_token_ids
+        assert asyncio.run(run(engine)) == ([], "stop")  # the family's end token ends the reply
+    finally:
+        asyncio.run(engine.shutdown())

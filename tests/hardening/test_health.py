@@ -10,6 +10,7 @@ import pytest
 
 from server.app import build_app
 from server.config import LimitsSettings
+from server.families.model_facts import load_model_facts
 from tests.conftest import running_server, worker_settings
 
 pytestmark = pytest.mark.e2e
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.e2e
 def test_a_dead_engine_fails_health_and_liveness(embedded_model_dir):
     from server.engines.hf.engine import HFEngine
 
-    engine = HFEngine(worker_settings().engine_settings())
+    engine = HFEngine(worker_settings().engine_settings(), load_model_facts(worker_settings(), "hf"))
     body = {
         "model": "smollm2-135m-instruct",
         "messages": [{"role": "user", "content": "Hi"}],

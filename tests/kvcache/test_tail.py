@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from server.config import load_settings  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.engines.hf.engine import HFEngine  # noqa: E402
+from server.families.model_facts import facts_of_model  # noqa: E402
 from tests.kvcache.helpers import tiny_model  # noqa: E402
 
 TOL = 1e-4
@@ -24,7 +25,7 @@ VOCAB = 512
 def make_engine(model, **pc):
     cfg = {"block_size": 16, "memory_mb": 64, **pc}
     settings = load_settings(prefix_cache=cfg, max_model_len=4096, device="cpu")
-    return HFEngine(settings, model=model, tokenizer=None)
+    return HFEngine(settings, facts_of_model(settings, None, model), model=model)
 
 
 @pytest.fixture(scope="module")

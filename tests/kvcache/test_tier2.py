@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from server.config import load_settings  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.engines.hf.engine import HFEngine  # noqa: E402
+from server.families.model_facts import facts_of_model  # noqa: E402
 from server.kvcache.prefix_cache import PrefixCache  # noqa: E402
 from server.kvcache.tier2 import CostModel, DiskStore, HostStore, make_store  # noqa: E402
 from tests.kvcache.helpers import tiny_model  # noqa: E402
@@ -35,7 +36,7 @@ def engine(model, tier2: dict, blocks: int = 12):
         max_model_len=4096,
         device="cpu",
     )
-    eng = HFEngine(settings, model=model, tokenizer=None)
+    eng = HFEngine(settings, facts_of_model(settings, None, model), model=model)
     eng.cache.capacity_bytes = blocks * 16 * 512
     return eng
 
@@ -55,7 +56,8 @@ def run_turn(eng, ids, session, max_tokens=4):
 
 
 def scratch(model, ids):
-    off = HFEngine(load_settings(prefix_cache={"enabled": False}, device="cpu"), model=model, tokenizer=None)
+    off_settings = load_settings(prefix_cache={"enabled": False}, device="cpu")
+    off = HFEngine(off_settings, facts_of_model(off_settings, None, model), model=model)
     return off.prefill_logits(ids)[0]
 
 

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from server.config import EngineSettings
 from server.constrain.builder import ConstraintBuilder
@@ -51,6 +51,7 @@ from server.engines.hf.runner import Runner
 from server.engines.hf.scheduler import Scheduler
 from server.engines.hf.sequence import SequenceState
 from server.errors import EngineDead
+from server.families.model_facts import ModelFacts
 from server.kvcache.sessions import LookupReport
 from server.model_store import resolve_model
 
@@ -76,16 +77,17 @@ def _device_and_dtype(settings: EngineSettings) -> tuple[torch.device, torch.dty
 class HFEngine(Engine):
     name = "hf"
 
-    def __init__(self, settings: EngineSettings, model: Any = None, tokenizer: Any = None) -> None:
-        """Load ``settings.model``; or wrap an already built ``model`` (random-weight benchmarks)."""
+    def __init__(self, settings: EngineSettings, facts: ModelFacts, model: Any = None) -> None:
+        """Load ``settings.model``; or wrap an already built ``model`` (random-weight benchmarks).
+        ``facts`` (tokenizer, family, end-of-reply ids) were decided before (``load_model_facts``)."""
         self.settings = settings
+        self.facts = facts
         if model is None:
             self.device, self.dtype = _device_and_dtype(settings)
             if settings.threads and self.device.type == "cpu":
                 torch.set_num_threads(settings.threads)
             path = resolve_model(settings.model)
             t0 = time.perf_counter()
-            tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
             model = model.to(self.device).eval()
             log.info(
@@ -94,15 +96,13 @@ class HFEngine(Engine):
         else:
             param = next(model.parameters())
             self.device, self.dtype = param.device, param.dtype
-        self.tokenizer = tokenizer
+        self.tokenizer = facts.tokenizer
         self.model = model
         config = self.model.config
         model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
-        gen_config = getattr(self.model, "generation_config", None)
-        self.config_eos = getattr(gen_config, "eos_token_id", None)
-        self.eos_token_ids = self.end_of_reply_ids()  # the family's end tokens come with use_end_tokens
+        self.eos_token_ids = facts.end_ids
         self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
         prefill_chunk = settings.prefill_chunk_tokens or (
             PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK

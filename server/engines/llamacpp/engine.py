@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -44,7 +43,8 @@ from server.engines.hf.sampler import TokenSampler
 from server.engines.llamacpp.batch import KVFull, Row, Runtime
 from server.engines.llamacpp.slots import Slot, SlotTable
 from server.errors import ContextLengthExceeded, EngineDead, InvalidRequest
-from server.model_store import gguf_path, tokenizer_folder
+from server.families.model_facts import ModelFacts
+from server.model_store import gguf_path
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +86,13 @@ def pool_cells(budget_bytes: int, per_token: int, max_model_len: int) -> int:
 class LlamaCppEngine(Engine):
     name = "llamacpp"
 
-    def __init__(
-        self, settings: EngineSettings, runtime: Runtime | None = None, tokenizer: Any = None
-    ) -> None:
-        """Load ``settings.model`` (a GGUF); or use a given runtime and tokenizer (tests)."""
-        from transformers import AutoTokenizer
-
+    def __init__(self, settings: EngineSettings, facts: ModelFacts, runtime: Runtime | None = None) -> None:
+        """Load ``settings.model`` (a GGUF); or use a given runtime (tests). ``facts`` (tokenizer,
+        family, end-of-reply ids) were decided before (``load_model_facts``)."""
         self.settings = settings
+        self.facts = facts
         t0 = time.perf_counter()
-        if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder(settings.model))
-        self.tokenizer = tokenizer
+        self.tokenizer = facts.tokenizer
         if runtime is None:
             from server.engines.llamacpp.runtime import LlamaRuntime  # imports llama_cpp
 
@@ -111,8 +107,7 @@ class LlamaCppEngine(Engine):
         dt = time.perf_counter() - t0
         log.info("loaded %s (llama.cpp, %d KV cells) in %.1f s", settings.model, self.rt.n_ctx, dt)
         self.vocab_size = self.rt.n_vocab
-        self.config_eos = self.tokenizer.eos_token_id
-        self.eos_token_ids = self.end_of_reply_ids()
+        self.eos_token_ids = facts.end_ids
         self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.block_size = 1  # cached_tokens is token-granular
         self.slots = SlotTable(N_SEQ if pc.enabled else 1)

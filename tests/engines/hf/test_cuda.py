@@ -1,4 +1,5 @@
 """The hf engine and the tool masks on CUDA (skipped without a GPU; CI has none).
+from server.families.model_facts import load_model_facts
 
 Runs on a random-weight small Llama with the embedded tokenizer, so the check needs no
 model download: cached vs scratch logits, and a constrained tool call decoded on the GPU.
@@ -73,9 +74,10 @@ def random_model_dir(tmp_path_factory) -> Path:
 def cuda_engine(random_model_dir):
     from server.config import load_settings
     from server.engines.hf.engine import HFEngine
+    from server.families.model_facts import load_model_facts
 
     settings = load_settings(model=str(random_model_dir), device="cuda", dtype="float32")
-    return HFEngine(settings.engine_settings())
+    return HFEngine(settings.engine_settings(), load_model_facts(settings, "hf"))
 
 
 def test_cached_logits_equal_scratch_on_cuda(cuda_engine):

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 def test_a_burst_of_short_prompts_joins_in_one_turn_and_a_long_one_takes_the_rest_of_the_chunk(
     hf_engine, tokenizer
 ):
-    engine = HFEngine(hf_engine.settings, model=hf_engine.model, tokenizer=tokenizer)  # no thread
+    engine = HFEngine(hf_engine.settings, hf_engine.facts, model=hf_engine.model)  # no thread
     scheduler = engine.scheduler  # its turns by hand
     params = SamplingParams(4, 0.0)
     short = [chat_ids(tokenizer, f"Sub-agent {i}: list the files.") for i in range(3)]

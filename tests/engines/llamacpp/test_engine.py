@@ -25,6 +25,7 @@ from server.constrain.spec import ToolSpec  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.errors import ContextLengthExceeded  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
+from server.families.model_facts import load_model_facts  # noqa: E402
 from server.model_store import embedded_gguf  # noqa: E402
 from server.protocol import ChatMessage  # noqa: E402
 
@@ -41,7 +42,7 @@ def engine(loop, embedded_model_dir):
     from server.engines.llamacpp.engine import LlamaCppEngine
 
     settings = load_settings(None, engine="llamacpp", model="embedded", max_model_len=4096, threads=1)
-    eng = LlamaCppEngine(settings.engine_settings())
+    eng = LlamaCppEngine(settings.engine_settings(), load_model_facts(settings, "llamacpp"))
     loop.run(eng.start())
     yield eng
     loop.run(eng.shutdown())

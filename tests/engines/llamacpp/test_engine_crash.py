@@ -10,6 +10,7 @@ pytest.importorskip("llama_cpp", reason="llama_cpp is not installed: run scripts
 from server.config import load_settings  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.errors import EngineDead  # noqa: E402
+from server.families.model_facts import load_model_facts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -18,7 +19,7 @@ def test_a_dead_engine_thread_fails_its_requests_and_refuses_new_ones(loop, embe
     from server.engines.llamacpp.engine import LlamaCppEngine
 
     settings = load_settings(None, engine="llamacpp", model="embedded", max_model_len=1024, threads=1)
-    engine = LlamaCppEngine(settings.engine_settings())
+    engine = LlamaCppEngine(settings.engine_settings(), load_model_facts(settings, "llamacpp"))
     loop.run(engine.start())
     try:
 

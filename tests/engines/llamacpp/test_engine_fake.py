@@ -16,6 +16,7 @@ from server.config import load_settings
 from server.engines.base import GenerationRequest, SamplingParams
 from server.engines.llamacpp.batch import KVFull, Row
 from server.engines.llamacpp.engine import LlamaCppEngine
+from server.families.model_facts import decide
 
 
 class FakeRuntime:
@@ -71,7 +72,7 @@ class FakeRuntime:
 
 def make_engine(tokenizer, **settings):
     s = load_settings(None, engine="llamacpp", max_model_len=256, prefix_cache={"memory_mb": 0}, **settings)
-    return LlamaCppEngine(s.engine_settings(), runtime=FakeRuntime(), tokenizer=tokenizer)
+    return LlamaCppEngine(s.engine_settings(), decide(s, tokenizer, None), runtime=FakeRuntime())
 
 
 async def collect(engine, request):

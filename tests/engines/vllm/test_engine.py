@@ -28,6 +28,7 @@ from server.constrain.spec import ToolSpec  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.errors import ContextLengthExceeded, InvalidRequest  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
+from server.families.model_facts import load_model_facts
 from server.protocol import ChatMessage  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -43,7 +44,7 @@ def engine(loop, embedded_model_dir):
 
     model = str(embedded_model_dir)
     settings = load_settings(None, engine="vllm", model=model, vllm={"kv_cache_space_gib": 1})
-    eng = VllmEngine(settings.engine_settings())
+    eng = VllmEngine(settings.engine_settings(), load_model_facts(settings, "vllm"))
     t0 = time.perf_counter()
     loop.run(eng.start())
     MEASURED["engine_start_s"] = round(time.perf_counter() - t0, 1)

@@ -28,6 +28,7 @@ from server.constrain.spec import ToolSpec  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
 from server.engines.vllm.logits_processor import AgentserveLogitsProcessor  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
+from server.families.model_facts import load_model_facts
 from server.families.spec import load_family  # noqa: E402
 from tests.engines.vllm.helpers import allowed_sets, fake_vllm_config  # noqa: E402
 from tests.finite_tools import SCHEMAS, TOOLS  # noqa: E402
@@ -61,7 +62,7 @@ def service(loop, model_dir):
         tool_state_machine=None,
         vllm={"kv_cache_space_gib": 1},
     )
-    engine = VllmEngine(settings.engine_settings())
+    engine = VllmEngine(settings.engine_settings(), load_model_facts(settings, "vllm"))
     t0 = time.perf_counter()
     loop.run(engine.start())
     print(f"\nvllm-cpu engine start (qwen3_thinking test model): {time.perf_counter() - t0:.1f} s")

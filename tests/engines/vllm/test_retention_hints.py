@@ -14,6 +14,7 @@ from server.chat.generate import GenerationResult  # noqa: E402
 from server.chat.respond import extensions  # noqa: E402
 from server.chat.service import ChatService  # noqa: E402
 from server.config import load_settings  # noqa: E402
+from server.families.model_facts import load_model_facts
 from server.metrics import Metrics  # noqa: E402
 from server.protocol import ChatCompletionRequest  # noqa: E402
 
@@ -25,7 +26,8 @@ def service(embedded_model_dir):
     from server.engines.vllm.engine import VllmEngine
 
     settings = load_settings(None, engine="vllm", model=str(embedded_model_dir), served_model_name="smol")
-    return ChatService(VllmEngine(settings.engine_settings()), settings, Metrics())
+    engine = VllmEngine(settings.engine_settings(), load_model_facts(settings, "vllm"))
+    return ChatService(engine, settings, Metrics())
 
 
 def cache_ext(service: ChatService, **hint: object) -> dict:

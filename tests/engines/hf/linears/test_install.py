@@ -14,6 +14,7 @@ from server.engines.hf.linears import panel
 from server.engines.hf.linears.install import install_linears
 from server.engines.hf.linears.onednn import OneDNNLinear, onednn_linear_available
 from server.engines.hf.linears.panel import PanelLinear, panel_linear_available
+from server.families.model_facts import facts_of_model
 from tests.engines.hf.tiny_models import tiny
 
 CPU = torch.device("cpu")
@@ -80,7 +81,8 @@ def test_the_setting_reaches_the_engine_and_is_checked():
 
 @needs_onednn
 def test_an_engine_asked_for_panels_without_the_kernel_does_not_start(no_compiler):
-    engine = HFEngine(load_settings(device="cpu", cpu_linears="panel"), model=tiny("llama"), tokenizer=None)
+    settings, model = load_settings(device="cpu", cpu_linears="panel"), tiny("llama")
+    engine = HFEngine(settings, facts_of_model(settings, None, model), model=model)
     with pytest.raises(RuntimeError, match="hf engine could not start.*cpu_linears is 'panel'"):
         asyncio.run(engine.start())
     assert engine.health() is None  # not serving: no thread claims to be alive
@@ -88,7 +90,8 @@ def test_an_engine_asked_for_panels_without_the_kernel_does_not_start(no_compile
 
 @needs_onednn
 def test_an_engine_asked_for_onednn_runs_every_linear_on_onednn():
-    engine = HFEngine(load_settings(device="cpu", cpu_linears="onednn"), model=tiny("llama"), tokenizer=None)
+    settings, model = load_settings(device="cpu", cpu_linears="onednn"), tiny("llama")
+    engine = HFEngine(settings, facts_of_model(settings, None, model), model=model)
     try:
         asyncio.run(engine.start())
         linears = [m for m in engine.model.modules() if isinstance(m, (OneDNNLinear, PanelLinear))]

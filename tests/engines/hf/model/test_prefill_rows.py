@@ -15,6 +15,8 @@ from server.engines.hf.kv.slots import KVSlots
 from server.engines.hf.linears.fused import fuse_projections
 from server.engines.hf.linears.install import install_linears
 from server.engines.hf.model.rows import prefill_rows
+from server.families.model_facts import facts_of_model
+from tests.conftest import worker_settings
 from tests.engines.hf.tiny_models import FAMILIES, tiny
 
 CPU = torch.device("cpu")
@@ -77,7 +79,8 @@ def test_a_family_the_lean_forward_does_not_cover_prefills_through_transformers(
     from tests.engines.hf.model.test_rows import _Sink
 
     model, reference = tiny("mistral", sliding_window=16), tiny("mistral", sliding_window=16)
-    engine = HFEngine(hf_engine.settings, model=model, tokenizer=tokenizer)  # no thread: turns by hand
+    facts = facts_of_model(worker_settings(), tokenizer, model)
+    engine = HFEngine(hf_engine.settings, facts, model=model)  # no thread: turns by hand
     prompts = [list(range(3, 40)), list(range(50, 61))]
     seqs = [
         SequenceState(
