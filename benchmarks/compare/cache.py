@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import report
-from benchmarks.arms import Arm, cache_server, finish, make_sessions, ratio_line, run_arms
+from benchmarks.harness import report
+from benchmarks.harness.arms import Arm, cache_server, finish, make_sessions, ratio_line, run_arms
 
 
 def run(args: argparse.Namespace) -> None:

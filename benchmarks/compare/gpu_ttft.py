@@ -8,15 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import report
-from benchmarks.arms import command_line
+from benchmarks.harness import report
+from benchmarks.harness.arms import command_line
 
 
 def run(args: argparse.Namespace) -> None:
     import torch
 
-    from benchmarks.inproc import context_sweep, plot_sweep, random_model
-    from benchmarks.tokens import load_tokenizer
+    from benchmarks.harness.inproc import context_sweep, plot_sweep, random_model
+    from benchmarks.harness.tokens import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

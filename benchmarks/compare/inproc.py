@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from benchmarks import report
-from benchmarks.arms import finish, limit_turns, make_sessions, ratio_line, server_overrides, set_info
-from benchmarks.runner import Job
-from benchmarks.variants import build_requests
+from benchmarks.harness import report
+from benchmarks.harness.arms import finish, limit_turns, make_sessions, ratio_line, server_overrides, set_info
+from benchmarks.harness.runner import Job
+from benchmarks.harness.variants import build_requests
 from server.families.model_facts import load_model_facts
 
 
 def engine_and_label(args: argparse.Namespace, cache: bool):
-    from benchmarks.inproc import engine_for, random_model
-    from benchmarks.tokens import load_tokenizer
+    from benchmarks.harness.inproc import engine_for, random_model
+    from benchmarks.harness.tokens import load_tokenizer
 
     if args.shape:
         import torch
@@ -34,8 +34,8 @@ def engine_and_label(args: argparse.Namespace, cache: bool):
 
 
 def run(args: argparse.Namespace) -> None:
-    from benchmarks.inproc import replay_inproc, warm_up
-    from benchmarks.tokens import render_ids
+    from benchmarks.harness.inproc import replay_inproc, warm_up
+    from benchmarks.harness.tokens import render_ids
 
     sessions = make_sessions(args)
     records: list[dict[str, Any]] = []

@@ -1,6 +1,6 @@
 """``bench peers``: agentserve against the server a user would run instead, same workloads, one run.
 
-Servers (``benchmarks/peers.py``): stock vLLM, agentserve on its vLLM engine, agentserve on the
+Servers (``benchmarks/harness/peers.py``): stock vLLM, agentserve on its vLLM engine, agentserve on the
 hf engine (``--servers``), plus any ``--url NAME=URL``. One at a time (on a small machine two
 servers at once would share the cores): start, warm up (excluded), run every workload, stop.
 
@@ -10,7 +10,8 @@ Workloads, the same requests for every server:
 - ``restrict``: the agent sessions with the tool list restricted per phase: agentserve keeps all
   tools and sends ``allowed_tools`` (name_prefix); a stock server cannot, so its client removes
   the other tools (``tools_remove``), which breaks its prefix cache;
-- ``bfcl``: BFCL simple + live_simple in auto / required / named / subset modes (``benchmarks/bfcl.py``).
+- ``bfcl``: BFCL simple + live_simple in auto / required / named / subset modes
+  (``benchmarks/harness/bfcl.py``).
 Results: ``<name>.json`` (meta, summary, raw records), ``<name>.md``, ``<name>.png``.
 """
 
@@ -27,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bfcl, report
-from benchmarks.arms import Arm, arm_jobs, make_sessions, swe_sessions
-from benchmarks.peers import BUILTIN, Peer, builtin_peer, running, url_peer, vllm_python
-from benchmarks.runner import run_jobs_sync
-from benchmarks.trace_gen import Session
+from benchmarks.harness import bfcl, report
+from benchmarks.harness.arms import Arm, arm_jobs, make_sessions, swe_sessions
+from benchmarks.harness.peers import BUILTIN, Peer, builtin_peer, running, url_peer, vllm_python
+from benchmarks.harness.runner import run_jobs_sync
+from benchmarks.harness.trace_gen import Session
 
 REPLAYS = ("agent", "swe", "restrict")
 
@@ -318,7 +319,7 @@ def write_report(
 
 
 def _info(url: str) -> dict[str, Any]:
-    from benchmarks.servers import server_info
+    from benchmarks.harness.servers import server_info
 
     return server_info(url)
 

@@ -31,7 +31,6 @@ from typing import Any
 
 import httpx
 
-from benchmarks.arms import Arm, arm_jobs
 from benchmarks.compare.peers import (
     REPLAYS,
     run_bfcl,
@@ -42,9 +41,10 @@ from benchmarks.compare.peers import (
     warm_up,
     write_report,
 )
-from benchmarks.peers import Peer
-from benchmarks.runner import Job, request_body, timed_request
-from benchmarks.trace_gen import Session
+from benchmarks.harness.arms import Arm, arm_jobs
+from benchmarks.harness.peers import Peer
+from benchmarks.harness.runner import Job, request_body, timed_request
+from benchmarks.harness.trace_gen import Session
 
 
 @dataclass

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report
-from benchmarks.arms import command_line
-from benchmarks.trace_gen import Session
+from benchmarks.harness import report
+from benchmarks.harness.arms import command_line
+from benchmarks.harness.trace_gen import Session
 
 FAIRNESS = [
     "Same model files: every server loads the embedded SmolLM2-135M-Instruct, converted once to the same "

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.arms import Arm, finish, make_sessions, run_arms
+from benchmarks.harness.arms import Arm, finish, make_sessions, run_arms
 
 
 def run(args: argparse.Namespace) -> None:
-    from benchmarks.servers import routing_available
+    from benchmarks.harness.servers import routing_available
 
     if not routing_available():
         raise SystemExit("routing comparison: server.routing is not on this branch")

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import report
-from benchmarks.arms import Arm, cache_server, default_server, finish, ratio_line, run_arms, swe_sessions
+from benchmarks.harness import report
+from benchmarks.harness.arms import (
+    Arm,
+    cache_server,
+    default_server,
+    finish,
+    ratio_line,
+    run_arms,
+    swe_sessions,
+)
 
 
 def run(args: argparse.Namespace) -> None:

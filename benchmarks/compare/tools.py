@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.arms import Arm, default_server, finish, make_sessions, open_server, run_arms, server_info
+from benchmarks.harness.arms import (
+    Arm,
+    default_server,
+    finish,
+    make_sessions,
+    open_server,
+    run_arms,
+    server_info,
+)
 
 
 def mask_supported(url: str, model: str) -> bool:
     """True when the server at ``url`` enforces allowed_tools (tool_state names only the subset)."""
     import httpx
 
-    from benchmarks.agent_tools import agent_tools
-    from benchmarks.variants import allowed_tools_choice
+    from benchmarks.harness.agent_tools import agent_tools
+    from benchmarks.harness.variants import allowed_tools_choice
 
     body = {
         "model": model,

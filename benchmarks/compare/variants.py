@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import report
-from benchmarks.arms import Arm, default_server, finish, make_sessions, run_arms
-from benchmarks.variants import VARIANTS
+from benchmarks.harness import report
+from benchmarks.harness.arms import Arm, default_server, finish, make_sessions, run_arms
+from benchmarks.harness.variants import VARIANTS
 
 DEFAULT_VARIANTS = ("good", "timestamp", "shuffled_keys", "edited_observation", "tools_remove")
 

@@ -11,7 +11,7 @@ exceptions, so the router needs no client-specific code:
   UpstreamTimeout       connect or read took longer than its limit
   UpstreamLost          the connection broke (before or after the headers)
 
-Implementations (built by name in ``routing/clients.py``; measured in benchmarks/routing_bench.py):
+Implementations (built by name in ``routing/clients.py``; measured in benchmarks/fleet/routing_bench.py):
   raw      persistent HTTP/1.1 connections with the httptools parser (``raw_http.py``)
   aiohttp  aiohttp.ClientSession, keep-alive connector, no cookie jar
   httpx    httpx.AsyncClient (the previous hot path)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.trace_gen import generate_sessions
-from benchmarks.variants import build_requests
+from benchmarks.harness.trace_gen import generate_sessions
+from benchmarks.harness.variants import build_requests
 from tests.cache_diag.helpers import trace_bodies
 from tests.fixtures.make_agent_traces import build
 

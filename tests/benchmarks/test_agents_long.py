@@ -1,11 +1,11 @@
-"""The long-session arm's pure logic (benchmarks/agents_long.py): which captured requests are
+"""The long-session arm's pure logic (benchmarks/agents/agents_long.py): which captured requests are
 compactions, which request comes first after one, and the per-client summary over steady turns."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks.agents_long import annotate, compaction_kind, load_long, summarize
+from benchmarks.agents.agents_long import annotate, compaction_kind, load_long, summarize
 from benchmarks.compare.agents_long import markdown
 
 

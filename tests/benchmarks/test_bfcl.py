@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from benchmarks import bfcl
-from benchmarks.bfcl_openai import convert_to_tool
+from benchmarks.harness import bfcl
+from benchmarks.harness.bfcl_openai import convert_to_tool
 
 
 def test_sets_load_offline_with_one_function_each():

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import cc_traces
+from benchmarks.cache import cc_traces
 from benchmarks.run import main as bench_main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "benchmarks" / "traces" / "cc-sample"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.fleet_sim import Worker, make_workload, registered, simulate
+from benchmarks.fleet.fleet_sim import Worker, make_workload, registered, simulate
 
 
 def test_tier1_eviction_cuts_the_lru_entry_from_its_tail_and_tier2_keeps_it():

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_batched_decode.py runs end to end on the tiny random shape on CPU: the script a
+"""benchmarks/speed/gpu_batched_decode.py runs end to end on the tiny random shape on CPU: the script a
 GPU session runs with its few device minutes must not break on an engine change first seen there
 (the outbox's one-wake-up delivery broke its stand-in event loop, unnoticed for two sessions)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import gpu_batched_decode
+from benchmarks.speed import gpu_batched_decode
 
 
 def test_the_gpu_decode_benchmark_runs_on_the_tiny_shape(tmp_path):

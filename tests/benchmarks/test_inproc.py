@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from benchmarks.inproc import engine_for, random_model, timed_prefill  # noqa: E402
+from benchmarks.harness.inproc import engine_for, random_model, timed_prefill  # noqa: E402
 
 
 def test_named_shapes_are_the_real_models_layer_sizes():
@@ -41,7 +41,7 @@ def test_engine_prefill_reuses_the_cache_and_matches_uncached_logits():
 
 
 def test_paired_measurement_restores_the_cache_between_runs():
-    from benchmarks.inproc import paired_at_turn
+    from benchmarks.harness.inproc import paired_at_turn
 
     model = random_model("tiny", 512, device="cpu", dtype=torch.float32, max_positions=4096)
     eng = engine_for(model, tokenizer=None, cache=True, memory_mb=64)

@@ -1,4 +1,4 @@
-"""benchmarks/kv_pressure.py: the --model option (random default, embedded = measured TTFT)."""
+"""benchmarks/cache/kv_pressure.py: the --model option (random default, embedded = measured TTFT)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import kv_pressure
+from benchmarks.cache import kv_pressure
 
 
 def test_cache_only_with_a_real_model_is_refused() -> None:

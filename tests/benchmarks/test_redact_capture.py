@@ -1,4 +1,4 @@
-"""benchmarks/redact_capture.py: a capture's prose becomes same-length filler, everything the replay
+"""benchmarks/agents/redact_capture.py: a capture's prose becomes same-length filler, everything the replay
 measures is kept (structure, schemas, tool calls, the billing-header line, repeats identical)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.redact_capture import filler, redact_row
+from benchmarks.agents.redact_capture import filler, redact_row
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.328.ccf; cc_entrypoint=sdk-cli;"
 PROSE = "You are Claude Code, Anthropic's official CLI.\nUse the tools below to help the user."

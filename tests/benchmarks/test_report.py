@@ -7,8 +7,8 @@ import json
 
 import httpx
 
-from benchmarks import report
-from benchmarks.runner import _first_output, timed_request
+from benchmarks.harness import report
+from benchmarks.harness.runner import _first_output, timed_request
 
 
 def _rec(label, turn, prompt, cached, ttft, session="s"):

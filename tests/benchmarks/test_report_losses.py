@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks import report
+from benchmarks.harness import report
 
 
 def _rec(turn, prompt, cached, kind=None, label="v"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.swe_traces import TRACE_DIR, TRACES, load_trace, truncate_observation
-from benchmarks.trace_gen import approx_tokens
-from benchmarks.variants import build_requests
+from benchmarks.harness.swe_traces import TRACE_DIR, TRACES, load_trace, truncate_observation
+from benchmarks.harness.trace_gen import approx_tokens
+from benchmarks.harness.variants import build_requests
 
 
 def test_traces_and_licence_are_in_the_repo():
@@ -55,7 +55,8 @@ def test_stops_at_the_turn_that_no_longer_fits():
 
 
 def test_fixture_tools_are_the_benchmark_converter_output():
-    """One converter: the test fixtures are exactly what benchmarks.swe_traces makes of the bundles."""
+    """One converter: the test fixtures are exactly what benchmarks.harness.swe_traces makes of the
+    bundles."""
     import importlib.util
     import json
     from pathlib import Path

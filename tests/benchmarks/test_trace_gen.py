@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.agent_tools import PREFIXES, agent_tools
-from benchmarks.trace_gen import BUDGET_MARGIN, approx_tokens, generate_session, generate_sessions
+from benchmarks.harness.agent_tools import PREFIXES, agent_tools
+from benchmarks.harness.trace_gen import BUDGET_MARGIN, approx_tokens, generate_session, generate_sessions
 
 
 def test_same_seed_same_bytes_other_seed_differs():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from benchmarks.trace_gen import generate_session
-from benchmarks.variants import EDIT_EVERY, VARIANTS, build_requests
+from benchmarks.harness.trace_gen import generate_session
+from benchmarks.harness.variants import EDIT_EVERY, VARIANTS, build_requests
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""What the real-client tests (and ``benchmarks/agent_capture.py``) share: a random-weight
+"""What the real-client tests (and ``benchmarks/agents/agent_capture.py``) share: a random-weight
 long-context test model that ends its replies early, served by ``agentserve serve`` with the
 ``read_then_answer`` tool state machine; how Codex CLI and Claude Code are pointed at it."""
 

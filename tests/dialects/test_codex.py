@@ -18,7 +18,7 @@ tool) and ``reasoning`` / ``include`` / ``prompt_cache_key`` to ``POST /v1/respo
    each turn as ``previous_response_id`` + only its new items). The WebSocket run needs uvicorn's
    WebSocket support (the ``websockets`` package).
 2. ``edit_then_answer`` (``grammars/edit_then_answer.yaml``), ``-s workspace-write``, through a
-   recording proxy (``benchmarks/capture_proxy.py``): turn 1 is one ``apply_patch`` call whose input
+   recording proxy (``benchmarks/agents/capture_proxy.py``): turn 1 is one ``apply_patch`` call whose input
    the masks write under the Lark grammar Codex sent; Codex applies it and the file appears on disk.
    A random model writes junk under the grammar: its test model is steered (``ends_early``'s
    ``steer``) towards ``\n`` (JSON-escaped newline: short lines, so a random path stays a valid file
@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.capture_proxy import make_app
+from benchmarks.agents.capture_proxy import make_app
 from tests.conftest import running_server
 from tests.dialects.agent_server import CODEX, agent_server, make_agent_model, run_codex, served_statuses
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks import cc_traces
+from benchmarks.cache import cc_traces
 
 
 def write_trace(folder: Path, n: int, requests: list[tuple[float, int, float]]) -> None:

@@ -2,7 +2,7 @@
 
 transformers' ``DynamicLayer`` grows by ``torch.cat`` on every forward: each decode step
 copies the whole KV of every layer (at 3k tokens of SmolLM2-135M that is ~140 MB a token,
-12.7 % of a CPU decode step, measured by benchmarks/profile_hf.py). ``GrowingLayer`` keeps a
+12.7 % of a CPU decode step, measured by benchmarks/speed/profile_hf.py). ``GrowingLayer`` keeps a
 buffer with spare room and writes each step's keys/values into it; ``keys``/``values`` are
 views of the filled part, so everything that reads a ``DynamicCache`` (attention, masks,
 ``BlockCutter``) sees the same tensors as before. When the room runs out the buffer grows

@@ -156,7 +156,7 @@ class KVSlots:
         False (nothing written) when ``kv`` does not live in the pool or the blocks do not fit
         its shape: the caller restores layer by layer. Concatenating the blocks and copying that
         layer by layer into the slot took 5x as long (SmolLM2-135M's KV, 16k tokens 298 -> 56 ms,
-        4k 76 -> 15 ms; benchmarks/restore_cpu.py, results/restore_cpu.md).
+        4k 76 -> 15 ms; benchmarks/cache/restore_cpu.py, results/restore_cpu.md).
         """
         slot = self.slot_of(kv)
         tokens = sum(int(p.shape[3]) for p in parts)

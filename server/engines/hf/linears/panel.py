@@ -14,7 +14,7 @@ oneDNN. (Written once for 16-lane vectors only, the AVX2 build ran 8 rows in 378
 oneDNN's 36: gcc split each vector through memory.)
 
 Measured on a 2-core EPYC, SmolLM2-135M's 120 layer linears
-(benchmarks/linears_cpu.py, results/linears_cpu.md): 8 rows 19.8 -> 13.6 ms, 1 row
+(benchmarks/speed/linears_cpu.py, results/linears_cpu.md): 8 rows 19.8 -> 13.6 ms, 1 row
 18.8 -> 13.6 ms, 16 rows 25.1 -> 19.3 ms, and no slower at 176 or 512 rows (prefill); the
 engine's 8-row decode step went 44 -> 33 ms. On a 2-core Xeon: 8 rows 26.6 -> 21.0 ms, but
 1024 rows (the CPU prefill chunk) 1.13-1.18x oneDNN's time and a whole 4k-token prefill

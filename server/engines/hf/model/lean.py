@@ -4,7 +4,7 @@ A decode step on CPU is small matmuls, and around them transformers' model forwa
 a step of one new token per row does not need: output dataclasses, mask construction,
 kwargs routing, deprecation wrappers, a decoder layer and an attention module per layer.
 On this 2-core EPYC, with fused projections, the engine's step went 41.1 -> 34.8 ms at 1 row
-and 58.9 -> 52.7 ms at 8 rows (benchmarks/decode_step_cpu.py; concurrent_sessions.md).
+and 58.9 -> 52.7 ms at 8 rows (benchmarks/speed/decode_step_cpu.py; concurrent_sessions.md).
 ``decode_forward`` runs the same modules (embeddings, the rotary embedding, each layer's
 norms, projections, MLP, the final norm, the LM head) in the decoder layer's order, with the
 layer's work in fewer tensor ops: the norms as ``F.rms_norm`` (fp32), q/k/v (and gate/up) as

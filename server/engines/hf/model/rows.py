@@ -31,7 +31,7 @@ Prefill (``prefill_rows``): the chunks of several sequences in one forward (a bu
 sub-agents starting together: each has a cached prefix, the shared system prompt, and a short
 rest of its own). Prefilled one after another, each rest is a forward whose cost is mostly
 the weights: 8 rests of 25 tokens on a 600-token cached prefix took 609 ms one after another,
-395 ms as one forward (benchmarks/prefill_rows_cpu.py). The chunks are the rows of
+395 ms as one forward (benchmarks/speed/prefill_rows_cpu.py). The chunks are the rows of
 ``lean.decode_forward`` with T = the longest chunk, shorter rows padded: the linears read the
 weights once for all rows; each row's attention runs alone, causal over its own cache and its
 own new tokens (``RowsKV`` with lengths appends only the row's real tokens, padding never

@@ -19,7 +19,7 @@ fp32 rounding (tests). Rows share a prefix only within one ``cache_salt`` (tenan
 The prefix half is arithmetic-bound (many queries, one read) while the full read is
 bandwidth-bound, so the split only wins with enough rows and a long enough prefix. Measured
 on this 2-core EPYC, 30 layers of SmolLM2-135M's attention (3 KV heads, 3 queries each),
-64 own tokens a row, full -> split (``benchmarks/shared_prefix_cpu.py``, results in
+64 own tokens a row, full -> split (``benchmarks/speed/shared_prefix_cpu.py``, results in
 ``benchmarks/results/shared_prefix_cpu.md``): 8 rows on 620 shared 16.1 -> 9.9 ms, on 2000
 44.0 -> 22.1; 16 rows on 620 32.2 -> 18.1; 4 rows on 620 8.2 -> 7.1 but on 256 4.0 -> 4.6 (a
 loss); 2 rows never gained. Hence ``worth_sharing``: at least ``MIN_ROWS`` rows and
