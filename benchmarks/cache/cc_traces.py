@@ -23,8 +23,8 @@ prompt is inserted again when its reply ends, as the hf engine does (it holds th
 while the reply runs and puts prompt + reply back into the cache): blocks evicted meanwhile
 come back without a recompute, and the chain is touched as just used.
 
-``ceiling``: the share of input units an infinite cache would serve (per trace, the longest
-prefix of a request's ids that an earlier request of the trace had): ``hit_share_of_ceiling``
+``ceiling``: the share of input units an infinite cache would serve (per id space, a trace and
+its sub-agents, the longest prefix of a request's ids that an earlier request had): ``hit_share_of_ceiling``
 = hit / ceiling. The last line printed is one JSON object per run.
 
 **live** mode (``--url``) is not built yet: see benchmarks/results/cc_traces.md.
@@ -125,12 +125,22 @@ def load_traces(folder: Path, first: int = 0, last: int = 10**9) -> list[Trace]:
     return traces
 
 
-def ceiling_units(trace: Trace) -> int:
-    """Units an infinite prefix cache serves on this trace: per request, the longest prefix of its
-    ids that an earlier request of the trace had (chained, as block hashes are)."""
+def id_spaces(traces: Sequence[Trace]) -> list[list[Trace]]:
+    """The traces grouped by id space: a trace file and its sub-agents (``NAME/subK``) share one."""
+    groups: dict[str, list[Trace]] = {}
+    for t in traces:
+        groups.setdefault(t.name.split("/")[0], []).append(t)
+    return list(groups.values())
+
+
+def ceiling_units(*traces: Trace) -> int:
+    """Units an infinite prefix cache serves on traces of one id space (a trace and its sub-agents):
+    per request, in time order, the longest prefix of its ids that an earlier request had (chained,
+    as block hashes are). A sub-agent's request can reuse its parent's blocks, so the ceiling is
+    counted over the id space, not per trace."""
     seen: set[int] = set()
     hit = 0
-    for r in trace.requests:
+    for r in sorted((r for t in traces for r in t.requests), key=lambda r: r.t):
         key = 0
         matched = True
         for u in r.units:
@@ -295,7 +305,7 @@ def replay(traces: Sequence[Trace], cfg: Config, cache: PrefixCache | None = Non
     last_end: dict[int, float] = {}
     unit_bytes = cfg.unit_bytes
     t_start = time.perf_counter()
-    st.ceiling_units = sum(ceiling_units(tr) for tr in traces)
+    st.ceiling_units = sum(ceiling_units(*space) for space in id_spaces(traces))
     retain = cfg.hint_s if cfg.hints else 0.0
     turns: dict[int, int] = {}
     placed: dict[tuple[int, int], int] = {}

@@ -46,6 +46,19 @@ def test_the_ceiling_is_the_longest_prefix_an_earlier_request_had() -> None:
     assert cc_traces.ceiling_units(cc_traces.Trace("t", reqs)) == 0 + 3 + 2
 
 
+def test_the_ceiling_counts_a_sub_agent_reusing_its_parents_blocks(tmp_path: Path) -> None:
+    """Sub-agents share their parent's id space: the ceiling is counted over it, so an unbounded
+    cache's hit (which serves the sub-agent from the parent's blocks) is exactly the ceiling."""
+    sub = {"t": 5.0, "type": "subagent", "requests": [_request(0.0, [1, 2, 7]), _request(1.0, [1, 2, 7, 8])]}
+    _write(tmp_path, 1, [_request(0.0, [1, 2, 3]), sub, _request(9.0, [1, 2, 3, 4])])
+    parent, child = cc_traces.load_trace(tmp_path / "trace_0001.json", 1)
+    assert child.name.endswith("/sub0") and [r.t for r in child.requests] == [5.0, 6.0]
+    assert cc_traces.ceiling_units(parent) + cc_traces.ceiling_units(child) == 3 + 3  # apart: 6
+    assert cc_traces.ceiling_units(parent, child) == 3 + 2 + 3  # one id space: the sub-agent's 1, 2 too
+    out = cc_traces.replay([parent, child], cc_traces.Config(users=2, hbm_tokens=10**8, policy="lru"))
+    assert out["hit"] == out["ceiling"] and out["hit_share_of_ceiling"] == 1.0
+
+
 def test_the_committed_sample_through_agentserve_bench(capsys: pytest.CaptureFixture[str]) -> None:
     """An unbounded cache serves exactly the ceiling: the replay looks up and inserts every prompt."""
     rc = bench_main(
