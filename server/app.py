@@ -27,7 +27,7 @@ from server.chat.service import ChatService
 from server.config import ConfigError, Settings
 from server.constrain.compile_cache import set_compile_timeout
 from server.constrain.row_cache import ROWS
-from server.dialects.messages.errors import shape_error
+from server.dialects.messages.error_shape import shape_error
 from server.engines.base import Engine
 from server.errors import AgentServeError, internal_error_body
 from server.families.model_facts import load_model_facts

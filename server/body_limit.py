@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.dialects.messages.errors import shape_error
+from server.dialects.messages.error_shape import shape_error
 from server.errors import AgentServeError, PayloadTooLarge
 
 

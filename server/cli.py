@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 serve_router(settings, args.worker)
         elif args.command == "make-test-model":
-            from server.families.spec import FamilyError
+            from server.families.family import FamilyError
             from server.families.test_model import make_test_model
 
             try:

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.auth import authenticate, needs_key
 from server.body_limit import too_large
 from server.config import Settings
-from server.dialects.messages.errors import shape_error
+from server.dialects.messages.error_shape import shape_error
 from server.errors import AgentServeError
 from server.metrics import Metrics
 from server.ws_gate import SocketGate

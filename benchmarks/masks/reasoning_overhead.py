@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 import xgrammar as xgr  # noqa: E402
 
 from benchmarks.masks.mask_overhead import CALL, TOOLS_FILE  # noqa: E402
-from server.chat.reasoning import choose_reasoning  # noqa: E402
+from server.chat.reasoning_reply import choose_reasoning  # noqa: E402
 from server.chat.tool_choice import plan_tools  # noqa: E402
 from server.constrain.constraint import ConstraintFactory  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
-from server.families.spec import family_choices, load_family  # noqa: E402
+from server.families.family import family_choices, load_family  # noqa: E402
 from server.families.test_model import family_test_tokenizer  # noqa: E402
 from tests.constrain.vocabs import LOGITS_WIDTH  # noqa: E402
 

@@ -17,7 +17,7 @@ from server.api.routes import serve_prepared
 from server.api.sse import Framing
 from server.chat.prepared import Prepared
 from server.chat.service import ChatService
-from server.dialects.messages.errors import stream_error_event
+from server.dialects.messages.error_shape import stream_error_event
 from server.dialects.messages.request import CountTokensBody, MessagesBody, convert
 from server.dialects.messages.response import Reply, message
 from server.dialects.messages.stream import message_events

@@ -20,7 +20,7 @@ from server.chat.prepared import Prepared
 from server.chat.service import ChatService
 from server.dialects.responses.request import to_chat
 from server.dialects.responses.response import ResponseContext, from_chat
-from server.dialects.responses.store import ResponseStore
+from server.dialects.responses.response_store import ResponseStore
 from server.dialects.responses.stream import ResponsesStream
 from server.errors import InvalidRequest, NotFound
 from server.protocol import ChatCompletionRequest

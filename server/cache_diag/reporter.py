@@ -18,7 +18,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from server.cache_diag.diagnose import CacheState, Diagnosis, Prompt, diagnose, no_baseline
-from server.cache_diag.store import Clock, FingerprintStore, SessionTable, fingerprint_bytes, seq_bytes
+from server.cache_diag.session_table import (
+    Clock,
+    FingerprintStore,
+    SessionTable,
+    fingerprint_bytes,
+    seq_bytes,
+)
 
 MIN_PREFILL_SAMPLE = 32  # tokens: shorter prefills say more about overhead than about the rate
 

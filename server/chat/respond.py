@@ -17,7 +17,7 @@ from typing import Any
 
 from server.chat.generate import GenerationResult
 from server.chat.prepared import Prepared
-from server.chat.reasoning import ReasoningSplitter
+from server.chat.reasoning_reply import ReasoningSplitter
 from server.chat.toolcalls import CallDelta, ContentDelta, Events, ParsedCall, StreamingToolCallParser
 from server.custom_tools import custom_input, custom_names
 from server.families.envelope import Envelope

@@ -17,9 +17,9 @@ from typing import Any
 
 from server.families.defaults import DEFAULT_FAMILY
 from server.families.envelope import Envelope
+from server.families.family import Family, load_family
 from server.families.render import renderer_for, template_arguments
 from server.families.rendered import PromptRenderer, RenderedPrompt
-from server.families.spec import Family, load_family
 from server.protocol import ChatMessage
 
 __all__ = ["GENERATION_PROMPT", "template_arguments", "render_chat"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.chat.limits import MACHINE_NAME as _MACHINE_NAME
-from server.chat.reasoning import with_reasoning
+from server.chat.reasoning_reply import with_reasoning
 from server.chat.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.chat.tool_choice import plan_tools
 from server.config import Settings

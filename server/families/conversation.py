@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.errors import InvalidRequest
+from server.families.family import Family
 from server.families.markers import MARKERS
-from server.families.spec import Family
 
 
 def dump_json(value: Any, ascii: bool = False) -> str:

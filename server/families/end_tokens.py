@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from server.families.spec import Family
+from server.families.family import Family
 
 
 def family_end_tokens(family: Family) -> tuple[str, ...]:

@@ -16,8 +16,8 @@ from typing import Any
 from server.config import ConfigError, Settings
 from server.families.defaults import DEFAULT_FAMILY
 from server.families.end_tokens import family_end_tokens, reply_end_ids
+from server.families.family import FamilyError, load_family
 from server.families.select import Selection, select_family
-from server.families.spec import FamilyError, load_family
 from server.model_store import EMBEDDED, resolve_model, tokenizer_folder
 
 log = logging.getLogger(__name__)

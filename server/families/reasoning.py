@@ -12,7 +12,7 @@ Qwen3 writes ``<think>\\n…\\n</think>\\n\\n`` and then its answer (text or too
                                  # (Qwen3's template); Mistral: false, the text as written
 
 Nothing here names a family: the masks (server/constrain/reasoning_gate.py), the reply
-parser (server/chat/reasoning.py) and the history renderer (server/families/render.py)
+parser (server/chat/reasoning_reply.py) and the history renderer (server/families/render.py)
 read these strings. A family whose reasoning is a channel rather than tags (Harmony's
 analysis channel) or whose tags are special tokens (Mistral's ``[THINK]``) fits the same
 fields: ``open`` / ``close`` may be special-token text.

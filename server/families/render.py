@@ -27,11 +27,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from server.families.conversation import Msg, check_rules, dump_json, normalise, read_messages
 from server.families.conversation import template_arguments as template_arguments  # re-exported
+from server.families.family import Family, load_family
 from server.families.markers import extract, seg
 from server.families.model_template import REWROTE_HISTORY
 from server.families.reasoning import Reasoning
 from server.families.rendered import RenderedPrompt
-from server.families.spec import Family, load_family
 
 
 def _json(value: Any, indent: int | None = None, ascii: bool = False) -> str:

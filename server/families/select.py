@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from server.families.defaults import DEFAULT_ENVELOPE
-from server.families.spec import (
+from server.families.family import (
     Detect,
     Family,
     FamilyError,

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from server.families.spec import load_family
+from server.families.family import load_family
 from server.families.tokenizers import build_tokenizer
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Message, Receive, Send
 
 from server.auth import TENANT_HEADER, TOKEN_HEADER
-from server.dialects.messages.errors import from_openai, is_messages_path, shape_error
+from server.dialects.messages.error_shape import from_openai, is_messages_path, shape_error
 from server.errors import AgentServeError, UpstreamUnavailable
 from server.routing.upstream import UpstreamConnectError, UpstreamLost, UpstreamTimeout
 

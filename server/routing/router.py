@@ -11,10 +11,10 @@ from server.config import Settings
 from server.errors import UpstreamUnavailable
 from server.routing.clients import make_upstream
 from server.routing.discovery import DnsDiscovery
-from server.routing.metrics import RouterMetrics
 from server.routing.policies import make_policy
 from server.routing.policy import Outcome
 from server.routing.request import RouteRequest
+from server.routing.router_metrics import RouterMetrics
 from server.routing.suspects import SuspectTable
 from server.routing.workers import Worker, WorkerPool, WorkerSpec
 from server.ws_gate import SocketGate

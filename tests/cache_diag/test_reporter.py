@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from server.cache_diag import CacheReporter, PrefillRate
-from server.cache_diag.store import FingerprintStore, SessionTable
+from server.cache_diag.session_table import FingerprintStore, SessionTable
 from server.metrics import Metrics
 from tests.cache_diag.helpers import prompt, tool
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from server.chat.family_choice import envelope_name
 from server.config import load_settings
 from server.families.defaults import DEFAULT_ENVELOPE, DEFAULT_FAMILY
+from server.families.family import load_family
 from server.families.model_facts import choose_family
-from server.families.spec import load_family
 
 
 def test_the_default_envelope_is_the_default_family_s():

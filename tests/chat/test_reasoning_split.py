@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from server.chat.generate import reasoning_tokens
-from server.chat.reasoning import ReasoningSplitter, choose_reasoning
+from server.chat.reasoning_reply import ReasoningSplitter, choose_reasoning
 from server.constrain.plan import ReasoningPlan
 from server.errors import InvalidRequest
-from server.families.spec import load_family
+from server.families.family import load_family
 
 R = load_family("hermes:qwen3_thinking").reasoning
 assert R is not None

@@ -19,8 +19,8 @@ from server.chat.tool_choice import plan_tools
 from server.chat.toolcalls import parse_tool_calls
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import load_envelope
+from server.families.family import load_family
 from server.families.render import renderer_for
-from server.families.spec import load_family
 from server.protocol import ChatMessage
 
 from .conftest import FAMILIES

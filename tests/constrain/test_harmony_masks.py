@@ -16,12 +16,12 @@ import jsonschema
 import numpy as np
 import pytest
 
-from server.chat.reasoning import ReasoningSplitter
+from server.chat.reasoning_reply import ReasoningSplitter
 from server.chat.toolcalls import parse_tool_calls
 from server.constrain.constraint import ConstraintFactory
 from server.constrain.plan import ReasoningPlan, ToolPlan
 from server.families.envelope import load_envelope
-from server.families.spec import load_family
+from server.families.family import load_family
 from server.families.test_model import family_test_tokenizer
 
 FAMILY = load_family("harmony")

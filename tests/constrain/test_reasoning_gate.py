@@ -14,11 +14,11 @@ import json
 import numpy as np
 import pytest
 
-from server.chat.reasoning import ReasoningSplitter
+from server.chat.reasoning_reply import ReasoningSplitter
 from server.chat.toolcalls import parse_tool_calls
 from server.constrain.plan import ReasoningPlan, ToolPlan
 from server.families.envelope import load_envelope
-from server.families.spec import load_family
+from server.families.family import load_family
 
 FAMILY = load_family("hermes:qwen3_thinking")
 R = FAMILY.reasoning

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from server.dialects.messages import ids
-from server.dialects.messages.errors import shape_error, stream_error_event
+from server.dialects.messages.error_shape import shape_error, stream_error_event
 from server.dialects.messages.request import MessagesBody, convert
 from server.dialects.messages.response import Reply, cache_miss_reason, stop_reason
 from server.dialects.messages.stream import message_events

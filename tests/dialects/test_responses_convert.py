@@ -18,7 +18,7 @@ from server.dialects.responses.response import (
     diagnostics,
     from_chat,
 )
-from server.dialects.responses.store import ResponseStore
+from server.dialects.responses.response_store import ResponseStore
 from server.dialects.responses.stream import ResponsesStream
 from server.dialects.responses.tools import convert_tool_choice, convert_tools, flat_name
 from server.errors import InvalidRequest

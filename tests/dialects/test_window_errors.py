@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from server.chat.window import fit_sampling, reply_floor
 from server.config import load_settings
-from server.dialects.messages.errors import anthropic_message, shape_error
+from server.dialects.messages.error_shape import anthropic_message, shape_error
 from server.engines.base import SamplingParams
 from server.errors import MaxTokensOverLimit, MaxTokensOverWindow, PromptTooLong
 from server.protocol import ChatCompletionRequest, CompletionRequest

@@ -18,8 +18,8 @@ import pytest
 
 from server.config import load_settings
 from server.families.envelope import GRAMMARS_DIR
+from server.families.family import load_family
 from server.families.model_facts import load_model_facts
-from server.families.spec import load_family
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

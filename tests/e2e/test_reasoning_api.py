@@ -22,8 +22,8 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from server.config import load_settings
+from server.families.family import family_choices, load_family
 from server.families.model_facts import load_model_facts
-from server.families.spec import family_choices, load_family
 from tests.finite_tools import SCHEMAS, TOOLS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

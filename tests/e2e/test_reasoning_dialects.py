@@ -91,7 +91,7 @@ def _item(item) -> tuple:
 
 def test_responses_effort_sets_the_budget(served) -> None:
     ref, urls, _ = served
-    from server.families.spec import load_family
+    from server.families.family import load_family
 
     family = load_family(ref).reasoning
     client = _openai(urls[False])

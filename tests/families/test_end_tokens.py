@@ -13,8 +13,8 @@ from server.config import load_settings
 from server.engines.base import GenerationRequest, SamplingParams
 from server.engines.hf.engine import HFEngine
 from server.families.end_tokens import family_end_tokens, reply_end_ids
+from server.families.family import FAMILIES_DIR, family_names, load_family
 from server.families.model_facts import decide
-from server.families.spec import FAMILIES_DIR, family_names, load_family
 from server.families.tokenizers import llama3_tokenizer
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest

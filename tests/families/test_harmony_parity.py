@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
+from server.families.family import load_family
 from server.families.render import FamilyRenderer
-from server.families.spec import load_family
 from server.families.test_model import family_test_tokenizer
 from server.protocol import ChatMessage
 from tests.families.conversations import conversations

@@ -15,12 +15,12 @@ import json
 import numpy as np
 import pytest
 
-from server.chat.reasoning import ReasoningSplitter
+from server.chat.reasoning_reply import ReasoningSplitter
 from server.chat.toolcalls import parse_tool_calls
 from server.constrain.plan import ReasoningPlan, ToolPlan
 from server.families.envelope import load_envelope
+from server.families.family import load_family
 from server.families.render import FamilyRenderer
-from server.families.spec import load_family
 from server.protocol import ChatMessage
 
 pytest.importorskip("mistral_common")

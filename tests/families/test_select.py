@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from server.families.family import FamilyError, family_choices, load_family
 from server.families.select import ModelFacts, detect_family, select_family
-from server.families.spec import FamilyError, family_choices, load_family
 
 LLAMA = frozenset(
     {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|python_tag|>"}

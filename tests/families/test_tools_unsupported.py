@@ -12,8 +12,8 @@ import pytest
 from server.chat.prepare import Preparer
 from server.config import load_settings
 from server.errors import InvalidRequest
+from server.families.family import load_family
 from server.families.render import FamilyRenderer, renderer_for
-from server.families.spec import load_family
 from server.protocol import ChatCompletionRequest
 
 TOOLS = [{"type": "function", "function": {"name": "shell_exec", "parameters": {"type": "object"}}}]

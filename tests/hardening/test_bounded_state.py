@@ -9,7 +9,7 @@ from array import array
 from server.cache_diag.diagnose import Prompt
 from server.cache_diag.fingerprint import Fingerprint
 from server.cache_diag.reporter import CacheReporter
-from server.cache_diag.store import FingerprintStore, SessionTable, fingerprint_bytes
+from server.cache_diag.session_table import FingerprintStore, SessionTable, fingerprint_bytes
 
 
 def _fp(n_tokens: int) -> Fingerprint:
@@ -112,7 +112,7 @@ def test_the_service_passes_the_per_tenant_quota(hf_engine):
 def test_stored_responses_expire_after_the_ttl():
     # issue 37 item 9: stored responses were kept until the count or byte bound pushed them out
     from server.config import ResponsesSettings
-    from server.dialects.responses.store import ResponseStore
+    from server.dialects.responses.response_store import ResponseStore
 
     assert ResponsesSettings().store_ttl_s == 86400.0
     now = [1000.0]

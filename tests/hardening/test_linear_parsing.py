@@ -56,7 +56,7 @@ def test_a_tagged_call_whose_argument_holds_the_close_tag_is_parsed_once_per_can
 
 def test_merging_thousands_of_same_role_messages_is_linear():
     from server.families.conversation import Msg, normalise
-    from server.families.spec import load_family
+    from server.families.family import load_family
 
     family = load_family("mistral")
     assert "user" in family.layout.merge_consecutive

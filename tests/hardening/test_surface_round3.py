@@ -15,7 +15,7 @@ from server.protocol import ChatCompletionRequest
 @pytest.mark.parametrize("char", ["\ufdd0", "\ufdd1", "\ufdd2"])
 def test_reasoning_content_with_a_segment_marker_is_a_400(char):
     from server.families.conversation import read_messages
-    from server.families.spec import load_family
+    from server.families.family import load_family
 
     harmony = load_family("harmony")  # renders reasoning_content of past turns into the prompt
     req = ChatCompletionRequest(

@@ -27,7 +27,7 @@ cache report read it). Mapping (what is accepted, and where it goes):
   ``tool_state_machine``, ``cache_compare_with``, ``top_logprobs`` pass through.
 - Accepted, no effect on the tokens: ``store`` and ``previous_response_id`` (used here),
   ``metadata`` (echoed), ``include``; ``reasoning.effort`` → ``reasoning_effort`` (a reasoning
-  family's budget, see server/chat/reasoning.py; no effect on other families),
+  family's budget, see server/chat/reasoning_reply.py; no effect on other families),
   ``client_metadata``, ``service_tier``, ``safety_identifier``,
   ``background: false``, ``truncation`` ("auto" never truncates here: a prompt over the
   window stays a 400).

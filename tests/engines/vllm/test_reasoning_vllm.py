@@ -28,8 +28,8 @@ from server.constrain.spec import ToolSpec  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
 from server.engines.vllm.logits_processor import AgentserveLogitsProcessor  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
+from server.families.family import load_family  # noqa: E402
 from server.families.model_facts import load_model_facts
-from server.families.spec import load_family  # noqa: E402
 from tests.engines.vllm.helpers import allowed_sets, fake_vllm_config  # noqa: E402
 from tests.finite_tools import SCHEMAS, TOOLS  # noqa: E402
 
