@@ -3,7 +3,8 @@
 The files and what each does: server/cache_diag/README.md.
 """
 
-from server.cache_diag.diagnose import REASON_TYPES, CacheState, Diagnosis, Prompt, diagnose
+from server.cache_diag.diagnose import diagnose
+from server.cache_diag.diagnosis import REASON_TYPES, CacheState, Diagnosis, Prompt
 from server.cache_diag.fingerprint import Fingerprint, fingerprint
 from server.cache_diag.reporter import CacheReport, CacheReporter, PrefillRate
 

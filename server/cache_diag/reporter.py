@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from server.cache_diag.diagnose import CacheState, Diagnosis, Prompt, diagnose, no_baseline
+from server.cache_diag.diagnose import diagnose, no_baseline
+from server.cache_diag.diagnosis import CacheState, Diagnosis, Prompt
 from server.cache_diag.session_table import (
     Clock,
     FingerprintStore,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from array import array
 
-from server.cache_diag.diagnose import Prompt
+from server.cache_diag.diagnosis import Prompt
 from server.cache_diag.fingerprint import Fingerprint
 from server.cache_diag.reporter import CacheReporter
 from server.cache_diag.session_table import FingerprintStore, SessionTable, fingerprint_bytes
