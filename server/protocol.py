@@ -3,7 +3,7 @@
 Unknown top-level fields are kept in ``model_extra``: those that would change the
 output but are not implemented are 400s naming them (``UNSUPPORTED_NEUTRAL``), the rest are
 accepted and logged once per name; wrong types and out-of-range values are 400s.
-``tool_choice`` is parsed into types here, at the edge (``parse_tool_choice``; a malformed
+``tool_choice`` is parsed into types at the edge (``server/protocol_tool_choice.py``; a malformed
 one is a 400 that lists the accepted forms). Extensions: ``tool_state_machine``,
 ``cache_compare_with`` and ``cache_retention_s``. The response types are in server/response_types.py.
 
@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from server.errors import InvalidRequest
+from server.protocol_tool_choice import ToolChoice, parse_tool_choice
 
 
 class _Loose(BaseModel):
@@ -92,84 +93,6 @@ class StreamOptions(_Loose):
 class ResponseFormat(_Loose):
     type: Literal["text", "json_object", "json_schema"] = "text"
     json_schema: dict[str, Any] | None = None
-
-
-# --- tool_choice -------------------------------------------------------------------------------
-ToolChoiceMode = Literal["none", "auto", "required"]
-TOOL_CHOICE_FORMS = (
-    '"none", "auto", "required", {"type": "function", "function": {"name": NAME}}, or '
-    '{"type": "allowed_tools", "allowed_tools": {"mode": "auto"|"required", "tools": '
-    '[{"type": "function", "function": {"name": NAME}} or {"type": "function", "function": '
-    '{"name_prefix": PREFIX}}, ...]}}'
-)
-
-
-class FunctionName(_Loose):
-    name: str
-
-
-class NamedToolChoice(_Loose):
-    """``{"type": "function", "function": {"name": X}}``: exactly tool X."""
-
-    type: Literal["function"]
-    function: FunctionName
-
-
-class AllowedToolRef(BaseModel):
-    """An entry of ``allowed_tools.tools``: a tool by name, or (extension) every tool with a prefix.
-
-    Accepted shapes: ``{"type": "function", "function": {"name": X}}``, the Responses API's
-    ``{"type": "function", "name": X}``, and ``{"type": "function", "function": {"name_prefix": P}}``.
-    """
-
-    model_config = ConfigDict(frozen=True)
-    name: str | None = None
-    name_prefix: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flatten(cls, entry: Any) -> Any:
-        fn = entry.get("function", entry) if isinstance(entry, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            return {"name": fn["name"]}
-        if isinstance(fn, dict) and isinstance(fn.get("name_prefix"), str) and fn["name_prefix"]:
-            return {"name_prefix": fn["name_prefix"]}
-        raise ValueError(f"malformed entry in allowed_tools.tools: {entry!r}")
-
-
-class AllowedTools(_Loose):
-    mode: Literal["auto", "required"]
-    tools: list[AllowedToolRef]
-
-
-class AllowedToolsChoice(_Loose):
-    """``{"type": "allowed_tools", "allowed_tools": {"mode": ..., "tools": [...]}}``."""
-
-    type: Literal["allowed_tools"]
-    allowed_tools: AllowedTools
-
-
-ToolChoice = ToolChoiceMode | NamedToolChoice | AllowedToolsChoice
-
-
-def parse_tool_choice(value: Any) -> ToolChoice | None:
-    """A tool_choice as sent (or already parsed) → its type; InvalidRequest naming the forms."""
-    if value is None or isinstance(value, NamedToolChoice | AllowedToolsChoice):
-        return value
-    if isinstance(value, str) and value in ("none", "auto", "required"):
-        return value  # type: ignore[return-value]
-    if isinstance(value, dict):
-        try:
-            if value.get("type") == "function":
-                return NamedToolChoice.model_validate(value)
-            if value.get("type") == "allowed_tools":
-                return AllowedToolsChoice.model_validate(value)
-        except ValidationError as exc:
-            detail = exc.errors()[0].get("msg", "")
-            raise InvalidRequest(
-                f"malformed tool_choice {value!r} ({detail}): use {TOOL_CHOICE_FORMS}", param="tool_choice"
-            ) from None
-    raise InvalidRequest(f"malformed tool_choice {value!r}: use {TOOL_CHOICE_FORMS}", param="tool_choice")
 
 
 class PromptCacheOptions(_Loose):

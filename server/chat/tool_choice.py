@@ -39,7 +39,7 @@ from server.constrain.plan import Mode, ToolPlan, tool_names
 from server.engines.base import constraint_errors_as_400
 from server.errors import InvalidRequest
 from server.families.envelope import Envelope
-from server.protocol import (
+from server.protocol_tool_choice import (
     TOOL_CHOICE_FORMS,
     AllowedToolRef,
     AllowedToolsChoice,

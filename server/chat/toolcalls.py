@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.chat.call_bodies import BodyParser, ParsedCall, parse_call_body
+from server.chat.json_scan import JsonScan
 from server.families.envelope import Envelope
 
 __all__ = [
@@ -86,7 +87,7 @@ class StreamingToolCallParser:
         self.close_rest = _close_rest_pattern(envelope, self.args_token or "")  # v11: "ID[ARGS]", id captured
         self._buf = ""
         self._in_call = False
-        self._scan: _JsonScan | None = None  # the open call's JSON, scanned once (linear streaming)
+        self._scan: JsonScan | None = None  # the open call's JSON, scanned once (linear streaming)
         self._next_close = 0  # tagged calls: where the next close-tag candidate is searched from
         self._start_decided = False  # trigger "start": the reply is known to be text or a call
         self.calls: list[ParsedCall] = []
@@ -175,11 +176,11 @@ class StreamingToolCallParser:
             end = self._buf.find(self.close_tag, end + 1)
         return False  # not complete yet (or never: finish() keeps the text)
 
-    def _json_scan(self, at: int, tag: str) -> _JsonScan:
+    def _json_scan(self, at: int, tag: str) -> JsonScan:
         """The open call's incremental scan of the JSON at ``at`` (one per call), advanced over the
         text fed since: whether it can be complete yet, and where a trigger outside its strings is."""
         if self._scan is None or self._scan.at != at:
-            self._scan = _JsonScan(at, tag)
+            self._scan = JsonScan(at, tag)
         self._scan.advance(self._buf)
         return self._scan
 
@@ -259,53 +260,6 @@ class StreamingToolCallParser:
         if text:
             self.content_parts.append(text)
             events.append(ContentDelta(text))
-
-
-class _JsonScan:
-    """JSON text from ``at`` scanned once as it streams in: string state, nesting depth, and the first
-    ``tag`` outside its strings. An argument may hold the text ``[TOOL_CALLS]``: while the JSON is
-    incomplete, only a trigger outside its strings shows that the call will never complete; and
-    until the outermost value closes, decoding it can only fail. Rescanning (and re-decoding) the
-    whole call on every token was quadratic: 8,000 tokens of an argument holding the trigger took
-    12.5 s of event-loop time."""
-
-    def __init__(self, at: int, tag: str) -> None:
-        self.at = self.pos = at
-        self.tag = tag
-        self.in_string = self.escaped = False
-        self.depth = 0
-        self.closed = False  # the outermost value has closed (the JSON may be complete)
-        self.tag_at = -1  # the first tag outside strings, or -1
-
-    def advance(self, text: str) -> None:
-        i, n, tag = self.pos, len(text), self.tag
-        while i < n and self.tag_at < 0:
-            c = text[i]
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif c == "\\":
-                    self.escaped = True
-                elif c == '"':
-                    self.in_string = False
-                    self.closed = self.closed or self.depth <= 0  # a bare string value
-            elif c == '"':
-                self.in_string = True
-            elif tag and c == tag[0] and text.startswith(tag[: n - i], i):
-                if n - i < len(tag):
-                    break  # a tag may be beginning here: decide when more text comes
-                self.tag_at = i
-                break
-            elif c in "{[":
-                self.depth += 1
-            elif c in "}]":
-                self.depth -= 1
-                if self.depth <= 0:
-                    self.closed = True
-            elif self.depth <= 0 and not c.isspace():
-                self.closed = True  # a bare number / literal: let the decoder judge it, as before
-            i += 1
-        self.pos = i
 
 
 def _close_rest_pattern(envelope: Envelope, tok: str) -> re.Pattern[str]:
