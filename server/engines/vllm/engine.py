@@ -49,8 +49,11 @@ from server.engines.base import (
 )
 from server.engines.vllm.startup import (
     PINNED_VLLM,
+    RETENTION_NOT_USED,
     SchedulerTotals,
     async_engine_args,
+    hold_seconds,
+    is_hold_connector,
     runs_on_cpu,
     set_cpu_env,
     stat_logger_factory,
@@ -59,12 +62,6 @@ from server.engines.vllm.translate import FINISH, advance, map_error, vllm_logpr
 from server.errors import AgentServeError, InvalidRequest, PromptTooLong
 from server.model_store import resolve_model
 
-RETENTION_NOT_USED = (
-    "the vllm engine does not use retention hints here: its session hold (vllm.session_hold_s) is off or "
-    "another KV connector / vLLM KV offloading is configured (vLLM takes one), so vLLM's prefix cache "
-    "evicts freed blocks least recently used first; the session's blocks stay while no other request "
-    "needs their memory"
-)
 log = logging.getLogger(__name__)
 
 
@@ -115,7 +112,7 @@ class VllmEngine(Engine):
                     PINNED_VLLM,
                 )
             args = self.engine_args()
-            self.session_hold = _is_hold_connector(args.kv_transfer_config)
+            self.session_hold = is_hold_connector(args.kv_transfer_config)
             if self.on_cpu:
                 set_cpu_env(self.settings)
             t0 = time.perf_counter()
@@ -187,18 +184,12 @@ class VllmEngine(Engine):
 
     def _holds(self) -> bool:
         if self.session_hold is None:  # before start(): what start() will decide
-            return _is_hold_connector(self.engine_args().kv_transfer_config)
+            return is_hold_connector(self.engine_args().kv_transfer_config)
         return self.session_hold
 
     def hold_s(self, request: GenerationRequest) -> float:
-        """Seconds the request's blocks are held after it ends (0: not held): the client's hint, else
-        ``vllm.session_hold_s`` for an agent turn (the request offers tools: it pauses on a call)."""
-        if not request.session_key or not self._holds():
-            return 0.0
-        if request.retain_s > 0:
-            return request.retain_s
-        spec = request.tool_spec
-        return self.settings.vllm.session_hold_s if spec is not None and spec.tools else 0.0
+        """Seconds the request's blocks are held after it ends (0: not held; ``hold_seconds``)."""
+        return hold_seconds(self.settings.vllm, request) if self._holds() else 0.0
 
     # -- requests --------------------------------------------------------------------------------
     def check_sampling(self, s: SamplingParams) -> None:
@@ -313,10 +304,3 @@ class VllmEngine(Engine):
                 await llm.abort(rid)
             except Exception:  # the engine may be gone; nothing left to free then
                 log.debug("abort of %s failed", rid, exc_info=True)
-
-
-def _is_hold_connector(kv_transfer_config: Any) -> bool:
-    """Whether vLLM's KV connector is the session-hold one (``vllm/retention.py``)."""
-    from server.engines.vllm.retention import CONNECTOR
-
-    return getattr(kv_transfer_config, "kv_connector", None) == CONNECTOR

@@ -18,10 +18,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from server.config import EngineSettings
+from server.config import EngineSettings, VllmSettings
+from server.engines.base import GenerationRequest
 
 PINNED_VLLM = "0.32.0"  # the version the engine and the logits processor were written against
 PROCESSOR_FQCN = "server.engines.vllm.logits_processor:AgentserveLogitsProcessor"  # logits_processors entry
+RETENTION_NOT_USED = (
+    "the vllm engine does not use retention hints here: its session hold (vllm.session_hold_s) is off or "
+    "another KV connector / vLLM KV offloading is configured (vLLM takes one), so vLLM's prefix cache "
+    "evicts freed blocks least recently used first; the session's blocks stay while no other request "
+    "needs their memory"
+)
 
 
 def runs_on_cpu(settings: EngineSettings) -> bool:
@@ -143,3 +150,21 @@ def stat_logger_factory(stats: SchedulerTotals) -> Any:
             pass
 
     return _Logger
+
+
+def is_hold_connector(kv_transfer_config: Any) -> bool:
+    """Whether vLLM's KV connector is the session-hold one (``retention.py``)."""
+    from server.engines.vllm.retention import CONNECTOR
+
+    return getattr(kv_transfer_config, "kv_connector", None) == CONNECTOR
+
+
+def hold_seconds(v: VllmSettings, request: GenerationRequest) -> float:
+    """How long the session hold keeps a request's blocks (0: not held): the client's retention hint,
+    else ``vllm.session_hold_s`` for an agent turn (it offers tools: it pauses on a call)."""
+    if not request.session_key:
+        return 0.0
+    if request.retain_s > 0:
+        return request.retain_s
+    spec = request.tool_spec
+    return v.session_hold_s if spec is not None and spec.tools else 0.0
