@@ -7,8 +7,8 @@ connector (vLLM's documented ``KVConnectorBase_V1`` interface, loaded by
 "to inc/dec ref counts") that keeps one extra reference on the blocks of a session's finished
 request, so the pool cannot evict them, until:
 
-* the session's next request has been given its blocks (``update_state_after_alloc``: that
-  request now holds the prefix it reused; the rest is released), or
+* the session's next request has been given its blocks and reused the whole held prefix
+  (``update_state_after_alloc``: that request now holds it), or
 * the hold expires (``hold_s`` from the request's hint, checked every scheduler step), or
 * memory is short: before a waiting request could not be admitted, or a running one would be
   preempted (``has_pending_block_frees``), the oldest hold is released first. Released blocks go
@@ -135,8 +135,11 @@ class SessionHoldConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mis
         return 0, False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        """The session is back and holds what it reused: its hold is no longer needed."""
-        if request.session_id is not None:
+        """The session is back: once its request holds the hold's last block (it reused the whole held
+        prefix), the hold is no longer needed. A side request of the session (Claude Code sends its
+        title and summary requests with the same session id) that shares less keeps it."""
+        hold = self.holds.get(request.session_id) if request.session_id is not None else None
+        if hold is not None and any(hold.blocks[-1] in group for group in blocks.blocks):
             self.release(request.session_id)
 
     def has_pending_block_frees(self) -> bool:

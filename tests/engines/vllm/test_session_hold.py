@@ -45,6 +45,9 @@ def test_what_the_connector_relies_on_in_vllm():
     assert "self.connector.has_pending_block_frees()" in inspect.getsource(Scheduler.schedule)
     assert {"session_id", "kv_hints"} <= set(params(AsyncLLM.generate))
     assert {"session_id", "kv_hints"} <= set(params(Request.__init__))
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+
+    assert "blocks" in KVCacheBlocks.__dataclass_fields__  # what update_state_after_alloc is given
     for name in ("touch", "free_blocks", "get_num_free_blocks", "get_new_blocks"):
         assert callable(getattr(BlockPool, name))
     pool = BlockPool(BLOCKS, True, SIZE)
@@ -112,10 +115,16 @@ def test_a_held_session_keeps_its_blocks_while_an_unheld_one_loses_them():
     turn_over(c, pool)
     assert cached(pool, "agent", 3) == 3
     assert cached(pool, "plain", 3) == 0
-    # the session is back: once its request holds its blocks, the hold is released
+    # a side request of the session that shares only its first block keeps the hold
+    side = SimpleNamespace(session_id="s1")
+    pool.touch(hb[:1])
+    c.update_state_after_alloc(side, SimpleNamespace(blocks=(hb[:1],)), 0)
+    assert "s1" in c.holds
+    pool.free_blocks(hb[:1])
+    # the session is back: once its request holds the whole held prefix, the hold is released
     back = SimpleNamespace(session_id="s1")
     pool.touch(hb)
-    c.update_state_after_alloc(back, None, 0)
+    c.update_state_after_alloc(back, SimpleNamespace(blocks=(hb,)), 0)
     assert not c.holds and all(b.ref_cnt == 1 for b in hb)
 
 
