@@ -101,7 +101,8 @@ def test_hint_reaches_the_sessions_keep_alive_and_the_next_request_resets_it(hf_
 
 @pytest.mark.e2e
 def test_a_hint_the_cache_does_not_use_is_said_in_the_response_and_health(hf_engine, monkeypatch):
-    """Never a silently ignored parameter: under ``prefix_cache.policy: lru`` (and on the vllm engine:
+    """Never a silently ignored parameter: under ``prefix_cache.policy: lru`` (and on the vllm engine
+    with its session hold off, ``vllm.session_hold_s: 0``:
     tests/engines/vllm/test_retention_hints.py) the response says the hint was not used, and why."""
     pc = hf_engine.settings.prefix_cache.model_copy(update={"policy": "lru"})
     monkeypatch.setattr(hf_engine, "settings", hf_engine.settings.model_copy(update={"prefix_cache": pc}))
