@@ -11,7 +11,7 @@ with the median tok/s is reported, with every round's tok/s in the JSON. Before 
 box must be quiet (a server keeps a core busy ~1 s after its last request).
 
     .venv/bin/python benchmarks/speed/concurrent_sessions.py [--levels 1,2,4,8,16] [--rounds 3]
-        [--servers agentserve-hf,vllm]
+        [--servers agentserve-hf,vllm] [--url before=http://127.0.0.1:18777]
 """
 
 from __future__ import annotations
@@ -119,6 +119,13 @@ def main() -> None:
     ap.add_argument("--servers", default="agentserve-hf,vllm")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="runs of each level per server, interleaved")
+    ap.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="also a running server (e.g. an older build for a before/after), interleaved like the others",
+    )
     ap.add_argument("--out", default="benchmarks/results/concurrent_sessions.json")
     args = ap.parse_args()
     from server.model_store import resolve_model
@@ -139,6 +146,13 @@ def main() -> None:
             n: stack.enter_context(running(builtin_peer(n, resolve_model("embedded"), threads, 8192)))
             for n in names
         }
+        for spec in args.url:
+            name, _, url = spec.partition("=")
+            if not url:
+                raise SystemExit(f"--url {spec!r}: use NAME=URL")
+            urls[name] = url.rstrip("/")
+            names.append(name)
+            runs[name] = {lv: [] for lv in levels}
         models = {n: httpx.get(u + "/v1/models", timeout=10).json()["data"][0]["id"] for n, u in urls.items()}
         for n in names:
             asyncio.run(_level(urls[n], models[n], 2, 8))  # warm-up, excluded
