@@ -7,7 +7,9 @@ HTTP). Each arm runs in its own subprocess (its peak RSS is its own), the same t
 both: one-session decode (tok/s after the first token, on a cached prompt), 8 sessions sharing
 a ~600-token prefix (aggregate generated tok/s: the engine batches them; ``Llama`` has one
 sequence, so it runs them one after the other, reusing the prefix it still holds), a cold
-~4k-token prefill (prompt tok/s), peak RSS. Greedy, 64 tokens a reply. Writes
+~4k-token prefill (prompt tok/s), peak RSS. Greedy, 64 tokens a reply. ``--repeat N`` runs the
+arms N times each, alternating (engine, Llama, engine, ...), and reports each figure's median: on
+a shared box the load moves between runs, so compare ratios within one such run. Writes
 ``benchmarks/results/llamacpp_peer.{json,md}``.
 """
 
@@ -18,6 +20,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -143,6 +146,7 @@ def main() -> None:
     ap.add_argument("--model", default="embedded", help="'embedded' or a .gguf file")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each arm, alternating (medians)")
     ap.add_argument("--arm", choices=["engine", "llama"], help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "llamacpp_peer"))
     args = ap.parse_args()
@@ -152,20 +156,34 @@ def main() -> None:
         res["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(res))
         return
-    runs = {}
-    for arm, label in (("engine", "agentserve llamacpp engine"), ("llama", "llama-cpp-python Llama")):
-        cmd = [sys.executable, __file__, "--arm", arm, "--model", args.model]
-        cmd += ["--threads", str(args.threads), "--ctx", str(args.ctx)]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        if done.returncode != 0:
-            sys.exit(f"{label} failed:\n{done.stderr[-3000:]}")
-        runs[label] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(label, runs[label], file=sys.stderr, flush=True)
-    write(args, runs)
+    each: dict[str, list[dict[str, float]]] = {}
+    loads = [os.getloadavg()[0]]
+    for _ in range(args.repeat):
+        for arm, label in (("engine", "agentserve llamacpp engine"), ("llama", "llama-cpp-python Llama")):
+            cmd = [sys.executable, __file__, "--arm", arm, "--model", args.model]
+            cmd += ["--threads", str(args.threads), "--ctx", str(args.ctx)]
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+            if done.returncode != 0:
+                sys.exit(f"{label} failed:\n{done.stderr[-3000:]}")
+            each.setdefault(label, []).append(json.loads(done.stdout.strip().splitlines()[-1]))
+            loads.append(os.getloadavg()[0])
+            print(label, each[label][-1], file=sys.stderr, flush=True)
+    runs = {label: medians(rs) for label, rs in each.items()}
+    write(args, runs, each, loads)
 
 
-def write(args: argparse.Namespace, runs: dict[str, dict[str, float]]) -> None:
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the runs of one arm."""
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def write(
+    args: argparse.Namespace,
+    runs: dict[str, dict[str, float]],
+    each: dict[str, list[dict[str, float]]],
+    loads: list[float],
+) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     meta = {
         "model": Path(str(embedded_gguf()) if args.model == "embedded" else args.model).name,
@@ -173,8 +191,11 @@ def write(args: argparse.Namespace, runs: dict[str, dict[str, float]]) -> None:
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "commit": commit.stdout.strip(),
         "command": "python benchmarks/speed/llamacpp_peer.py " + " ".join(sys.argv[1:]),
+        "repeat": args.repeat,
+        "load_average_1min": [round(x, 1) for x in loads],  # before the first arm, after each
     }
-    Path(args.out + ".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
+    doc = {"meta": meta, "runs": runs, "each": each}
+    Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
     rows = [
         ("1 session decode (tok/s)", "decode_1_tok_s"),
         ("8 sessions, shared ~600-token prefix (aggregate tok/s)", "shared_8_tok_s"),
@@ -188,7 +209,18 @@ def write(args: argparse.Namespace, runs: dict[str, dict[str, float]]) -> None:
     for label, key in rows:
         cells = " | ".join(f"{runs[n].get(key, float('nan')):.1f}" for n in names)
         lines.append(f"| {label} | {cells} |")
-    lines += ["", f"`{meta['command']}` at {meta['commit']}, {meta['machine']}, {args.threads} threads."]
+    ratio = [
+        f"{label}: {runs[names[0]][key] / runs[names[1]][key]:.2f}x"
+        for label, key in rows[:3]
+        if len(names) == 2 and runs[names[1]].get(key)
+    ]
+    lines += ["", "engine / Llama: " + "; ".join(ratio)] if ratio else []
+    load = ", ".join(f"{x:.1f}" for x in loads)
+    lines += [
+        "",
+        f"`{meta['command']}` at {meta['commit']}, {meta['machine']}, {args.threads} threads; "
+        f"medians of {args.repeat} alternating run(s) per arm; 1-min load average {load}.",
+    ]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

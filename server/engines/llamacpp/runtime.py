@@ -74,10 +74,13 @@ class LlamaRuntime:
         cp = llama_cpp.llama_context_default_params()
         cp.n_ctx = n_ctx
         cp.n_batch = n_batch
-        cp.n_ubatch = min(n_batch, 512)
+        cp.n_ubatch = n_batch  # a turn (a prompt chunk + every running row) is one graph, not split
         cp.n_seq_max = n_seq
         cp.kv_unified = True  # one pool of cells: seq_cp shares a prefix, it does not copy it
         cp.no_perf = True
+        # every decode attends over the pool's used range (idle sessions' cells too); ggml's CPU
+        # flash attention skips the cells the mask hides, the plain path multiplies them all
+        cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         cp.n_threads = self.threads
         cp.n_threads_batch = self.threads
         ctx = llama_cpp.llama_init_from_model(self.model, cp)

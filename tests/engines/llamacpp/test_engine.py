@@ -74,6 +74,15 @@ def test_engine_shape(engine):
     assert 2 in engine.eos_token_ids  # <|im_end|>
 
 
+def test_a_turn_is_one_graph(engine):
+    """A full prompt chunk plus every running row fits one ubatch: llama.cpp does not split a turn."""
+    from server.engines.llamacpp.engine import N_SEQ
+
+    ctx = engine.rt.ctx
+    assert llama_cpp.llama_n_batch(ctx) == engine.chunk + N_SEQ
+    assert llama_cpp.llama_n_ubatch(ctx) == llama_cpp.llama_n_batch(ctx)
+
+
 def test_the_tokenizer_is_llama_cpps(engine):
     """/tokenize and usage count with the transformers tokenizer: it must split as llama.cpp does."""
     llm = llama_cpp.Llama(str(embedded_gguf()), n_ctx=64, vocab_only=True, verbose=False)
