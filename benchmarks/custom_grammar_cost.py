@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from server.constrain.custom_grammar import XML_END, compile_custom, llg_vocab  # noqa: E402
+from server.constrain.custom.grammar import XML_END, compile_custom, llg_vocab  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
 from tests.constrain.custom_grammars import apply_patch_lark  # noqa: E402
 

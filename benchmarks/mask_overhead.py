@@ -37,8 +37,8 @@ import torch  # noqa: E402
 import xgrammar as xgr  # noqa: E402
 
 from server.chat.tool_choice import plan_tools  # noqa: E402
-from server.constrain.arguments import tool_schema  # noqa: E402
-from server.constrain.constraint import ConstraintFactory, Phase  # noqa: E402
+from server.constrain.arguments.xgrammar import tool_schema  # noqa: E402
+from server.constrain.envelope_compiler import ConstraintFactory, Phase  # noqa: E402
 from server.constrain.trie import NameTrie  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
 

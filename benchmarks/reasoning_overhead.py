@@ -29,7 +29,7 @@ import xgrammar as xgr  # noqa: E402
 from benchmarks.mask_overhead import CALL, TOOLS_FILE  # noqa: E402
 from server.chat.reasoning import choose_reasoning  # noqa: E402
 from server.chat.tool_choice import plan_tools  # noqa: E402
-from server.constrain.constraint import ConstraintFactory  # noqa: E402
+from server.constrain.envelope_compiler import ConstraintFactory  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
 from server.families.spec import family_choices, load_family  # noqa: E402
 from server.families.test_model import family_test_tokenizer  # noqa: E402

@@ -25,7 +25,7 @@ from server.chat.template import render_chat
 from server.chat.tool_setup import ToolSetup
 from server.chat.window import fit_sampling
 from server.config import Settings
-from server.constrain.custom_grammar import prompt_tools
+from server.constrain.custom.grammar import prompt_tools
 from server.constrain.response_format import text_schema
 from server.engines.base import Engine, SamplingParams, constraint_errors_as_400
 from server.errors import InvalidRequest, ModelNotFound

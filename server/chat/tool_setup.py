@@ -19,7 +19,7 @@ from server.chat.reasoning import with_reasoning
 from server.chat.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.chat.tool_choice import plan_tools
 from server.config import Settings
-from server.constrain.custom_grammar import check_format
+from server.constrain.custom.grammar import check_format
 from server.constrain.interface import TokenConstraint
 from server.constrain.plan import ToolPlan
 from server.constrain.spec import ToolSpec

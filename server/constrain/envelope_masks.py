@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from server.constrain.call_id_gate import CallIdGate, LiteralGate
+from server.constrain.call_id import CallIdGate, LiteralGate
 from server.constrain.row_cache import ROWS, owner_token
 from server.constrain.tag_watch import TagWatch
 from server.constrain.trie import NameTrie, compile_trie

@@ -31,7 +31,7 @@ import numpy as np
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
-from server.constrain.arguments import ArgumentsBackend, ArgumentsMatcher
+from server.constrain.arguments.xgrammar import ArgumentsBackend, ArgumentsMatcher
 from server.constrain.envelope_masks import EnvelopeMasks
 from server.constrain.errors import ConstraintError
 
@@ -189,7 +189,7 @@ class JsonTextConstraint:
 
     # --- internals ---------------------------------------------------------------------------------
     def _begin_call(self, tid: int) -> bool:
-        from server.constrain.constraint import Phase
+        from server.constrain.envelope_compiler import Phase
 
         inner, m = self.inner, self.m
         self.delegate = True
@@ -247,7 +247,7 @@ def json_text_constraint(
     tools_constraint: Any = None,
 ) -> Any:
     """The request's constraint when its text must follow ``schema`` (see the module docstring)."""
-    from server.constrain.constraint import Phase
+    from server.constrain.envelope_compiler import Phase
 
     compiled = compile_text(backend, schema)
     inner = tools_constraint

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import ConstraintBuilder
 from server.constrain.errors import ConstraintError
 from server.constrain.interface import TokenConstraint
 from server.constrain.spec import ToolSpec

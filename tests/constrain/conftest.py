@@ -57,7 +57,7 @@ BACKENDS = ("xgrammar", "outlines")  # every arguments backend passes the same m
 @pytest.fixture(scope="session", params=BACKENDS)
 def factory(request, tokenizer, vocab, hermes):
     """A Hermes constraint factory on the embedded vocabulary, once per arguments backend."""
-    from server.constrain.constraint import ConstraintFactory
+    from server.constrain.envelope_compiler import ConstraintFactory
 
     return ConstraintFactory(tokenizer, vocab.vocab_size, hermes, backend=request.param, vocab=vocab)
 
@@ -90,7 +90,7 @@ class Official:
         self._factories: dict[str, object] = {}
 
     def factory(self, envelope: str):
-        from server.constrain.constraint import ConstraintFactory
+        from server.constrain.envelope_compiler import ConstraintFactory
         from server.families.envelope import load_envelope
 
         if envelope not in self._factories:

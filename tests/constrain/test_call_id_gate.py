@@ -1,4 +1,4 @@
-"""Mistral v11's call id, masked between [CALL_ID] and [ARGS] (server/constrain/call_id_gate.py):
+"""Mistral v11's call id, masked between [CALL_ID] and [ARGS] (server/constrain/call_id.py):
 after the name's [CALL_ID] the model writes exactly 9 letters or digits, then [ARGS] and only then
 the arguments; on the real tekken vocabulary with v11's special tokens."""
 
@@ -8,7 +8,7 @@ import pytest
 import xgrammar as xgr
 
 from server.chat.tool_choice import plan_tools
-from server.constrain.call_id_gate import id_alphabet
+from server.constrain.call_id import id_alphabet
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import load_envelope
 

@@ -62,7 +62,7 @@ def test_qwen3_coder_numbers_are_written_as_the_history_renders_them(value) -> N
     """Qwen3-Coder's <parameter=K> values: the history writes ``str`` of the parsed value."""
     import re
 
-    from server.constrain.xml_grammar import INT_RE, NUM_RE
+    from server.constrain.arguments.xml import INT_RE, NUM_RE
 
     parsed = json.loads(value)
     assert bool(re.fullmatch(NUM_RE, value)) == (str(parsed) == value)

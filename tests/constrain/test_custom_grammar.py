@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from server.chat.tool_choice import plan_tools
 from server.chat.toolcalls import StreamingToolCallParser
-from server.constrain.constraint import ConstraintFactory
-from server.constrain.custom_grammar import ESCAPES, XML_END, CustomMatcher, check_format
+from server.constrain.custom.grammar import ESCAPES, XML_END, CustomMatcher, check_format
+from server.constrain.envelope_compiler import ConstraintFactory
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
 from server.custom_tools import custom_input, normalize_request
@@ -206,7 +206,7 @@ def test_bad_grammars_are_400s_with_the_compilers_message(fmt, needle):
 
 def test_the_spec_json_carries_a_custom_tool_to_a_fresh_builder(tokenizer):
     """vLLM's processor builds from the spec's JSON form in its engine core: the format travels."""
-    from server.constrain.builder import ConstraintBuilder
+    from server.constrain.compiler import ConstraintBuilder
     from server.constrain.spec import ToolSpec
 
     tools = [custom_tool("tricky")]

@@ -18,7 +18,7 @@ import pytest
 
 from server.chat.reasoning import ReasoningSplitter
 from server.chat.toolcalls import parse_tool_calls
-from server.constrain.constraint import ConstraintFactory
+from server.constrain.envelope_compiler import ConstraintFactory
 from server.constrain.plan import ReasoningPlan, ToolPlan
 from server.families.envelope import load_envelope
 from server.families.spec import load_family
@@ -134,7 +134,7 @@ ANSWER = {
 def test_response_format_is_the_final_channel_after_the_analysis(harmony, seed: int) -> None:
     """response_format with Harmony: the analysis, the final channel's header, then JSON following
     the schema (the gate keeps the JSON constraint after the header; it once dropped it)."""
-    from server.constrain.builder import ConstraintBuilder
+    from server.constrain.compiler import ConstraintBuilder
     from server.constrain.spec import ToolSpec
 
     tok, factory = harmony

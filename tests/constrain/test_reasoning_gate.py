@@ -1,4 +1,4 @@
-"""The reasoning gate (server/constrain/reasoning_gate.py) on Qwen's real vocabulary.
+"""The reasoning gate (server/constrain/reasoning_matcher.py) on Qwen's real vocabulary.
 
 Random walks through the masks (every step samples among the allowed tokens, seeded) must
 give: the open text, free reasoning, the close, then what the tool plan demands (a valid call
@@ -156,7 +156,7 @@ def test_the_plan_round_trips_through_json() -> None:
 
 def test_a_special_token_close_tag_ends_the_reasoning(qwen) -> None:
     """Tags that are special tokens (Mistral's [THINK] / [/THINK]; here two of Qwen's specials)."""
-    from server.constrain.reasoning_gate import ReasoningGate
+    from server.constrain.reasoning_matcher import ReasoningGate
 
     tok, eos = qwen.tokenizer, qwen.eos("hermes")
     open_id, close_id = tok.convert_tokens_to_ids(["<|box_start|>", "<|box_end|>"])
@@ -182,7 +182,7 @@ ANSWER = {
 def test_response_format_applies_after_the_reasoning(qwen, mode: str, tools) -> None:
     """The builder wraps the response_format constraint in the gate: free reasoning (past the
     budget's close), then JSON following the schema, then the end of the reply."""
-    from server.constrain.builder import ConstraintBuilder
+    from server.constrain.compiler import ConstraintBuilder
     from server.constrain.spec import ToolSpec
 
     builder = ConstraintBuilder(qwen.tokenizer, qwen.vocab.vocab_size)

@@ -10,7 +10,7 @@ import pytest
 import xgrammar as xgr
 
 from server.chat.tool_choice import ToolPlan, plan_tools
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import ConstraintBuilder
 from server.constrain.errors import ConstraintError
 from server.constrain.response_format import JsonTextConstraint, json_text_constraint, text_schema
 from server.constrain.spec import ToolSpec

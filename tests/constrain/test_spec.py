@@ -9,7 +9,7 @@ import torch
 
 from server.chat.tool_choice import ToolPlan, plan_tools
 from server.constrain.bitmask import MaskApplier, pack_ids
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import ConstraintBuilder
 from server.constrain.spec import EXTRA_ARGS_KEY, ToolSpec
 
 SHELL = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import ConstraintBuilder
 from server.engines.base import Engine, EngineStats, GenerationChunk, GenerationRequest, SamplingParams
 from server.errors import InvalidRequest
 

@@ -177,7 +177,7 @@ def _walk(c, vocab, seed: int, steps: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def factory(tokenizers):
-    from server.constrain.constraint import ConstraintFactory
+    from server.constrain.envelope_compiler import ConstraintFactory
 
     return ConstraintFactory(tokenizers[1], len(tokenizers[1]), ENVELOPE)
 

@@ -35,7 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from server.config import EngineSettings
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import ConstraintBuilder
 from server.engines.base import (
     Engine,
     EngineStats,

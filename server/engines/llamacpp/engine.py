@@ -28,7 +28,7 @@ import torch
 
 from server.config import EngineSettings
 from server.constrain.bitmask import MaskApplier
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import ConstraintBuilder
 from server.constrain.interface import TokenConstraint
 from server.engines.base import (
     Engine,

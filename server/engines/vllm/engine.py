@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from server.config import EngineSettings
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import ConstraintBuilder
 from server.constrain.interface import TokenConstraint
 from server.engines.base import (
     Engine,

@@ -39,7 +39,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from server.constrain.bitmask import MaskApplier, pack_ids
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import ConstraintBuilder
 from server.constrain.spec import EXTRA_ARGS_KEY, ToolSpec
 from server.engines.vllm.startup import PROCESSOR_FQCN
 from server.families.end_tokens import reply_end_ids

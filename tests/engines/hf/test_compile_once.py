@@ -8,7 +8,7 @@ import json
 import pytest
 
 from server.chat.service import ChatService
-from server.constrain.constraint import ConstraintFactory
+from server.constrain.envelope_compiler import ConstraintFactory
 from server.errors import InvalidRequest
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest

@@ -21,7 +21,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality  # noqa: E402
 
 from server.chat.tool_choice import plan_tools  # noqa: E402
-from server.constrain.constraint import ConstraintFactory  # noqa: E402
+from server.constrain.envelope_compiler import ConstraintFactory  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
 from server.engines.vllm.logits_processor import AgentserveLogitsProcessor  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402

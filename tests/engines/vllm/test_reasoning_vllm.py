@@ -22,7 +22,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder  # noqa: E402
 
 from server.config import load_settings  # noqa: E402
-from server.constrain.builder import ConstraintBuilder  # noqa: E402
+from server.constrain.compiler import ConstraintBuilder  # noqa: E402
 from server.constrain.plan import ReasoningPlan, ToolPlan  # noqa: E402
 from server.constrain.spec import ToolSpec  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402

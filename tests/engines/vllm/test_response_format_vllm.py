@@ -19,7 +19,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder  # noqa: E402
 
 from server.chat.tool_choice import plan_tools  # noqa: E402
-from server.constrain.builder import ConstraintBuilder  # noqa: E402
+from server.constrain.compiler import ConstraintBuilder  # noqa: E402
 from server.constrain.spec import ToolSpec  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
 from server.engines.vllm.logits_processor import AgentserveLogitsProcessor  # noqa: E402

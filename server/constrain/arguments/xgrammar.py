@@ -244,7 +244,7 @@ class XGrammarBackend(CachedBackend):
         xgr = self.xgr
         try:
             if style == "xml_parameters":
-                from server.constrain.xml_grammar import xml_parameters_grammar
+                from server.constrain.arguments.xml import xml_parameters_grammar
 
                 args = xml_parameters_grammar(schema, any_whitespace=self.any_whitespace)
             else:
@@ -286,4 +286,4 @@ class XGrammarBackend(CachedBackend):
         return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))
 
 
-import server.constrain.outlines_backend  # noqa: E402,F401  (registers "outlines"; imports outlines-core lazily)
+import server.constrain.arguments.outlines  # noqa: E402,F401  (registers "outlines"; imports outlines-core lazily)

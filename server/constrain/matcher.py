@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from server.constrain.arguments import ArgumentsMatcher
+from server.constrain.arguments.xgrammar import ArgumentsMatcher
 from server.constrain.plan import ToolPlan
 from server.constrain.trie import NameTrie, Step
 
 if TYPE_CHECKING:
-    from server.constrain.constraint import ConstraintFactory
+    from server.constrain.envelope_compiler import ConstraintFactory
 
 
 class Phase(IntEnum):

@@ -1,6 +1,6 @@
 """The ``outlines`` arguments backend (config ``grammar_backend: outlines``), on outlines-core.
 
-Same seam as xgrammar (``server/constrain/arguments.py``): one compiled grammar per (schema,
+Same seam as xgrammar (``server/constrain/arguments/xgrammar.py``): one compiled grammar per (schema,
 envelope strings), a fresh matcher per call. outlines-core compiles a *regex* into an
 index over the vocabulary (a token-level DFA), so:
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from server.constrain.arguments import CachedBackend, register_backend
+from server.constrain.arguments.xgrammar import CachedBackend, register_backend
 from server.constrain.compile_cache import CompileCache
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
@@ -40,7 +40,7 @@ _WS = "\u2063"  # placeholder whitespace handed to build_regex_from_schema, then
 # a string's escapes: outlines-core also allows \/, which json.dumps never writes (nor the history)
 _ESCAPES, _CANONICAL = '\\\\["\\\\/bfnrt]', '\\\\["\\\\bfnrt]'
 # a number: outlines-core also allows "1.50", "1e+5" and "-0", which the history writes differently
-# (as json.dumps: server/constrain/arguments.py _CANONICAL_NUMBER)
+# (as json.dumps: server/constrain/arguments/xgrammar.py _CANONICAL_NUMBER)
 _NUMBER = "((-)?(0|[1-9][0-9]*))(\\.[0-9]+)?([eE][+-][0-9]+)?"
 _CANONICAL_NUMBER = "(0(\\.(0|[0-9]*[1-9]))?|-0\\.(0|[0-9]*[1-9])|(-)?[1-9][0-9]*(\\.(0|[0-9]*[1-9]))?)"
 _NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")

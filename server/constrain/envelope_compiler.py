@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from server.constrain.arguments import make_backend, sorted_properties, tool_schema
-from server.constrain.custom_grammar import compile_custom, custom_format
+from server.constrain.arguments.xgrammar import make_backend, sorted_properties, tool_schema
+from server.constrain.custom.grammar import compile_custom, custom_format
 from server.constrain.envelope_masks import EnvelopeMasks
 from server.constrain.interface import TokenConstraint
+from server.constrain.matcher import Phase as Phase  # re-exported: callers name phases from here
+from server.constrain.matcher import ToolConstraint as ToolConstraint  # re-exported too
 from server.constrain.min_call import minimal_call_tokens
 from server.constrain.plan import ReasoningPlan, ToolPlan, tool_names
-from server.constrain.reasoning_gate import ReasoningGate, ReasoningMasks
-from server.constrain.tool_constraint import Phase as Phase  # re-exported: callers name phases from here
-from server.constrain.tool_constraint import ToolConstraint as ToolConstraint  # re-exported too
+from server.constrain.reasoning_matcher import ReasoningGate, ReasoningMasks
 from server.constrain.trie import NameTrie
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import Envelope

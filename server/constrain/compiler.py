@@ -15,9 +15,9 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from server.constrain.constraint import ConstraintFactory, ToolConstraint
+from server.constrain.envelope_compiler import ConstraintFactory, ToolConstraint
 from server.constrain.interface import TokenConstraint
-from server.constrain.reasoning_gate import ReasoningGate
+from server.constrain.reasoning_matcher import ReasoningGate
 from server.constrain.response_format import json_text_constraint
 from server.constrain.spec import ToolSpec
 from server.constrain.vocab import TokenVocab
