@@ -61,7 +61,7 @@ class Preparer:
         self.warned_retention = False  # the first unused retention hint is logged, once
         self.tools = ToolSetup(engine, settings, renderer, envelope, load_envelope(envelope), family_ref)
         # the vocabulary and the configured envelope's factory now, not on the first tool request
-        engine.constraints.factory(envelope, settings.grammar_backend)
+        engine.constraints.for_envelope(envelope, settings.grammar_backend)
 
     def _retention(self, req: SamplingFields) -> dict[str, Any]:
         """The request's retention hint, and why the engine does not use it (said in the response)."""

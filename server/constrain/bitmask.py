@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 
 
 def write_row(bitmask: Any, index: int, row: np.ndarray) -> None:
@@ -68,7 +68,7 @@ class MaskApplier:
         return host.pin_memory() if self._pin else host
 
     def fill(
-        self, constraints: Sequence[TokenConstraint | None], pin: bool = False
+        self, constraints: Sequence[TokenMatcher | None], pin: bool = False
     ) -> tuple[torch.Tensor, list[int]]:
         """Fill the rows of the constrained requests; returns (bitmask[:B], constrained row indices)."""
         if pin and not self._pin and self._host:
@@ -102,7 +102,7 @@ class MaskApplier:
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=indices)
         return logits
 
-    def apply(self, logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, constraints: Sequence[TokenMatcher | None]) -> torch.Tensor:
         """Mask ``logits`` in place (disallowed tokens → -inf) and return it."""
         if logits.shape[0] != len(constraints):
             raise ValueError(f"{logits.shape[0]} rows of logits but {len(constraints)} constraints")

@@ -1,9 +1,9 @@
-"""The tool-constraint factory: per (tokenizer, vocabulary, envelope), builds each request's constraint.
+"""The tool-constraint compiler: per (tokenizer, vocabulary, envelope), builds each request's constraint.
 
 Request lifecycle: the chat service calls ``plan_tools`` (mode, allowed names, prefill),
-appends the prefill after the assistant header, and asks ``ConstraintFactory.build``
-for a ``ToolConstraint`` (``tool_constraint.py``: the phases, per decode step) that
-starts right after the prefill. The factory holds what is shared between requests: the
+appends the prefill after the assistant header, and asks ``EnvelopeCompiler.build``
+for a ``ToolMatcher`` (``tool_constraint.py``: the phases, per decode step) that
+starts right after the prefill. The compiler holds what is shared between requests: the
 preprocessed vocabulary, the envelope's masks (``EnvelopeMasks``), the name tries and
 the arguments backend's compiled grammars (both cached).
 """
@@ -17,18 +17,18 @@ import numpy as np
 from server.constrain.arguments.xgrammar import make_backend, sorted_properties, tool_schema
 from server.constrain.custom.grammar import compile_custom, custom_format
 from server.constrain.envelope_masks import EnvelopeMasks
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 from server.constrain.matcher import Phase as Phase  # re-exported: callers name phases from here
-from server.constrain.matcher import ToolConstraint as ToolConstraint  # re-exported too
+from server.constrain.matcher import ToolMatcher as ToolMatcher  # re-exported too
 from server.constrain.min_call import minimal_call_tokens
 from server.constrain.plan import ReasoningPlan, ToolPlan, tool_names
-from server.constrain.reasoning_matcher import ReasoningGate, ReasoningMasks
+from server.constrain.reasoning_matcher import ReasoningMasks, ReasoningMatcher
 from server.constrain.trie import NameTrie
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import Envelope
 
 
-class ConstraintFactory:
+class EnvelopeCompiler:
     """Per (tokenizer, vocab_size, envelope): the preprocessed vocabulary, envelope masks, caches."""
 
     def __init__(
@@ -60,34 +60,34 @@ class ConstraintFactory:
         plan: ToolPlan,
         eos_token_ids: tuple[int, ...] | list[int],
         budget: int | None = None,
-    ) -> ToolConstraint | ReasoningGate | None:
+    ) -> ToolMatcher | ReasoningMatcher | None:
         """The constraint for one request, or None when no tools were given (nothing to enforce).
 
         ``budget``: the tokens the reply may have (max_tokens), None = unlimited. With
-        ``plan.reasoning`` the tool constraint applies after the reasoning (``ReasoningGate``).
+        ``plan.reasoning`` the tool constraint applies after the reasoning (``ReasoningMatcher``).
         """
         inner = self._tools(tools, plan, eos_token_ids, budget)
         if plan.reasoning is None:
             return inner
         can_call = inner is not None and plan.mode != "none" and bool(plan.allowed)
-        return self.gate(plan.reasoning, inner, plan.prefill, eos_token_ids, can_call=can_call)
+        return self.reasoning(plan.reasoning, inner, plan.prefill, eos_token_ids, can_call=can_call)
 
-    def gate(
+    def reasoning(
         self,
         reasoning: ReasoningPlan,
-        inner: TokenConstraint | None,
+        inner: TokenMatcher | None,
         prefill: str,
         eos_token_ids: tuple[int, ...] | list[int],
         can_call: bool = False,
         answer_inner: bool = False,
-    ) -> ReasoningGate:
+    ) -> ReasoningMatcher:
         """``inner`` (the tool or response_format constraint; None: free text) after the reasoning.
 
         ``can_call``: ``inner`` may open a call (Harmony then picks the final header or the call's);
         ``answer_inner``: ``inner`` also constrains the answer's text (response_format).
         """
         eos = tuple(sorted(set(eos_token_ids)))
-        return ReasoningGate(
+        return ReasoningMatcher(
             self.reasoning_masks(reasoning.open, reasoning.close),
             inner,
             prefill,
@@ -113,7 +113,7 @@ class ConstraintFactory:
         plan: ToolPlan,
         eos_token_ids: tuple[int, ...] | list[int],
         budget: int | None,
-    ) -> ToolConstraint | None:
+    ) -> ToolMatcher | None:
         names = tool_names(tools)
         if not names:
             return None
@@ -151,15 +151,15 @@ class ConstraintFactory:
                     tails=tails,
                 )
         # an id (Mistral v11) or a literal with special tokens (Harmony) between name and arguments
-        gate = self.masks.id_gate or self.masks.literal_gate
+        gate = self.masks.call_id_masks or self.masks.literal_masks
         if gate is not None:
             compiled = {i: gate.wrap(g, self.backend) for i, g in compiled.items()}
-        c = ToolConstraint(self, plan, tries, subset, compiled, eos)
+        c = ToolMatcher(self, plan, tries, subset, compiled, eos)
         if budget is not None and c.parallel and plan.allowed and self.tokenizer is not None:
             c.budget = budget
             c.min_call = minimal_call_tokens(self.tokenizer, self.envelope, tools or [], plan.allowed)
         return c
 
-    # --- rows (kept here for callers of the factory) ------------------------------------------------
+    # --- rows (kept here for callers of the compiler) ------------------------------------------------
     def eos_row(self, eos: tuple[int, ...]) -> np.ndarray:
         return self.masks.eos_row(eos)

@@ -1,8 +1,8 @@
-"""The per-request tool constraint (``server.constrain.interface.TokenConstraint``): its phases.
+"""The per-request tool constraint (``server.constrain.interface.TokenMatcher``): its phases.
 
 Request lifecycle: the chat service calls ``plan_tools`` (mode, allowed names, prefill),
-appends the prefill after the assistant header, and asks ``ConstraintFactory.build``
-for a ``ToolConstraint`` that starts right after the prefill. Per decode step the
+appends the prefill after the assistant header, and asks ``EnvelopeCompiler.build``
+for a ``ToolMatcher`` that starts right after the prefill. Per decode step the
 engine calls ``fill_next_token_bitmask`` then ``accept_token`` with the sampled id.
 
 Phases (Hermes strings in brackets; what differs per envelope is precomputed in
@@ -49,7 +49,7 @@ from server.constrain.plan import ToolPlan
 from server.constrain.trie import NameTrie, Step
 
 if TYPE_CHECKING:
-    from server.constrain.envelope_compiler import ConstraintFactory
+    from server.constrain.envelope_compiler import EnvelopeCompiler
 
 
 class Phase(IntEnum):
@@ -61,19 +61,25 @@ class Phase(IntEnum):
     ERROR = 5
 
 
-class ToolConstraint:
+class ToolMatcher:
     """One request's tool-call constraint; see the module docstring for the phases."""
 
     def __init__(
         self,
-        factory: ConstraintFactory,
+        compiler: EnvelopeCompiler,
         plan: ToolPlan,
         tries: tuple[NameTrie, NameTrie] | None,
         subset: int,
         compiled: dict[int, Any],
         eos: tuple[int, ...],
     ) -> None:
-        self.f, self.m, self.plan, self.subset, self.compiled = factory, factory.masks, plan, subset, compiled
+        self.f, self.m, self.plan, self.subset, self.compiled = (
+            compiler,
+            compiler.masks,
+            plan,
+            subset,
+            compiled,
+        )
         self.first_trie: NameTrie | None = tries[0] if tries else None
         self.next_trie: NameTrie | None = tries[1] if tries else None
         self.trie = self.first_trie  # the trie of the call being written (names are the same in both)
@@ -85,7 +91,7 @@ class ToolConstraint:
         self.used = 0  # tokens accepted so far
         self.q, self.node, self.tool, self.tail = 0, 0, -1, b""
         self.matcher: ArgumentsMatcher | None = None
-        self.parallel = plan.parallel and factory.envelope.parallel
+        self.parallel = plan.parallel and compiler.envelope.parallel
         self.at_start = (
             True  # nothing written yet (trigger "start", call_after_text false: calls begin only here)
         )
@@ -107,7 +113,7 @@ class ToolConstraint:
         assert self.trie is not None
         return self.m.first_node(self.trie, prefill.encode())
 
-    # --- TokenConstraint -------------------------------------------------------------------------
+    # --- TokenMatcher -------------------------------------------------------------------------
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
         ph, m = self.phase, self.m
         if ph == Phase.CALL:

@@ -19,7 +19,7 @@ constraint (or none, without tools) and runs these phases:
   the tokens both share, then the one the model's token follows. The header written whole: free
   text and end of sequence (a plain answer holds no call); the opening: fed to the tool
   constraint (its trigger, then its name trie), which goes on;
-* INNER: the tool constraint from its prefill on (a ``ToolConstraint`` whose ``max_tokens``
+* INNER: the tool constraint from its prefill on (a ``ToolMatcher`` whose ``max_tokens``
   budget is reduced by the tokens already written), or free text and end of sequence.
 
 Forced text is the tokenizer's encoding of the string (``</think>`` is one token in Qwen's
@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from server.constrain.bitmask import write_row
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 from server.constrain.tag_watch import TagWatch
 from server.constrain.vocab import TokenVocab
 
 
-class Gate(IntEnum):
+class ReasoningPhase(IntEnum):
     OPEN = 0
     THINK = 1
     FORCE = 2
@@ -91,13 +91,13 @@ class ReasoningMasks:
         return row
 
 
-class ReasoningGate:
+class ReasoningMatcher:
     """One request's reasoning gate around its tool constraint (``inner``; None: free text)."""
 
     def __init__(
         self,
         masks: ReasoningMasks,
-        inner: TokenConstraint | None,
+        inner: TokenMatcher | None,
         prefill: str,
         eos: tuple[int, ...],
         budget: int | None = None,
@@ -124,34 +124,34 @@ class ReasoningGate:
         self.thought = 0  # reasoning tokens written (the open text excluded)
         self.used = 0  # every token accepted
         self.forced: list[int] = []
-        self.phase = Gate.THINK
-        self._then = Gate.THINK
+        self.phase = ReasoningPhase.THINK
+        self._then = ReasoningPhase.THINK
         if open_forced and masks.open_text:
-            self._force(masks.encode(masks.open_text), then=Gate.THINK)
+            self._force(masks.encode(masks.open_text), then=ReasoningPhase.THINK)
         elif budget is not None and budget <= 0:
             self._force_close()
 
-    # --- TokenConstraint ----------------------------------------------------------------------
+    # --- TokenMatcher ----------------------------------------------------------------------
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
         ph, vocab = self.phase, self.m.vocab
-        if ph == Gate.INNER and self.inner is not None:
+        if ph == ReasoningPhase.INNER and self.inner is not None:
             self.inner.fill_next_token_bitmask(bitmask, index)
             return
-        if ph == Gate.PICK:
+        if ph == ReasoningPhase.PICK:
             self._fill_pick(bitmask, index)
             return
-        if ph in (Gate.OPEN, Gate.FORCE):
+        if ph in (ReasoningPhase.OPEN, ReasoningPhase.FORCE):
             row = vocab.pack([self.forced[0]])
-        elif ph == Gate.THINK:
+        elif ph == ReasoningPhase.THINK:
             row = self.m.think_row(self.q, self.forced_after)
-        elif ph == Gate.INNER:
+        elif ph == ReasoningPhase.INNER:
             row = vocab.pack(np.concatenate([vocab.text_ids, np.array(self.eos, dtype=np.int64)]))
         else:
             row = vocab.pack(self.eos)
         write_row(bitmask, index, row)
 
     def accept_token(self, token_id: int) -> bool:
-        if self.phase == Gate.ERROR:
+        if self.phase == ReasoningPhase.ERROR:
             return False
         try:
             ok = self._accept(int(token_id))
@@ -161,29 +161,32 @@ class ReasoningGate:
         return ok
 
     def is_terminated(self) -> bool:
-        if self.phase == Gate.INNER and self.inner is not None:
+        if self.phase == ReasoningPhase.INNER and self.inner is not None:
             return self.inner.is_terminated()
-        return self.phase >= Gate.DONE
+        return self.phase >= ReasoningPhase.DONE
 
     # --- internals ------------------------------------------------------------------------------
     def _reject(self, message: str) -> bool:
-        self.error, self.phase = message, Gate.ERROR
+        self.error, self.phase = message, ReasoningPhase.ERROR
         return False
 
-    def _force(self, ids: list[int], then: Gate) -> None:
+    def _force(self, ids: list[int], then: ReasoningPhase) -> None:
         self._then = then
         if ids:
-            self.forced, self.phase = list(ids), (Gate.OPEN if then == Gate.THINK else Gate.FORCE)
+            self.forced, self.phase = (
+                list(ids),
+                (ReasoningPhase.OPEN if then == ReasoningPhase.THINK else ReasoningPhase.FORCE),
+            )
         else:
             self._enter(then)
 
-    def _enter(self, phase: Gate) -> None:
+    def _enter(self, phase: ReasoningPhase) -> None:
         self.phase = phase
-        if phase != Gate.INNER:
+        if phase != ReasoningPhase.INNER:
             return
         self._start_inner()
         if self.ways and self.k == 0:  # the answer's header, or a call's opening
-            self.phase = Gate.PICK
+            self.phase = ReasoningPhase.PICK
 
     def _start_inner(self) -> None:
         if self.inner is not None:
@@ -195,27 +198,27 @@ class ReasoningGate:
         """The budget is spent: the close text (or the rest of a half-written tag), then what follows."""
         tag = self.m.tag
         rest = self.m.close_text if self.q == 0 else tag[self.q :] + self.m.after_tag
-        self._force(self.m.encode(rest + self.after_text[len(self.m.after_tag) :]), then=Gate.INNER)
+        self._force(self.m.encode(rest + self.after_text[len(self.m.after_tag) :]), then=ReasoningPhase.INNER)
 
     def _accept(self, tid: int) -> bool:
         ph, vocab = self.phase, self.m.vocab
-        if ph in (Gate.OPEN, Gate.FORCE):
+        if ph in (ReasoningPhase.OPEN, ReasoningPhase.FORCE):
             if tid != self.forced[0]:
                 return self._reject(
                     f"token {vocab.describe(tid)} is not the forced {vocab.describe(self.forced[0])} "
-                    f"({'opening' if ph == Gate.OPEN else 'closing'} the reasoning)"
+                    f"({'opening' if ph == ReasoningPhase.OPEN else 'closing'} the reasoning)"
                 )
             self.forced.pop(0)
             if not self.forced:
                 self._enter(self._then)
-                if self.phase == Gate.THINK and self.budget is not None and self.budget <= 0:
+                if self.phase == ReasoningPhase.THINK and self.budget is not None and self.budget <= 0:
                     self._force_close()
             return True
-        if ph == Gate.THINK:
+        if ph == ReasoningPhase.THINK:
             text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
             if tid == self.m.tag_id:  # the special-token close tag
                 self.q = 0
-                self._force(self.m.encode(self.after_text), then=Gate.INNER)
+                self._force(self.m.encode(self.after_text), then=ReasoningPhase.INNER)
                 return True
             if not text:
                 return self._reject(
@@ -230,22 +233,22 @@ class ReasoningGate:
                     return self._reject(f"token {vocab.describe(tid)} runs on past the close tag: {over!r}")
                 rest = self.forced_after[len(over) :].decode()
                 self.q = 0
-                self._force(self.m.encode(rest), then=Gate.INNER)
+                self._force(self.m.encode(rest), then=ReasoningPhase.INNER)
                 return True
             self.q = q
             if self.budget is not None and self.thought >= self.budget:
                 self._force_close()
             return True
-        if ph == Gate.PICK:
+        if ph == ReasoningPhase.PICK:
             return self._accept_pick(tid)
-        if ph == Gate.INNER:
+        if ph == ReasoningPhase.INNER:
             if self.inner is not None:
                 ok = self.inner.accept_token(tid)
                 if not ok:
                     self.error = self.inner.error
                 return ok
             if tid in self.eos:
-                self.phase = Gate.DONE
+                self.phase = ReasoningPhase.DONE
                 return True
             if 0 <= tid < vocab.vocab_size and vocab.token_bytes[tid]:
                 return True
@@ -267,7 +270,7 @@ class ReasoningGate:
         done = next((w for w in ways if len(w) == self.k), None)
         if done is None:
             return True
-        self.phase = Gate.INNER
+        self.phase = ReasoningPhase.INNER
         if done is self.answer_way:  # a plain answer: free text (or response_format's), no call inside it
             if not self.answer_inner:
                 self.inner = None

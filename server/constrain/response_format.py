@@ -4,7 +4,7 @@
 schema the text must follow (``json_object`` → any object; ``json_schema`` → its
 ``schema``), or None for free text; a bad one is a 400 naming the field.
 
-``JsonTextConstraint`` enforces it while decoding, through the same arguments backend as
+``JsonTextMatcher`` enforces it while decoding, through the same arguments backend as
 the tool calls (the schema is compiled with no envelope text around it):
 
 * no call possible (no tools, ``tool_choice: "none"``, a state that allows none): the
@@ -18,9 +18,9 @@ the tool calls (the schema is compiled with no envelope text around it):
   whose calls have no marker (``trigger: start``, Llama 3: a call *is* a JSON object)
   cannot tell a call from JSON text by the first token: that combination is a 400.
 * calls required (``required``, a named tool): the reply is calls only; there is no
-  text for the schema, and the tool constraint runs alone (the builder returns it).
+  text for the schema, and the tool constraint runs alone (the compiler returns it).
 * a reasoning family: the model reasons freely first; all of the above applies to the answer
-  after the reasoning closes (the builder wraps this constraint in the reasoning gate).
+  after the reasoning closes (the compiler wraps this constraint in the reasoning gate).
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def compile_text(backend: ArgumentsBackend, schema: dict[str, Any]) -> Any:
         ) from None
 
 
-class JsonTextConstraint:
-    """A ``TokenConstraint``: the reply is JSON following a schema, or (``inner``) a tool call."""
+class JsonTextMatcher:
+    """A ``TokenMatcher``: the reply is JSON following a schema, or (``inner``) a tool call."""
 
     def __init__(
         self,
@@ -96,7 +96,7 @@ class JsonTextConstraint:
         eos: tuple[int, ...],
         inner: Any = None,
     ) -> None:
-        """``inner``: the request's ``ToolConstraint`` when a call may begin the reply, else None."""
+        """``inner``: the request's ``ToolMatcher`` when a call may begin the reply, else None."""
         self.m, self.eos, self.eos_set = masks, eos, frozenset(eos)
         self.matcher: ArgumentsMatcher = backend.matcher(compiled)
         self.inner = inner
@@ -120,7 +120,7 @@ class JsonTextConstraint:
                 self.call_row = trie.mask_row(masks.first_node(trie), inner.subset)
         self.delegate = False  # True once the reply began a call: the tool constraint alone from there
 
-    # --- TokenConstraint ---------------------------------------------------------------------------
+    # --- TokenMatcher ---------------------------------------------------------------------------
     @property
     def budget(self) -> int | None:
         """The call's token budget (a reasoning gate lowers it by what the reasoning wrote)."""
@@ -239,7 +239,7 @@ def _combine(bitmask: Any, index: int, keep: np.ndarray, extra: list[np.ndarray]
     _put(bitmask, index, out)
 
 
-def json_text_constraint(
+def json_text_matcher(
     masks: EnvelopeMasks,
     backend: ArgumentsBackend,
     schema: dict[str, Any],
@@ -254,4 +254,4 @@ def json_text_constraint(
     if inner is not None and inner.phase != Phase.TEXT:
         return inner  # calls only (required / named): no text to constrain
     calls_possible = inner is not None and inner.first_trie is not None
-    return JsonTextConstraint(masks, backend, compiled, eos, inner if calls_possible else None)
+    return JsonTextMatcher(masks, backend, compiled, eos, inner if calls_possible else None)

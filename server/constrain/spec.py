@@ -3,7 +3,7 @@
 The chat service plans tools (``plan_tools``) and hands the engine a ``ToolSpec`` — the
 tools, the plan, the envelope name, the arguments backend, the EOS ids and the schema of
 the reply's text (``response_format``) — never a live constraint. Each engine builds the
-constraint where it decodes (``ConstraintBuilder``):
+constraint where it decodes (``Compiler``):
 the hf engine in its own process, the vLLM engine's logits processor in vLLM's engine
 core, from the JSON form carried in ``SamplingParams.extra_args[EXTRA_ARGS_KEY]``.
 

@@ -25,7 +25,7 @@ def setup(official):
     env = load_envelope(ENV)
     named = {"type": "function", "function": {"name": "shell_exec"}}
     plan = plan_tools(TOOLS, named, [], True, None, env)
-    constraint = off.factory(ENV).build(TOOLS, plan, off.eos(ENV))
+    constraint = off.compiler(ENV).build(TOOLS, plan, off.eos(ENV))
     tok = off.tokenizer
     ids = {t: tok.convert_tokens_to_ids(t) for t in ("[CALL_ID]", "[ARGS]", "[TOOL_CALLS]")}
     rest = "shell_exec"[len(plan.prefill) - len(env.opening) :]
@@ -64,7 +64,7 @@ def test_anything_else_after_call_id_is_rejected(official, bad) -> None:
     off = official("tekken_args")
     env = load_envelope(ENV)
     plan = plan_tools(TOOLS, "required", [], True, None, env)
-    c = off.factory(ENV).build(TOOLS, plan, off.eos(ENV))
+    c = off.compiler(ENV).build(TOOLS, plan, off.eos(ENV))
     name = "shell_exec"[len(plan.prefill) - len(env.opening) :]
     for tid in off.tokenizer.encode(name, add_special_tokens=False) + [
         off.tokenizer.convert_tokens_to_ids("[CALL_ID]")

@@ -124,10 +124,10 @@ class Biased:
 
 def run_case(off, env_name, form, subset, parallel, seed, eager):
     env = load_envelope(env_name)
-    factory = off.factory(env_name)
+    compiler = off.compiler(env_name)
     eos = off.eos(env_name)
     plan = plan_tools(TOOLS, choice_for(form, subset), [], parallel, None, env)
-    constraint = factory.build(TOOLS, plan, eos)
+    constraint = compiler.build(TOOLS, plan, eos)
     steer = Biased(off, env, eos, seed, eager)
     ids, finished = greedy(constraint, off.vocab.vocab_size, STEPS, steer, eos)
     text = plan.prefill + off.tokenizer.decode([i for i in ids if i not in eos], skip_special_tokens=False)

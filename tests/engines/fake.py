@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from server.constrain.compiler import ConstraintBuilder
+from server.constrain.compiler import Compiler
 from server.engines.base import Engine, EngineStats, GenerationChunk, GenerationRequest, SamplingParams
 from server.errors import InvalidRequest
 
@@ -21,7 +21,7 @@ class ScriptedEngine(Engine):
         self.vocab_size = len(tokenizer)
         self.eos_token_ids = self.end_of_reply_ids()  # the tokenizer's EOS until chat names the family's
         self.block_size = 16
-        self.constraints = ConstraintBuilder(tokenizer, self.vocab_size, self.eos_token_ids)
+        self.constraints = Compiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self.reply_ids = list(tokenizer(reply, add_special_tokens=False)["input_ids"])
         self.tiers = tiers
         self.finished: list[tuple[str, tuple[str, ...]]] = []

@@ -35,7 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from server.config import EngineSettings
-from server.constrain.compiler import ConstraintBuilder
+from server.constrain.compiler import Compiler
 from server.engines.base import (
     Engine,
     EngineStats,
@@ -103,7 +103,7 @@ class HFEngine(Engine):
         gen_config = getattr(self.model, "generation_config", None)
         self.config_eos = getattr(gen_config, "eos_token_id", None)
         self.eos_token_ids = self.end_of_reply_ids()  # the family's end tokens come with use_end_tokens
-        self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         prefill_chunk = settings.prefill_chunk_tokens or (
             PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK
         )

