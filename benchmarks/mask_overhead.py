@@ -37,8 +37,9 @@ import torch  # noqa: E402
 import xgrammar as xgr  # noqa: E402
 
 from server.chat.tool_choice import plan_tools  # noqa: E402
-from server.constrain.arguments.xgrammar import tool_schema  # noqa: E402
-from server.constrain.envelope_compiler import EnvelopeCompiler, Phase  # noqa: E402
+from server.constrain.arguments.seam import tool_schema  # noqa: E402
+from server.constrain.envelope_compiler import EnvelopeCompiler  # noqa: E402
+from server.constrain.tool_matcher import Phase  # noqa: E402
 from server.constrain.trie import NameTrie  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
 

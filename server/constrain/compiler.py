@@ -15,11 +15,13 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from server.constrain.envelope_compiler import EnvelopeCompiler, ToolMatcher
+from server.constrain.custom.compile import CustomCompiler
+from server.constrain.envelope_compiler import EnvelopeCompiler
 from server.constrain.interface import TokenMatcher
 from server.constrain.reasoning_matcher import ReasoningMatcher
 from server.constrain.response_format import json_text_matcher
 from server.constrain.spec import ToolSpec
+from server.constrain.tool_matcher import ToolMatcher
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import load_envelope
 
@@ -30,6 +32,7 @@ class Compiler:
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)  # used when a spec carries none
         self._vocab: TokenVocab | None = None
+        self._custom: CustomCompiler | None = None
         self._envelopes: dict[tuple[str, str], EnvelopeCompiler] = {}
         self._lock = threading.Lock()
 
@@ -40,13 +43,24 @@ class Compiler:
                 self._vocab = TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size)
             return self._vocab
 
+    @property
+    def custom(self) -> CustomCompiler:
+        """The custom tools' compiler of this vocabulary, shared by every envelope."""
+        vocab = self.vocab
+        with self._lock:
+            if self._custom is None:
+                self._custom = CustomCompiler(vocab)
+            return self._custom
+
     def for_envelope(self, envelope: str, backend: str) -> EnvelopeCompiler:
         """The compiler of one (envelope, backend); ValueError for an unknown one (names the known)."""
         key = (envelope, backend)
         found = self._envelopes.get(key)
         if found is None:
             env = load_envelope(envelope)
-            found = EnvelopeCompiler(self.tokenizer, self.vocab_size, env, backend=backend, vocab=self.vocab)
+            found = EnvelopeCompiler(
+                self.tokenizer, self.vocab_size, env, backend=backend, vocab=self.vocab, custom=self.custom
+            )
             with self._lock:
                 found = self._envelopes.setdefault(key, found)
         return found

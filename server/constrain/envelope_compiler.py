@@ -1,28 +1,27 @@
-"""The tool-constraint compiler: per (tokenizer, vocabulary, envelope), builds each request's constraint.
+"""``EnvelopeCompiler``: per (tokenizer, vocabulary, envelope, backend), compiles each request's matcher.
 
 Request lifecycle: the chat service calls ``plan_tools`` (mode, allowed names, prefill),
 appends the prefill after the assistant header, and asks ``EnvelopeCompiler.build``
-for a ``ToolMatcher`` (``tool_constraint.py``: the phases, per decode step) that
-starts right after the prefill. The compiler holds what is shared between requests: the
-preprocessed vocabulary, the envelope's masks (``EnvelopeMasks``), the name tries and
-the arguments backend's compiled grammars (both cached).
+for a ``ToolMatcher`` (``tool_matcher.py``: the phases, per decode step) that
+starts right after the prefill. The compiler holds what is shared between requests, as
+instance state: the preprocessed vocabulary, the envelope's masks (``EnvelopeMasks``), the
+name tries, the arguments backend's compiled grammars and the custom tools' (``CustomCompiler``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from server.constrain.arguments.xgrammar import make_backend, sorted_properties, tool_schema
-from server.constrain.custom.grammar import compile_custom, custom_format
+from server.constrain.arguments.backends import make_backend
+from server.constrain.arguments.seam import CallFrame, sorted_properties, tool_schema
+from server.constrain.custom.compile import CustomCompiler
+from server.constrain.custom.grammar import custom_format
 from server.constrain.envelope_masks import EnvelopeMasks
 from server.constrain.interface import TokenMatcher
-from server.constrain.matcher import Phase as Phase  # re-exported: callers name phases from here
-from server.constrain.matcher import ToolMatcher as ToolMatcher  # re-exported too
 from server.constrain.min_call import minimal_call_tokens
 from server.constrain.plan import ReasoningPlan, ToolPlan, tool_names
 from server.constrain.reasoning_matcher import ReasoningMasks, ReasoningMatcher
+from server.constrain.tool_matcher import ToolMatcher
 from server.constrain.trie import NameTrie
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import Envelope
@@ -40,14 +39,15 @@ class EnvelopeCompiler:
         *,
         any_whitespace: bool = False,
         vocab: TokenVocab | None = None,
+        custom: CustomCompiler | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size)
         self.envelope = envelope
         self.backend_name = backend
         self.masks = EnvelopeMasks(self.vocab, envelope, tokenizer)
-        self.close_rest = self.masks.close_rest
         self.backend = make_backend(backend, self.vocab, any_whitespace=any_whitespace)
+        self.custom = custom or CustomCompiler(self.vocab)  # a Compiler shares one among its envelopes
         self._reasoning: dict[tuple[str, str], ReasoningMasks] = {}
 
     def trie(self, names: tuple[str, ...]) -> NameTrie:
@@ -131,35 +131,23 @@ class EnvelopeCompiler:
             tails: tuple[str, ...] = (env.calls_close,) if env.calls_close else ()
             if env.calls_close and plan.parallel and env.parallel:
                 tails += (env.call_separator[:1],)
+            frame = CallFrame(self.masks.close_rest, env.call_end, env.arguments, env.call_id, tails)
             for name in plan.allowed:
-                fmt = custom_format(by_name[name])
-                if fmt is not None:  # a custom tool: its input follows its grammar (custom_grammar.py)
-                    compiled[names.index(name)] = compile_custom(
-                        self.vocab, name, fmt, self.close_rest, env.call_end, env.arguments, tails
-                    )
+                tool = by_name[name]
+                fmt = custom_format(tool)
+                if fmt is not None:  # a custom tool: its input follows its grammar (custom/)
+                    compiled[names.index(name)] = self.custom.compile(name, fmt, frame)
                     continue
-                schema = tool_schema(by_name[name])
+                schema = tool_schema(tool)
                 if env.key_order == "sorted":
                     schema = sorted_properties(schema)
-                compiled[names.index(name)] = self.backend.compile(
-                    name,
-                    schema,
-                    self.close_rest,
-                    env.call_end,
-                    style=env.arguments,
-                    call_id=env.call_id,
-                    tails=tails,
-                )
+                compiled[names.index(name)] = self.backend.compile(name, schema, frame)
         # an id (Mistral v11) or a literal with special tokens (Harmony) between name and arguments
-        gate = self.masks.call_id_masks or self.masks.literal_masks
-        if gate is not None:
-            compiled = {i: gate.wrap(g, self.backend) for i, g in compiled.items()}
-        c = ToolMatcher(self, plan, tries, subset, compiled, eos)
+        between = self.masks.call_id_masks or self.masks.literal_masks
+        if between is not None:
+            compiled = {i: between.wrap(g, self.backend) for i, g in compiled.items()}
+        c = ToolMatcher(self.masks, self.backend, plan, tries, subset, compiled, eos)
         if budget is not None and c.parallel and plan.allowed and self.tokenizer is not None:
             c.budget = budget
             c.min_call = minimal_call_tokens(self.tokenizer, self.envelope, tools or [], plan.allowed)
         return c
-
-    # --- rows (kept here for callers of the compiler) ------------------------------------------------
-    def eos_row(self, eos: tuple[int, ...]) -> np.ndarray:
-        return self.masks.eos_row(eos)

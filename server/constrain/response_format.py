@@ -31,9 +31,10 @@ import numpy as np
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
-from server.constrain.arguments.xgrammar import ArgumentsBackend, ArgumentsMatcher
+from server.constrain.arguments.seam import ArgumentsBackend, ArgumentsMatcher, CallFrame
 from server.constrain.envelope_masks import EnvelopeMasks
 from server.constrain.errors import ConstraintError
+from server.constrain.tool_matcher import Phase
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 TEXT_TOOL = "response_format"  # the name the backend's compile errors and caches see
@@ -76,7 +77,7 @@ def text_schema(kind: str, json_schema: Any) -> dict[str, Any] | None:
 def compile_text(backend: ArgumentsBackend, schema: dict[str, Any]) -> Any:
     """The schema compiled for the reply's text; a schema the backend cannot enforce is a 400."""
     try:
-        return backend.compile(TEXT_TOOL, schema, "", "")
+        return backend.compile(TEXT_TOOL, schema, CallFrame())
     except ConstraintError as exc:
         raise ConstraintError(
             f"response_format.json_schema.schema cannot be enforced by the {backend.name} backend: "
@@ -189,7 +190,6 @@ class JsonTextMatcher:
 
     # --- internals ---------------------------------------------------------------------------------
     def _begin_call(self, tid: int) -> bool:
-        from server.constrain.envelope_compiler import Phase
 
         inner, m = self.inner, self.m
         self.delegate = True
@@ -247,7 +247,6 @@ def json_text_matcher(
     tools_constraint: Any = None,
 ) -> Any:
     """The request's constraint when its text must follow ``schema`` (see the module docstring)."""
-    from server.constrain.envelope_compiler import Phase
 
     compiled = compile_text(backend, schema)
     inner = tools_constraint

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.constrain.arguments.xgrammar import backend_names
+from server.constrain.arguments.backends import backend_names
 from server.constrain.plan import ToolPlan
 from server.families.defaults import DEFAULT_ENVELOPE
 from server.families.envelope import load_envelope

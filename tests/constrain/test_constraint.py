@@ -8,8 +8,8 @@ import pytest
 import xgrammar as xgr
 
 from server.chat.tool_choice import ToolPlan, plan_tools
-from server.constrain.envelope_compiler import Phase
 from server.constrain.errors import ConstraintError
+from server.constrain.tool_matcher import Phase
 from server.constrain.vocab import TokenVocab
 from server.engines.base import constraint_errors_as_400
 from server.errors import InvalidRequest

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from server.chat.tool_choice import plan_tools
 from server.chat.toolcalls import StreamingToolCallParser
-from server.constrain.custom.grammar import ESCAPES, XML_END, CustomMatcher, check_format
+from server.constrain.custom.encoding import ESCAPES, XML_END
+from server.constrain.custom.grammar import check_format
+from server.constrain.custom.matcher import CustomMatcher
 from server.constrain.envelope_compiler import EnvelopeCompiler
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
@@ -216,7 +218,7 @@ def test_the_spec_json_carries_a_custom_tool_to_a_fresh_builder(tokenizer):
     assert c is not None
     c.accept_token(tokenizer.convert_tokens_to_ids('"'))  # name close begins
     for b in ', "arguments": {"input": "a\\n€"}}\n</tool_call>'.encode():
-        tid = c.f.vocab.by_bytes[bytes([b])][0]
+        tid = c.masks.vocab.by_bytes[bytes([b])][0]
         assert c.accept_token(tid), c.error
     assert c.is_terminated()
 

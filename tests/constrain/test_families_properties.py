@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from server.chat.tool_choice import plan_tools
 from server.chat.toolcalls import parse_tool_calls
-from server.constrain.arguments.xgrammar import tool_schema
-from server.constrain.envelope_compiler import Phase
+from server.constrain.arguments.seam import tool_schema
+from server.constrain.tool_matcher import Phase
 from server.families.envelope import load_envelope
 
 from .conftest import FAMILIES, load_tools

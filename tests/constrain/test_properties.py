@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.chat.tool_choice import plan_tools
-from server.constrain.arguments.xgrammar import tool_schema
-from server.constrain.envelope_compiler import Phase
+from server.constrain.arguments.seam import tool_schema
+from server.constrain.tool_matcher import Phase
 
 from .conftest import load_tools
 from .decode import EOS, greedy, parse_calls, strip_eos

@@ -131,7 +131,7 @@ def test_a_token_running_past_the_close_must_fit_what_is_forced(qwen) -> None:
     vocab = qwen.vocab
     # every allowed token that completes the close tag runs on only with the forced "\n\n<tool_call>..."
     forced = (R.close[R.close.index(R.close_tag) + len(R.close_tag) :] + HERMES.opening).encode()
-    for tid, off in c.m.watch.complete[c.q].items():
+    for tid, off in c.masks.watch.complete[c.q].items():
         assert (tid in allowed) == forced.startswith(vocab.token_bytes[tid][off:])
     assert not (allowed & set(eos))  # the reasoning must close before the reply may end
 

@@ -1,118 +1,20 @@
-"""The arguments phase: a grammar engine constrains ``rest of name_close + ARGS + call_end``.
+"""The ``xgrammar`` arguments backend (the default): a JSON-schema grammar per tool, in the envelope's text.
 
-A small seam so the grammar engine can be swapped (config ``backend``):
-
-* ``ArgumentsBackend.compile(tool, schema, prefix, suffix, style=, call_id=)`` — compile
-  once per (tool schema, envelope strings), cached by the backend; a schema the engine
-  cannot compile raises ``ConstraintError`` (HTTP 400) naming the tool. ``style`` is the
-  envelope's ``arguments`` (``json`` or ``xml_parameters``: Qwen3-Coder's parameters,
-  grammar in ``xml_grammar.py``); ``call_id`` is a regex standing for ``{call_id}`` in
-  the suffix (an id the model writes, Mistral v3); ``tails``: one of these strings ends
-  the grammar (after the suffix);
-* ``ArgumentsBackend.matcher(compiled)`` — a fresh per-call ``ArgumentsMatcher``.
-
-The compiled grammar starts with the rest of name_close (``', "arguments": '`` minus
-the bytes a crossing token already wrote, fed with ``accept_bytes``) and ends with
-call_end (``'}\\n</tool_call>'``), so the matcher is terminated exactly when the call
-is closed. Arguments are JSON objects written like ``json.dumps`` (``", "``, ``": "``
-separators) unless ``any_whitespace=True``, their strings in UTF-8 with only the escapes
-``json.dumps(ensure_ascii=False)`` writes (``canonical_strings``: what every family's history
-renders back, so the model's bytes and the next prompt's agree); a tool without ``parameters``
-takes the empty object ``{}``.
-
-Backends: ``xgrammar`` (default). ``outlines`` is registered only when outlines-core is
-importable (see ``server/constrain/README.md``).
+xgrammar's JSON grammar is narrowed to what the history renders back: strings with only the
+escapes ``json.dumps(ensure_ascii=False)`` writes (``canonical_strings``) and numbers in the form
+Python writes them (``canonical_numbers``). Qwen3-Coder's XML parameters come from ``xml.py``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from server.constrain.arguments.seam import CachedBackend, CallFrame
 from server.constrain.compile_cache import CompileCache
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
-
-NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
-
-
-class ArgumentsMatcher(Protocol):
-    def fill(self, bitmask: Any, index: int) -> None: ...
-
-    def accept_token(self, token_id: int) -> bool: ...
-
-    def accept_bytes(self, data: bytes) -> bool: ...
-
-    def is_terminated(self) -> bool: ...
-
-
-class ArgumentsBackend(Protocol):
-    name: str
-
-    def compile(
-        self,
-        tool: str,
-        schema: dict[str, Any] | None,
-        prefix: str,
-        suffix: str,
-        *,
-        style: str = "json",
-        call_id: str | None = None,
-        tails: tuple[str, ...] = (),
-    ) -> Any: ...
-
-    def matcher(self, compiled: Any) -> ArgumentsMatcher: ...
-
-
-_BACKENDS: dict[str, Callable[..., ArgumentsBackend]] = {}
-
-
-def register_backend(
-    name: str,
-) -> Callable[[Callable[..., ArgumentsBackend]], Callable[..., ArgumentsBackend]]:
-    def deco(factory: Callable[..., ArgumentsBackend]) -> Callable[..., ArgumentsBackend]:
-        _BACKENDS[name] = factory
-        return factory
-
-    return deco
-
-
-def backend_names() -> list[str]:
-    """The registered backends (config and the vLLM spec check validate against this)."""
-    return sorted(_BACKENDS)
-
-
-def make_backend(name: str, vocab: TokenVocab, **options: Any) -> ArgumentsBackend:
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown arguments backend {name!r}: use one of {sorted(_BACKENDS)}")
-    return _BACKENDS[name](vocab, **options)
-
-
-def tool_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    """The arguments schema of an OpenAI tool dict ({} parameters → no arguments)."""
-    params: dict[str, Any] | None = (tool.get("function") or {}).get("parameters")
-    return params if params else NO_PARAMETERS
-
-
-def sorted_properties(schema: Any) -> Any:
-    """The schema with every ``properties`` mapping in sorted key order (nested too).
-
-    The grammar writes properties in the schema's order; an envelope with the opt-in
-    ``key_order: sorted`` compiles this form instead (the shipped envelopes keep the schema's).
-    """
-    if isinstance(schema, list):
-        return [sorted_properties(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: sorted_properties(v) for k, v in schema.items()}
-    if isinstance(schema.get("properties"), dict):
-        out["properties"] = {
-            k: sorted_properties(schema["properties"][k]) for k in sorted(schema["properties"])
-        }
-    return out
-
 
 # JSON string escapes as json.dumps(ensure_ascii=False) / the templates' tojson write them: \" \\ \b \f \n
 # \r \t, \u00XX (lowercase) for the other control characters; everything else raw UTF-8. xgrammar's
@@ -174,48 +76,9 @@ class XGrammarMatcher:
         return bool(self.m.is_terminated())
 
 
-class CachedBackend:
-    """What every arguments backend shares: ``compile`` looks its grammar up in an LRU keyed by the
-    schema (property order matters), prefix, suffix, style, call id and tails; ``_compile`` builds it."""
-
-    cache: CompileCache
-
-    def compile(
-        self,
-        tool: str,
-        schema: dict[str, Any] | None,
-        prefix: str,
-        suffix: str,
-        *,
-        style: str = "json",
-        call_id: str | None = None,
-        tails: tuple[str, ...] = (),
-    ) -> Any:
-        schema = schema or NO_PARAMETERS
-        key = (json.dumps(schema), prefix, suffix, style, call_id, tails)  # property order matters
-        return self.cache.get_or_make(
-            key,
-            lambda: self._compile(tool, schema, prefix, suffix, style, call_id, tails),
-            f"the arguments grammar of tool {tool!r}",
-        )
-
-    def _compile(
-        self,
-        tool: str,
-        schema: dict[str, Any],
-        prefix: str,
-        suffix: str,
-        style: str,
-        call_id: str | None,
-        tails: tuple[str, ...],
-    ) -> Any:
-        raise NotImplementedError
-
-
 XGRAMMAR_CACHE_BYTES = 32 * 2**20  # xgrammar's compiler cache (it is unlimited unless told)
 
 
-@register_backend("xgrammar")
 class XGrammarBackend(CachedBackend):
     name = "xgrammar"
 
@@ -231,19 +94,10 @@ class XGrammarBackend(CachedBackend):
         self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_limit_bytes=XGRAMMAR_CACHE_BYTES)
         self.cache = CompileCache(cache_size, size=lambda compiled: compiled.memory_size_bytes)
 
-    def _compile(
-        self,
-        tool: str,
-        schema: dict[str, Any],
-        prefix: str,
-        suffix: str,
-        style: str,
-        call_id: str | None,
-        tails: tuple[str, ...],
-    ) -> Any:
+    def _compile(self, tool: str, schema: dict[str, Any], frame: CallFrame) -> Any:
         xgr = self.xgr
         try:
-            if style == "xml_parameters":
+            if frame.style == "xml_parameters":
                 from server.constrain.arguments.xml import xml_parameters_grammar
 
                 args = xml_parameters_grammar(schema, any_whitespace=self.any_whitespace)
@@ -260,11 +114,12 @@ class XGrammarBackend(CachedBackend):
         def literal(text: str) -> Any:
             return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
 
+        suffix, tails = frame.suffix, frame.tails
         tail: list[Any] = []
-        if call_id is not None and "{call_id}" in suffix:  # an id the model writes (Mistral v3)
+        if frame.call_id is not None and "{call_id}" in suffix:  # an id the model writes (Mistral v3)
             before, after = suffix.split("{call_id}", 1)
             tail = [literal(before)] if before else []
-            tail.append(xgr.Grammar.from_regex(call_id))
+            tail.append(xgr.Grammar.from_regex(frame.call_id))
             tail += [literal(after)] if after else []
         elif suffix:
             tail = [literal(suffix)]
@@ -272,7 +127,7 @@ class XGrammarBackend(CachedBackend):
             tail.append(
                 xgr.Grammar.union(*[literal(t) for t in tails]) if len(tails) > 1 else literal(tails[0])
             )
-        pieces = ([literal(prefix)] if prefix else []) + [args] + tail
+        pieces = ([literal(frame.prefix)] if frame.prefix else []) + [args] + tail
         try:
             return self.compiler.compile_grammar(xgr.Grammar.concat(*pieces) if len(pieces) > 1 else args)
         except RuntimeError as exc:  # xgrammar refuses some schemas only here (e.g. a pattern's FSM)
@@ -284,6 +139,3 @@ class XGrammarBackend(CachedBackend):
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
         return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))
-
-
-import server.constrain.arguments.outlines  # noqa: E402,F401  (registers "outlines"; imports outlines-core lazily)
