@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from server.chat.call_bodies import BodyParser, ParsedCall, parse_call_body
+from server.chat.call_bodies import BodyParser, ParsedCall
 from server.families.envelope import Envelope
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "ParsedCall",
     "ParsedOutput",
     "StreamingToolCallParser",
-    "parse_call_body",
     "parse_tool_calls",
 ]
 _DECODER = json.JSONDecoder()

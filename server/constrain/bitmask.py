@@ -33,6 +33,27 @@ def write_row(bitmask: Any, index: int, row: np.ndarray) -> None:
         bitmask[index].copy_(torch.from_numpy(row))
 
 
+class RowWriter:
+    """``write_row`` for a matcher that fills every step: the numpy view of a CPU bitmask is kept
+    (engines reuse one buffer), so a step costs one row copy."""
+
+    __slots__ = ("_bitmask", "_view")
+
+    def __init__(self) -> None:
+        self._bitmask: Any = None
+        self._view: Any = None
+
+    def write(self, bitmask: Any, index: int, row: np.ndarray) -> None:
+        if bitmask is not self._bitmask:
+            self._bitmask = bitmask
+            cpu = isinstance(bitmask, np.ndarray) or bitmask.device.type == "cpu"
+            self._view = bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy() if cpu else None
+        if self._view is not None:
+            self._view[index] = row
+        else:  # a device bitmask: one host-to-device copy
+            bitmask[index].copy_(torch.from_numpy(row))
+
+
 def pack_ids(ids: Iterable[int], vocab_size: int) -> np.ndarray:
     """int32[ceil(V/32)] with bit j of word i set for each id 32*i+j in ``ids`` (others ignored)."""
     words = (vocab_size + 31) // 32

@@ -42,9 +42,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-import numpy as np
-
 from server.constrain.arguments.seam import ArgumentsBackend, ArgumentsMatcher
+from server.constrain.bitmask import RowWriter
 from server.constrain.envelope_masks import EnvelopeMasks
 from server.constrain.plan import ToolPlan
 from server.constrain.trie import NameTrie, Step
@@ -94,8 +93,7 @@ class ToolMatcher:
         self.at_start = (
             True  # nothing written yet (trigger "start", no call after text: calls begin only here)
         )
-        self._bm: Any = None
-        self._arr: Any = None
+        self._rows = RowWriter()
         if plan.mode == "required" or plan.prefill:
             node = self._prefill_node(plan.prefill) if self.trie is not None else None
             if node is None:
@@ -132,7 +130,7 @@ class ToolMatcher:
             row = m.after_row(self.next_trie, self.subset, self.eos, self.more_calls())
         else:
             row = m.eos_row(self.eos)
-        self._write(bitmask, index, row)
+        self._rows.write(bitmask, index, row)
 
     def accept_token(self, token_id: int) -> bool:
         if self.phase == Phase.ERROR:
@@ -155,23 +153,6 @@ class ToolMatcher:
         return self.budget is None or self.budget - self.used >= self.min_call
 
     # --- internals -------------------------------------------------------------------------------
-    def _view(self, bitmask: Any) -> Any:
-        """A numpy view of a CPU bitmask (cached: engines reuse one buffer); the tensor itself if not."""
-        if bitmask is not self._bm:
-            self._bm = bitmask
-            cpu = isinstance(bitmask, np.ndarray) or bitmask.device.type == "cpu"
-            self._arr = bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy() if cpu else bitmask
-        return self._arr
-
-    def _write(self, bitmask: Any, index: int, row: np.ndarray) -> None:
-        arr = self._view(bitmask)
-        if isinstance(arr, np.ndarray):
-            arr[index] = row
-        else:  # a device bitmask: one host-to-device copy
-            import torch
-
-            arr[index].copy_(torch.from_numpy(row))
-
     def _what(self, tid: int) -> str:
         vocab = self.masks.vocab
         return vocab.describe(tid) if 0 <= tid < vocab.vocab_size else f"<out of range id {tid}>"
@@ -308,7 +289,7 @@ class ToolMatcher:
             return True
         self.tool = st.name
         compiled = self.compiled[st.name]
-        custom = getattr(compiled, "matcher", None)  # a custom tool's grammar (custom_grammar.py)
+        custom = getattr(compiled, "matcher", None)  # a custom tool's grammar (custom/)
         self.matcher = matcher = custom() if custom is not None else self.backend.matcher(compiled)
         self.phase = Phase.ARGS
         if st.overflow and not matcher.accept_bytes(st.overflow):
