@@ -106,7 +106,7 @@ class ReasoningMatcher:
         call_open: str = "",
         answer_inner: bool = False,
     ) -> None:
-        self.m, self.inner, self.eos, self.budget = masks, inner, eos, budget
+        self.masks, self.inner, self.eos, self.budget = masks, inner, eos, budget
         # after answer_open: True = ``inner`` constrains the answer's text (response_format's JSON),
         # False = free text (the tool constraint only applies to a call)
         self.answer_inner = answer_inner
@@ -133,7 +133,7 @@ class ReasoningMatcher:
 
     # --- TokenMatcher ----------------------------------------------------------------------
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
-        ph, vocab = self.phase, self.m.vocab
+        ph, vocab = self.phase, self.masks.vocab
         if ph == ReasoningPhase.INNER and self.inner is not None:
             self.inner.fill_next_token_bitmask(bitmask, index)
             return
@@ -143,7 +143,7 @@ class ReasoningMatcher:
         if ph in (ReasoningPhase.OPEN, ReasoningPhase.FORCE):
             row = vocab.pack([self.forced[0]])
         elif ph == ReasoningPhase.THINK:
-            row = self.m.think_row(self.q, self.forced_after)
+            row = self.masks.think_row(self.q, self.forced_after)
         elif ph == ReasoningPhase.INNER:
             row = vocab.pack(np.concatenate([vocab.text_ids, np.array(self.eos, dtype=np.int64)]))
         else:
@@ -196,12 +196,12 @@ class ReasoningMatcher:
 
     def _force_close(self) -> None:
         """The budget is spent: the close text (or the rest of a half-written tag), then what follows."""
-        tag = self.m.tag
-        rest = self.m.close_text if self.q == 0 else tag[self.q :] + self.m.after_tag
-        self._force(self.m.encode(rest + self.after_text[len(self.m.after_tag) :]), then=ReasoningPhase.INNER)
+        masks = self.masks
+        rest = masks.close_text if self.q == 0 else masks.tag[self.q :] + masks.after_tag
+        self._force(masks.encode(rest + self.after_text[len(masks.after_tag) :]), then=ReasoningPhase.INNER)
 
     def _accept(self, tid: int) -> bool:
-        ph, vocab = self.phase, self.m.vocab
+        ph, vocab = self.phase, self.masks.vocab
         if ph in (ReasoningPhase.OPEN, ReasoningPhase.FORCE):
             if tid != self.forced[0]:
                 return self._reject(
@@ -216,24 +216,24 @@ class ReasoningMatcher:
             return True
         if ph == ReasoningPhase.THINK:
             text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
-            if tid == self.m.tag_id:  # the special-token close tag
+            if tid == self.masks.tag_id:  # the special-token close tag
                 self.q = 0
-                self._force(self.m.encode(self.after_text), then=ReasoningPhase.INNER)
+                self._force(self.masks.encode(self.after_text), then=ReasoningPhase.INNER)
                 return True
             if not text:
                 return self._reject(
                     f"token {vocab.describe(tid) if 0 <= tid < vocab.vocab_size else tid} is not text: "
-                    f"the reasoning must close with {self.m.tag!r} first"
+                    f"the reasoning must close with {self.masks.tag!r} first"
                 )
             self.thought += 1
-            q, off = self.m.watch.step(self.q, tid)
+            q, off = self.masks.watch.step(self.q, tid)
             if off >= 0:  # the close tag: force what follows it (less what this token already wrote)
                 over = text[off:]
                 if not self.forced_after.startswith(over):
                     return self._reject(f"token {vocab.describe(tid)} runs on past the close tag: {over!r}")
                 rest = self.forced_after[len(over) :].decode()
                 self.q = 0
-                self._force(self.m.encode(rest), then=ReasoningPhase.INNER)
+                self._force(self.masks.encode(rest), then=ReasoningPhase.INNER)
                 return True
             self.q = q
             if self.budget is not None and self.thought >= self.budget:
@@ -258,13 +258,13 @@ class ReasoningMatcher:
     # --- PICK: the answer's header (ways[0]) or a call's opening (ways[1]), token by token ----------
     def _fill_pick(self, bitmask: Any, index: int) -> None:
         nxt = sorted({w[self.k] for w in self.ways})
-        write_row(bitmask, index, self.m.vocab.pack(nxt))
+        write_row(bitmask, index, self.masks.vocab.pack(nxt))
 
     def _accept_pick(self, tid: int) -> bool:
         ways = [w for w in self.ways if w[self.k] == tid]
         if not ways:
             return self._reject(
-                f"token {self.m.vocab.describe(tid)} begins neither the answer nor a tool call"
+                f"token {self.masks.vocab.describe(tid)} begins neither the answer nor a tool call"
             )
         self.ways, self.k = ways, self.k + 1
         done = next((w for w in ways if len(w) == self.k), None)

@@ -98,7 +98,7 @@ class JsonTextMatcher:
         inner: Any = None,
     ) -> None:
         """``inner``: the request's ``ToolMatcher`` when a call may begin the reply, else None."""
-        self.m, self.eos, self.eos_set = masks, eos, frozenset(eos)
+        self.masks, self.eos, self.eos_set = masks, eos, frozenset(eos)
         self.matcher: ArgumentsMatcher = backend.matcher(compiled)
         self.inner = inner
         self.q = 0  # the call-tag watch state (text trigger)
@@ -144,7 +144,7 @@ class JsonTextMatcher:
         if self.delegate:
             self.inner.fill_next_token_bitmask(bitmask, index)
             return
-        m = self.m
+        m = self.masks
         if self.done or self._error is not None:
             _put(bitmask, index, m.eos_row(self.eos))
             return
@@ -171,14 +171,14 @@ class JsonTextMatcher:
                 return self._reject("end of sequence before the JSON reply (response_format) is complete")
             self.done = True
             return True
-        vocab = self.m.vocab
+        vocab = self.masks.vocab
         text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
         if not text or not self.matcher.accept_token(tid):
             return self._reject(
                 f"token {self._what(tid)} does not continue the JSON reply (response_format schema)"
             )
-        if self.m.watch is not None:
-            self.q, off = self.m.watch.step(self.q, tid)
+        if self.masks.watch is not None:
+            self.q, off = self.masks.watch.step(self.q, tid)
             if off >= 0:
                 return self._reject(f"token {self._what(tid)} would open a tool call inside the JSON reply")
         return True
@@ -191,14 +191,14 @@ class JsonTextMatcher:
     # --- internals ---------------------------------------------------------------------------------
     def _begin_call(self, tid: int) -> bool:
 
-        inner, m = self.inner, self.m
+        inner, m = self.inner, self.masks
         self.delegate = True
         if m.trigger == "text":  # the reply starts at the call tag: walk the first call's trie from there
             inner.phase, inner.node, inner.at_start = Phase.CALL, m.first_node(inner.first_trie), False
         return bool(inner.accept_token(tid))
 
     def _what(self, tid: int) -> str:
-        vocab = self.m.vocab
+        vocab = self.masks.vocab
         return vocab.describe(tid) if 0 <= tid < vocab.vocab_size else f"<out of range id {tid}>"
 
     def _reject(self, message: str) -> bool:

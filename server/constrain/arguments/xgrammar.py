@@ -58,22 +58,22 @@ def canonical_numbers(xgr: Any, grammar: Any) -> Any:
 
 
 class XGrammarMatcher:
-    __slots__ = ("m",)
+    __slots__ = ("matcher",)
 
     def __init__(self, matcher: Any) -> None:
-        self.m = matcher
+        self.matcher = matcher
 
     def fill(self, bitmask: Any, index: int) -> None:
-        self.m.fill_next_token_bitmask(bitmask, index)  # opaque tokens are special to xgrammar
+        self.matcher.fill_next_token_bitmask(bitmask, index)  # opaque tokens are special to xgrammar
 
     def accept_token(self, token_id: int) -> bool:
-        return bool(self.m.accept_token(token_id))
+        return bool(self.matcher.accept_token(token_id))
 
     def accept_bytes(self, data: bytes) -> bool:
-        return bool(self.m.accept_string(data)) if data else True
+        return bool(self.matcher.accept_string(data)) if data else True
 
     def is_terminated(self) -> bool:
-        return bool(self.m.is_terminated())
+        return bool(self.matcher.is_terminated())
 
 
 XGRAMMAR_CACHE_BYTES = 32 * 2**20  # xgrammar's compiler cache (it is unlimited unless told)
