@@ -21,7 +21,6 @@ from server.chat.limits import check_request_limits
 from server.chat.prepared import Prepared
 from server.chat.reply_tokens import keep_reply
 from server.chat.sampling import check_fields
-from server.chat.template import render_chat
 from server.chat.tool_setup import ToolSetup
 from server.chat.window import fit_sampling
 from server.config import Settings
@@ -154,8 +153,8 @@ class Preparer:
         json_text = text_schema(rf.type, rf.json_schema) if rf is not None else None
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self.tools.check_tools(tools)
-        rendered = render_chat(  # custom tools: as functions
-            req.messages, prompt_tools(tools), self.renderer, reasoning_effort=req.reasoning_effort
+        rendered = self.renderer.render(  # custom tools: as functions
+            req.messages, prompt_tools(tools), reasoning_effort=req.reasoning_effort
         )
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         plan = self.tools.plan(req, tools, messages)

@@ -10,8 +10,9 @@ import json
 
 import pytest
 
+from server.families.conversation import template_arguments
 from server.families.envelope import load_envelope
-from server.families.render import FamilyRenderer, template_arguments
+from server.families.render import FamilyRenderer
 from server.families.spec import load_family
 from server.protocol import ChatMessage
 

@@ -1,4 +1,4 @@
-"""The tool constraint on the real tokenizer: scripted token sequences through every phase."""
+"""The tool matcher on the real tokenizer: scripted token sequences through every phase."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reasoning gate (server/constrain/reasoning_matcher.py) on Qwen's real vocabulary.
+"""The reasoning matcher (server/constrain/reasoning_matcher.py) on Qwen's real vocabulary.
 
 Random walks through the masks (every step samples among the allowed tokens, seeded) must
 give: the open text, free reasoning, the close, then what the tool plan demands (a valid call
