@@ -31,7 +31,7 @@ class ToolSpec:
     tools: list[dict[str, Any]]  # OpenAI tool objects, in request order
     plan: ToolPlan
     envelope: str = DEFAULT_ENVELOPE  # a name in grammars/envelopes/ (or a path to a .yaml file)
-    backend: str = "xgrammar"  # an arguments backend registered in server.constrain.arguments.xgrammar
+    backend: str = "xgrammar"  # an arguments backend of server.constrain.arguments.backends
     eos_token_ids: tuple[int, ...] = ()  # () = the model's own (the engine fills them in)
     request_id: str | None = field(default=None, compare=False)  # only to tag log lines
     budget: int | None = None  # max_tokens of the reply: no parallel call is begun that cannot finish
