@@ -8,7 +8,7 @@ from server.chat.tool_choice import plan_tools
 from server.constrain.min_call import minimal_call_text, minimal_value
 
 from .decode import EOS
-from .test_constraint import feed, mask_of
+from .test_tool_matcher import feed, mask_of
 
 FIRST = 'open_site", "arguments": {"url": "https://x.org"}}\n</tool_call>'
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .test_constraint import feed, plan
+from .test_tool_matcher import feed, plan
 
 TOOLS = [
     {"type": "function", "function": {"name": "shell_exec", "parameters": {
