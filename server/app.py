@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 def check_settings(settings: Settings) -> None:
     """What the config schema cannot know: names that must exist in a registry, an auth setup
     that would serve someone unauthenticated (ConfigError)."""
-    from server.constrain.arguments import backend_names
+    from server.constrain.arguments.backends import backend_names
 
     check_worker_auth(settings.auth)
     if settings.grammar_backend not in backend_names():

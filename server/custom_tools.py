@@ -9,7 +9,7 @@ A request's custom tool ``{"type": "custom", "custom": {"name": N, "description"
 "definition": DEF}}``, or the Responses API's flat ``{"type": "grammar", "syntax", "definition"}``)
 becomes, before validation, a function tool with one required string parameter ``input`` whose
 description states the grammar, plus the format under ``CUSTOM_KEY`` (never rendered into the
-prompt; it travels in the tool spec to the masks, ``server/constrain/custom_grammar.py``). So the
+prompt; it travels in the tool spec to the masks, ``server/constrain/custom/grammar.py``). So the
 prompt, the history, the state machine, ``tool_choice`` and the parser treat it as a function
 called with ``{"input": "..."}``; the masks write ``input`` under the grammar.
 

@@ -11,6 +11,9 @@ Inside the hf engine the runtime has an order of its own (``HF_RANKS``): KV memo
 the linear layers (``linears/``) import nothing above them and not each other; the model
 runtime (``model/``), the sampler and the outbox sit on them; then the sequence, the runner,
 the scheduler, and the engine on top. No circle can form.
+
+Inside constrain there is no order of ranks but no circle either (``cycles``): the compiler imports
+the matchers, the matchers the masks and the arguments seam, never the other way round.
 """
 
 from __future__ import annotations
@@ -144,6 +147,45 @@ def hf_violations(edges: dict[str, list[tuple[int, str]]]) -> list[str]:
     return out
 
 
+def cycles(edges: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
+    """The import circles among the modules of ``edges`` (each sorted; an import of a member, or of a
+    module below a package, counts for the longest module of ``edges`` it names; self-imports do not)."""
+    graph: dict[str, set[str]] = {m: set() for m in edges}
+    for module, targets in edges.items():
+        for _line, target in targets:
+            known = [m for m in edges if _under(target, m)]
+            if known:
+                graph[module].add(max(known, key=len))
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v] - {v}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
 def test_no_module_imports_a_higher_layer():
     edges = {module_name(p): imports_of(p) for p in sorted(SERVER.rglob("*.py"))}
     assert len(edges) > 40 and any(edges.values())  # the walk found the code and its imports
@@ -229,3 +271,31 @@ def test_the_hf_checker_catches_an_import_of_a_higher_rank():
     assert (
         hf_rank(f"{HF}.kv") == hf_rank(f"{HF}.linears.build") == 0 and hf_rank("server.engines.base") is None
     )
+
+
+def test_inside_constrain_no_import_circle():
+    edges = {module_name(p): imports_of(p) for p in sorted((SERVER / "constrain").rglob("*.py"))}
+    assert len(edges) > 25 and sum(len(v) for v in edges.values()) > 60  # the walk found the imports
+    assert cycles(edges) == []
+
+
+def test_the_cycle_checker_catches_a_circle():
+    """A three-module circle through a member import and a type-only import, a two-module one through a
+    package's module; a module importing itself, an import outside the set and a chain are no circle."""
+    c = "server.constrain"
+    edges = {
+        f"{c}.compiler": [(1, f"{c}.tool_matcher.ToolMatcher"), (2, "server.families.envelope")],
+        f"{c}.tool_matcher": [(3, f"{c}.envelope_masks.EnvelopeMasks")],
+        f"{c}.envelope_masks": [(4, f"{c}.compiler"), (5, f"{c}.envelope_masks.X")],
+        f"{c}.arguments.seam": [(6, f"{c}.arguments.backends.make_backend")],
+        f"{c}.arguments.backends": [(7, f"{c}.arguments.seam.CallFrame")],
+        f"{c}.arguments": [(8, f"{c}.vocab")],
+        f"{c}.vocab": [],
+        f"{c}.spec": [(9, f"{c}.arguments.backends"), (10, f"{c}.vocab.TokenVocab")],
+    }
+    assert cycles(edges) == [
+        [f"{c}.arguments.backends", f"{c}.arguments.seam"],
+        [f"{c}.compiler", f"{c}.envelope_masks", f"{c}.tool_matcher"],
+    ]
+    del edges[f"{c}.envelope_masks"][0], edges[f"{c}.arguments.seam"][0]
+    assert cycles(edges) == []

@@ -28,15 +28,14 @@ def token_counter(tokenizer: Any):
 
 def prompt_counter(tokenizer: Any, envelope: str = "hermes"):
     """``(messages, tools) -> tokens`` of the prompt as the server renders it (+ generation header)."""
-    from server.chat.template import render_chat
-    from server.families.envelope import load_envelope
+    from server.families.render import renderer_for
     from server.protocol import ChatMessage
 
-    env = load_envelope(envelope)
+    renderer = renderer_for(envelope)
     count = token_counter(tokenizer)
 
     def prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
-        return count(render_chat([ChatMessage(**m) for m in messages], tools, env).text)
+        return count(renderer.render([ChatMessage(**m) for m in messages], tools).text)
 
     return prompt_tokens
 
@@ -45,9 +44,8 @@ def render_ids(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], envelope: str = "hermes"
 ) -> list[int]:
     """Token ids of the prompt as the server renders it (used by the in-process GPU bench)."""
-    from server.chat.template import render_chat
-    from server.families.envelope import load_envelope
+    from server.families.render import renderer_for
     from server.protocol import ChatMessage
 
-    text = render_chat([ChatMessage(**m) for m in messages], tools, load_envelope(envelope)).text
+    text = renderer_for(envelope).render([ChatMessage(**m) for m in messages], tools).text
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -21,7 +21,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from server.constrain.custom_grammar import XML_END, compile_custom, llg_vocab  # noqa: E402
+from server.constrain.arguments.seam import CallFrame  # noqa: E402
+from server.constrain.custom.compile import CustomCompiler  # noqa: E402
+from server.constrain.custom.encoding import XML_END  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
 from tests.constrain.custom_grammars import apply_patch_lark  # noqa: E402
 
@@ -44,7 +46,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(resolve_model("embedded"))
     vocab = TokenVocab.from_tokenizer(tok, len(tok))
     t0 = time.perf_counter()
-    llg_vocab(vocab)
+    custom = CustomCompiler(vocab)
+    _ = custom.llg
     setup = time.perf_counter() - t0
     fmt = {"type": "grammar", "syntax": "lark", "definition": apply_patch_lark()}
     print(
@@ -55,7 +58,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for env, (style, suffix) in ENVELOPES.items():
         t0 = time.perf_counter()
-        c = compile_custom(vocab, "apply_patch", fmt, "", suffix, style, ())
+        c = custom.compile("apply_patch", fmt, CallFrame("", suffix, style))
         m = c.matcher()
         compile_ms = (time.perf_counter() - t0) * 1e3
         body = (

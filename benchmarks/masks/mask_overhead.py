@@ -2,7 +2,7 @@
 
 Replays a fixed Hermes tool call token by token (the model's own tokenization) through
 
-* ours: the ToolConstraint (trie for the name, xgrammar per tool for the arguments), and
+* ours: the ToolMatcher (trie for the name, xgrammar per tool for the arguments), and
 * xgrammar alone: one grammar for the whole call (a union over the tools of
   ``NAME", "arguments": ARGS`` behind the same prefill), one GrammarMatcher;
 
@@ -37,8 +37,9 @@ import torch  # noqa: E402
 import xgrammar as xgr  # noqa: E402
 
 from server.chat.tool_choice import plan_tools  # noqa: E402
-from server.constrain.arguments import tool_schema  # noqa: E402
-from server.constrain.constraint import ConstraintFactory, Phase  # noqa: E402
+from server.constrain.arguments.seam import tool_schema  # noqa: E402
+from server.constrain.envelope_compiler import EnvelopeCompiler  # noqa: E402
+from server.constrain.tool_matcher import Phase  # noqa: E402
 from server.constrain.trie import NameTrie  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
 
@@ -82,13 +83,13 @@ def timed(fn, reps: int) -> float:
     return statistics.median(out) / 1e3
 
 
-def ours(factory, tools, plan, tokens, reps, eos=(2, 0)):
+def ours(compiler, tools, plan, tokens, reps, eos=(2, 0)):
     """µs per token by phase: fill and accept, replaying ``tokens`` after the prefill."""
-    bitmask = xgr.allocate_token_bitmask(1, factory.vocab.vocab_size)
+    bitmask = xgr.allocate_token_bitmask(1, compiler.vocab.vocab_size)
     fill: dict[str, list[float]] = {}
     accept: dict[str, list[float]] = {}
     for _ in range(reps):
-        c = factory.build(tools, plan, eos)
+        c = compiler.build(tools, plan, eos)
         for tok in tokens:
             phase = {Phase.CALL: "name", Phase.ARGS: "arguments"}.get(c.phase, c.phase.name.lower())
             t0 = time.perf_counter_ns()
@@ -112,7 +113,7 @@ def family_tokenizer(envelope: str):
     return tok, LOGITS_WIDTH[vocab], tuple(tok.convert_tokens_to_ids(t) for t in eos)
 
 
-def whole_call_grammar(factory, tools, envelope):
+def whole_call_grammar(compiler, tools, envelope):
     """xgrammar alone: one grammar for every tool's NAME + name_close + ARGS + call_end."""
     lit = lambda s: xgr.Grammar.from_ebnf(f"root ::= {json.dumps(s)}")  # noqa: E731
     per_tool = [
@@ -124,7 +125,7 @@ def whole_call_grammar(factory, tools, envelope):
         for t in tools
     ]
     t0 = time.perf_counter()
-    compiled = factory.backend.compiler.compile_grammar(xgr.Grammar.union(*per_tool))
+    compiled = compiler.backend.compiler.compile_grammar(xgr.Grammar.union(*per_tool))
     return compiled, (time.perf_counter() - t0) * 1e3
 
 
@@ -146,15 +147,15 @@ def xgrammar_alone(compiled, vocab_size, tokens, n_name, reps):
     return fill, accept
 
 
-def apply_cost(factory, tools, plan, device, batches, reps, eos=(2, 0)):
+def apply_cost(compiler, tools, plan, device, batches, reps, eos=(2, 0)):
     """µs per step for a batch: (MaskApplier fill + copy + kernel, kernel alone)."""
     from server.constrain.bitmask import MaskApplier
 
-    v = factory.vocab.vocab_size
+    v = compiler.vocab.vocab_size
     out = {}
     for b in batches:
         applier = MaskApplier(v)
-        constraints = [factory.build(tools, plan, eos) for _ in range(b)]
+        constraints = [compiler.build(tools, plan, eos) for _ in range(b)]
         logits = torch.randn(b, v, device=device)
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         bitmask, _ = applier.fill(constraints)
@@ -188,16 +189,16 @@ def backends_side_by_side(tok, width, envelope, tools, plan, tokens, eos, args) 
     for name in [b for b in args.backends.split(",") if b]:
         t0 = time.perf_counter()
         try:
-            factory = ConstraintFactory(tok, width, envelope, backend=name, vocab=vocab)
+            compiler = EnvelopeCompiler(tok, width, envelope, backend=name, vocab=vocab)
         except ValueError as exc:
             rows.append(f"| {name} | unavailable: {exc} | | | | |")
             continue
         setup_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
-        factory.build(tools, plan, eos)  # one grammar per tool, uncached
+        compiler.build(tools, plan, eos)  # one grammar per tool, uncached
         per_tool = (time.perf_counter() - t0) * 1e3 / len(tools)
-        fill, accept = ours(factory, tools, plan, tokens, args.reps, eos)
-        ((applied, _),) = apply_cost(factory, tools, plan, args.device, [1], args.reps * 3, eos).values()
+        fill, accept = ours(compiler, tools, plan, tokens, args.reps, eos)
+        ((applied, _),) = apply_cost(compiler, tools, plan, args.device, [1], args.reps * 3, eos).values()
         rows.append(
             f"| {name} | {setup_ms:.0f} | {per_tool:.0f} | {med(fill.get('arguments', [])):.1f} "
             f"| {med(accept.get('arguments', [])):.1f} | {applied:.1f} |"
@@ -229,17 +230,17 @@ def main() -> None:
         width, envelope = len(tok), load_envelope("hermes")
     names = tuple(t["function"]["name"] for t in tools)
     t0 = time.perf_counter()
-    factory = ConstraintFactory(tok, width, envelope)
+    compiler = EnvelopeCompiler(tok, width, envelope)
     factory_ms = (time.perf_counter() - t0) * 1e3
-    m = factory.masks
+    m = compiler.masks
     builds = []
     for _ in range(5):
         t0 = time.perf_counter()
-        NameTrie(factory.vocab, names, m.lead, m.term, m.close_rest.encode(), m.term_token)
+        NameTrie(compiler.vocab, names, m.lead, m.term, m.close_rest.encode(), m.term_token)
         builds.append((time.perf_counter() - t0) * 1e3)
     plan = plan_tools(tools, "required", [], False, None, envelope)
     t0 = time.perf_counter()
-    factory.build(tools, plan, eos)  # compiles one grammar per tool (cached afterwards)
+    compiler.build(tools, plan, eos)  # compiles one grammar per tool (cached afterwards)
     compile_ms = (time.perf_counter() - t0) * 1e3
 
     arguments = json.dumps(CALL["arguments"])
@@ -249,22 +250,22 @@ def main() -> None:
     tokens = enc(text[len(plan.prefill) :])  # the model writes on from the prefill
     n_name = len(enc(head[len(plan.prefill) :]))
 
-    f_ours, a_ours = ours(factory, tools, plan, tokens, args.reps, eos)
+    f_ours, a_ours = ours(compiler, tools, plan, tokens, args.reps, eos)
     whole = envelope.arguments == "json" and envelope.name_close_token is None and not envelope.calls_close
     if whole:
-        compiled, whole_ms = whole_call_grammar(factory, tools, envelope)
+        compiled, whole_ms = whole_call_grammar(compiler, tools, envelope)
         f_x, a_x = xgrammar_alone(compiled, width, tokens, n_name, args.reps)
     else:
         whole_ms, f_x, a_x = float("nan"), {}, {}
     batches = [int(b) for b in args.batches.split(",")]
-    applied = apply_cost(factory, tools, plan, args.device, batches, args.reps * 3, eos)
+    applied = apply_cost(compiler, tools, plan, args.device, batches, args.reps * 3, eos)
 
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
     print(
         f"# Mask overhead ({args.device}; envelope {envelope.name}; vocab {len(tok)} (logits {width}); "
         f"{len(tools)} tools; call to {CALL['name']})\n"
     )
-    print(f"- factory (vocab bytes, envelope masks, tag watch): {factory_ms:.0f} ms once per tokenizer")
+    print(f"- compiler (vocab bytes, envelope masks, tag watch): {factory_ms:.0f} ms once per tokenizer")
     print(f"- trie build for {len(names)} names: {med(builds):.2f} ms (median of 5, uncached)")
     print(f"- first build of the constraint (compiles {len(tools)} argument grammars): {compile_ms:.0f} ms")
     if whole:

@@ -1,10 +1,10 @@
-"""Per-token cost of the reasoning phase of a reasoning family's masks (``ReasoningGate``).
+"""Per-token cost of the reasoning phase of a reasoning family's masks (``ReasoningMatcher``).
 
 Replays a fixed reply of a reasoning family token by token through the request's constraint
 (the gate around the tool constraint) and times ``fill_next_token_bitmask`` and
 ``accept_token`` per phase: the forced open text, free reasoning (the close-tag watch; rows
 cached per watch state), the close and the call opening forced, then the name and arguments
-of the tool call (the ToolConstraint's own phases). Each family with ``reasoning`` in its file,
+of the tool call (the ToolMatcher's own phases). Each family with ``reasoning`` in its file,
 on the family's test vocabulary (``family_test_tokenizer``: the real one where it can be built
 offline; gpt-oss: SmolLM2's + the Harmony special tokens, not o200k), 30 tools, ``tool_choice: required``.
 
@@ -29,7 +29,7 @@ import xgrammar as xgr  # noqa: E402
 from benchmarks.masks.mask_overhead import CALL, TOOLS_FILE  # noqa: E402
 from server.chat.reasoning_reply import choose_reasoning  # noqa: E402
 from server.chat.tool_choice import plan_tools  # noqa: E402
-from server.constrain.constraint import ConstraintFactory  # noqa: E402
+from server.constrain.envelope_compiler import EnvelopeCompiler  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
 from server.families.family import family_choices, load_family  # noqa: E402
 from server.families.test_model import family_test_tokenizer  # noqa: E402
@@ -62,18 +62,18 @@ def main() -> None:
     width = max(len(tok), LOGITS_WIDTH.get(str(family.test_model.get("vocab")), 0))
     eos = tuple(tok.convert_tokens_to_ids(t) for t in family.test_model.get("eos", []))
     tools = json.loads(TOOLS_FILE.read_text())
-    factory = ConstraintFactory(tok, width, envelope)
+    compiler = EnvelopeCompiler(tok, width, envelope)
     plan = plan_tools(tools, "required", [], False, None, envelope)
     plan = replace(plan, reasoning=choose_reasoning(family.reasoning, None, None).plan)
     r = family.reasoning
     reply = r.open + THOUGHT.strip("\n") + r.close
     reply += envelope.render_calls([(CALL["name"], json.dumps(CALL["arguments"]), "")])
     tokens = tok.encode(reply, add_special_tokens=False)
-    bitmask = xgr.allocate_token_bitmask(1, factory.vocab.vocab_size)
+    bitmask = xgr.allocate_token_bitmask(1, compiler.vocab.vocab_size)
     fill: dict[str, list[float]] = {}
     accept: dict[str, list[float]] = {}
     for _ in range(args.reps):
-        c = factory.build(tools, plan, eos)
+        c = compiler.build(tools, plan, eos)
         for t in tokens:
             phase = phase_of(c)
             t0 = time.perf_counter_ns()

@@ -95,10 +95,3 @@ def _as_object(args: Any) -> dict[str, Any] | None:
         except json.JSONDecodeError:
             return None
     return args if isinstance(args, dict) else None
-
-
-def parse_call_body(body: str) -> ParsedCall | None:
-    """A Hermes call body (``{"name": …, "arguments": …}``); kept for callers of the old API."""
-    from server.families.envelope import load_envelope
-
-    return BodyParser(load_envelope("hermes")).json_text(body)

@@ -21,11 +21,10 @@ from server.chat.limits import check_request_limits
 from server.chat.prepared import Prepared
 from server.chat.reply_tokens import keep_reply
 from server.chat.sampling import check_fields
-from server.chat.template import render_chat
 from server.chat.tool_setup import ToolSetup
 from server.chat.window import fit_sampling
 from server.config import Settings
-from server.constrain.custom_grammar import prompt_tools
+from server.constrain.custom.grammar import prompt_tools
 from server.constrain.response_format import text_schema
 from server.engines.base import Engine, SamplingParams, constraint_errors_as_400
 from server.errors import InvalidRequest, ModelNotFound
@@ -61,7 +60,7 @@ class Preparer:
         self.warned_retention = False  # the first unused retention hint is logged, once
         self.tools = ToolSetup(engine, settings, renderer, envelope, load_envelope(envelope), family_ref)
         # the vocabulary and the configured envelope's factory now, not on the first tool request
-        engine.constraints.factory(envelope, settings.grammar_backend)
+        engine.constraints.for_envelope(envelope, settings.grammar_backend)
 
     def _retention(self, req: SamplingFields) -> dict[str, Any]:
         """The request's retention hint, and why the engine does not use it (said in the response)."""
@@ -154,8 +153,8 @@ class Preparer:
         json_text = text_schema(rf.type, rf.json_schema) if rf is not None else None
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self.tools.check_tools(tools)
-        rendered = render_chat(  # custom tools: as functions
-            req.messages, prompt_tools(tools), self.renderer, reasoning_effort=req.reasoning_effort
+        rendered = self.renderer.render(  # custom tools: as functions
+            req.messages, prompt_tools(tools), reasoning_effort=req.reasoning_effort
         )
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         plan = self.tools.plan(req, tools, messages)

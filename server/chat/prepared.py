@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.cache_diag import Prompt
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 from server.constrain.plan import ToolPlan
 from server.constrain.spec import ToolSpec
 from server.engines.base import SamplingParams
@@ -31,7 +31,7 @@ class Prepared:
     plan: ToolPlan | None = None
     tool_spec: ToolSpec | None = None
     # tool_spec compiled (a fresh matcher): handed to the engine by the first generation (``take_constraint``)
-    constraint: TokenConstraint | None = None
+    constraint: TokenMatcher | None = None
     cache_salt: str = ""
     call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
     compare_with: str | None = None  # a response id to diagnose the cache against
@@ -42,7 +42,7 @@ class Prepared:
     retain_s: float = 0.0  # the client's retention hint for the session's KV (seconds; 0: none)
     retention_unused: str | None = None  # why the engine does not use that hint (None: used, or no hint)
 
-    def take_constraint(self) -> TokenConstraint | None:
+    def take_constraint(self) -> TokenMatcher | None:
         """The compiled constraint, once: a matcher is stateful, so a second generation compiles anew."""
         constraint, self.constraint = self.constraint, None
         return constraint

@@ -40,15 +40,12 @@ from server.engines.base import constraint_errors_as_400
 from server.errors import InvalidRequest
 from server.families.envelope import Envelope
 from server.protocol_tool_choice import (
-    TOOL_CHOICE_FORMS,
     AllowedToolRef,
     AllowedToolsChoice,
     NamedToolChoice,
     ToolChoice,
     parse_tool_choice,
 )
-
-FORMS = TOOL_CHOICE_FORMS
 
 
 def _unknown(what: str, value: str, names: tuple[str, ...]) -> InvalidRequest:

@@ -19,8 +19,8 @@ from server.chat.reasoning_reply import with_reasoning
 from server.chat.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.chat.tool_choice import plan_tools
 from server.config import Settings
-from server.constrain.custom_grammar import check_format
-from server.constrain.interface import TokenConstraint
+from server.constrain.custom.grammar import check_format
+from server.constrain.interface import TokenMatcher
 from server.constrain.plan import ToolPlan
 from server.constrain.spec import ToolSpec
 from server.engines.base import Engine
@@ -110,7 +110,7 @@ class ToolSetup:
 
     def build(
         self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int, json_text: dict[str, Any] | None
-    ) -> tuple[ToolSpec | None, TokenConstraint | None]:
+    ) -> tuple[ToolSpec | None, TokenMatcher | None]:
         """The request's ToolSpec and its constraint, compiled once by the engine's builder (400s here).
 
         The engine decodes under that constraint (``GenerationRequest.constraint``): nothing

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from server.chat.call_bodies import BodyParser, ParsedCall, parse_call_body
+from server.chat.call_bodies import BodyParser, ParsedCall
 from server.chat.json_scan import JsonScan
 from server.families.envelope import Envelope
 
@@ -39,7 +39,6 @@ __all__ = [
     "ParsedCall",
     "ParsedOutput",
     "StreamingToolCallParser",
-    "parse_call_body",
     "parse_tool_calls",
 ]
 _DECODER = json.JSONDecoder()

@@ -102,7 +102,7 @@ class Settings(BaseSettings):
     )
     grammar_backend: str = Field(
         "xgrammar",
-        description="Argument constraint backend: one registered in server/constrain/arguments.py "
+        description="Argument constraint backend: one of server/constrain/arguments/backends.py "
         "(checked at start by server.app.check_settings).",
     )
     workers: int = Field(

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 
 
 def write_row(bitmask: Any, index: int, row: np.ndarray) -> None:
@@ -31,6 +31,27 @@ def write_row(bitmask: Any, index: int, row: np.ndarray) -> None:
         bitmask.numpy()[index] = row
     else:  # one host-to-device copy
         bitmask[index].copy_(torch.from_numpy(row))
+
+
+class RowWriter:
+    """``write_row`` for a matcher that fills every step: the numpy view of a CPU bitmask is kept
+    (engines reuse one buffer), so a step costs one row copy."""
+
+    __slots__ = ("_bitmask", "_view")
+
+    def __init__(self) -> None:
+        self._bitmask: Any = None
+        self._view: Any = None
+
+    def write(self, bitmask: Any, index: int, row: np.ndarray) -> None:
+        if bitmask is not self._bitmask:
+            self._bitmask = bitmask
+            cpu = isinstance(bitmask, np.ndarray) or bitmask.device.type == "cpu"
+            self._view = bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy() if cpu else None
+        if self._view is not None:
+            self._view[index] = row
+        else:  # a device bitmask: one host-to-device copy
+            bitmask[index].copy_(torch.from_numpy(row))
 
 
 def pack_ids(ids: Iterable[int], vocab_size: int) -> np.ndarray:
@@ -68,7 +89,7 @@ class MaskApplier:
         return host.pin_memory() if self._pin else host
 
     def fill(
-        self, constraints: Sequence[TokenConstraint | None], pin: bool = False
+        self, constraints: Sequence[TokenMatcher | None], pin: bool = False
     ) -> tuple[torch.Tensor, list[int]]:
         """Fill the rows of the constrained requests; returns (bitmask[:B], constrained row indices)."""
         if pin and not self._pin and self._host:
@@ -102,7 +123,7 @@ class MaskApplier:
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=indices)
         return logits
 
-    def apply(self, logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, constraints: Sequence[TokenMatcher | None]) -> torch.Tensor:
         """Mask ``logits`` in place (disallowed tokens → -inf) and return it."""
         if logits.shape[0] != len(constraints):
             raise ValueError(f"{logits.shape[0]} rows of logits but {len(constraints)} constraints")

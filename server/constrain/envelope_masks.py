@@ -1,6 +1,6 @@
 """What an envelope means for the masks, precomputed once per (vocabulary, envelope).
 
-The phases of ``ToolConstraint`` read everything envelope-specific from here:
+The phases of ``ToolMatcher`` read everything envelope-specific from here:
 
 * **Special tokens** of the envelope (``[TOOL_CALLS]``, ``[ARGS]``) as token ids; each
   must be one token of the vocabulary (else ``ValueError`` naming it).
@@ -14,10 +14,10 @@ The phases of ``ToolConstraint`` read everything envelope-specific from here:
   (Mistral v3's ``[{"name": "``) it gets its own trie.
 * **Name end**: a byte (the first of ``name_close``; the rest, ``close_rest``, opens the
   arguments grammar) or a special token (``term_token``, Mistral's ``[ARGS]``). Mistral
-  v11's ``[CALL_ID]{call_id}[ARGS]``: the name ends with ``[CALL_ID]``, then ``id_gate``
-  (``call_id_gate.py``) masks the id and ``[ARGS]`` before the arguments grammar; a rest
+  v11's ``[CALL_ID]{call_id}[ARGS]``: the name ends with ``[CALL_ID]``, then ``call_id``
+  (``call_id.py``) masks the id and ``[ARGS]`` before the arguments grammar; a rest
   holding special tokens (Harmony's name ends with a space, then ``<|constrain|>json<|message|>``)
-  is forced by ``literal_gate`` (``LiteralGate``) there.
+  is forced by ``literal`` (``LiteralMasks``) there.
 * **Trigger**: ``text`` — a KMP watch for the call tag (``TagWatch``); ``token`` — the
   trigger token id; ``start`` — the reply must begin with the opening to be a call:
   the first token either enters the trie, or is text that *diverges* from the opening
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from server.constrain.call_id_gate import CallIdGate, LiteralGate
+from server.constrain.call_id import CallIdMasks, LiteralMasks
 from server.constrain.row_cache import ROWS, owner_token
 from server.constrain.tag_watch import TagWatch
 from server.constrain.trie import NameTrie, compile_trie
@@ -55,16 +55,16 @@ class EnvelopeMasks:
         else:
             self.term, self.term_token = env.name_close[:1].encode(), None
             self.close_rest = env.name_close[1:]
-        self.id_gate: CallIdGate | None = None  # Mistral v11: [CALL_ID] ID [ARGS] (call_id_gate.py)
+        self.call_id_masks: CallIdMasks | None = None  # Mistral v11: [CALL_ID] ID [ARGS] (call_id.py)
         if "{call_id}" in self.close_rest and env.call_id is not None:
             after = self.close_rest.split("{call_id}")[1]
             after_tok = env.leading_special(after) or ""  # Envelope checks it is there
-            self.id_gate = CallIdGate(vocab, env.call_id, self.special_ids[after_tok])
+            self.call_id_masks = CallIdMasks(vocab, env.call_id, self.special_ids[after_tok])
             self.close_rest = after[len(after_tok) :]
-        self.literal_gate: LiteralGate | None = None  # Harmony: " <|constrain|>json<|message|>"
-        if self.id_gate is None and any(t in self.close_rest for t in env.special_tokens):
+        self.literal_masks: LiteralMasks | None = None  # Harmony: " <|constrain|>json<|message|>"
+        if self.call_id_masks is None and any(t in self.close_rest for t in env.special_tokens):
             ids = list(tokenizer(self.close_rest, add_special_tokens=False)["input_ids"])
-            self.literal_gate = LiteralGate(vocab, ids)
+            self.literal_masks = LiteralMasks(vocab, ids)
             self.close_rest = ""
         next_tok, next_text = env.strip_special(env.next_opening)
         self.next_token = self.special_ids[next_tok] if next_tok else None

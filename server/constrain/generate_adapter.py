@@ -14,13 +14,13 @@ from collections.abc import Sequence
 import torch
 
 from server.constrain.bitmask import MaskApplier
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 
 
 class ConstraintLogitsProcessor:
     """``transformers`` LogitsProcessor: one constraint (or None) per batch row."""
 
-    def __init__(self, constraints: Sequence[TokenConstraint | None], vocab_size: int) -> None:
+    def __init__(self, constraints: Sequence[TokenMatcher | None], vocab_size: int) -> None:
         self.constraints = list(constraints)
         self.applier = MaskApplier(vocab_size)
         self._started = False

@@ -6,7 +6,7 @@ from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
-class TokenConstraint(Protocol):
+class TokenMatcher(Protocol):
     """Per-request decode-time constraint.
 
     The bitmask is xgrammar's format: int32 tensor [batch, ceil(vocab/32)], bit j of word i

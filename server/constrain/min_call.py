@@ -1,6 +1,6 @@
 """The shortest complete call of a tool, in tokens: is there budget left to start another call?
 
-``ToolConstraint`` gets the request's token budget (``max_tokens``) and, after a call,
+``ToolMatcher`` gets the request's token budget (``max_tokens``) and, after a call,
 allows a further (parallel) call only while the remaining budget can hold the shortest
 complete call of an allowed tool. A call that cannot finish would only be cut (and
 reported as ``incomplete_tool_call``), never executed.

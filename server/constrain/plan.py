@@ -19,7 +19,7 @@ MODES: tuple[Mode, ...] = ("none", "auto", "required")
 
 @dataclass(frozen=True)
 class ReasoningPlan:
-    """A reasoning family's reply: reasoning first (``server/constrain/reasoning_gate.py``)."""
+    """A reasoning family's reply: reasoning first (``server/constrain/reasoning_matcher.py``)."""
 
     open: str  # forced at the start of the reply ("<think>\n")
     close: str  # its stripped form ends the reasoning; forced whole when the budget is spent

@@ -4,7 +4,7 @@
 schema the text must follow (``json_object`` → any object; ``json_schema`` → its
 ``schema``), or None for free text; a bad one is a 400 naming the field.
 
-``JsonTextConstraint`` enforces it while decoding, through the same arguments backend as
+``JsonTextMatcher`` enforces it while decoding, through the same arguments backend as
 the tool calls (the schema is compiled with no envelope text around it):
 
 * no call possible (no tools, ``tool_choice: "none"``, a state that allows none): the
@@ -18,9 +18,9 @@ the tool calls (the schema is compiled with no envelope text around it):
   whose calls have no marker (``trigger: start``, Llama 3: a call *is* a JSON object)
   cannot tell a call from JSON text by the first token: that combination is a 400.
 * calls required (``required``, a named tool): the reply is calls only; there is no
-  text for the schema, and the tool constraint runs alone (the builder returns it).
+  text for the schema, and the tool constraint runs alone (the compiler returns it).
 * a reasoning family: the model reasons freely first; all of the above applies to the answer
-  after the reasoning closes (the builder wraps this constraint in the reasoning gate).
+  after the reasoning closes (the compiler wraps this constraint in the reasoning gate).
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import numpy as np
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
-from server.constrain.arguments import ArgumentsBackend, ArgumentsMatcher
+from server.constrain.arguments.seam import ArgumentsBackend, ArgumentsMatcher, CallFrame
 from server.constrain.envelope_masks import EnvelopeMasks
 from server.constrain.errors import ConstraintError
+from server.constrain.tool_matcher import Phase
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 TEXT_TOOL = "response_format"  # the name the backend's compile errors and caches see
@@ -76,7 +77,7 @@ def text_schema(kind: str, json_schema: Any) -> dict[str, Any] | None:
 def compile_text(backend: ArgumentsBackend, schema: dict[str, Any]) -> Any:
     """The schema compiled for the reply's text; a schema the backend cannot enforce is a 400."""
     try:
-        return backend.compile(TEXT_TOOL, schema, "", "")
+        return backend.compile(TEXT_TOOL, schema, CallFrame())
     except ConstraintError as exc:
         raise ConstraintError(
             f"response_format.json_schema.schema cannot be enforced by the {backend.name} backend: "
@@ -85,8 +86,8 @@ def compile_text(backend: ArgumentsBackend, schema: dict[str, Any]) -> Any:
         ) from None
 
 
-class JsonTextConstraint:
-    """A ``TokenConstraint``: the reply is JSON following a schema, or (``inner``) a tool call."""
+class JsonTextMatcher:
+    """A ``TokenMatcher``: the reply is JSON following a schema, or (``inner``) a tool call."""
 
     def __init__(
         self,
@@ -96,8 +97,8 @@ class JsonTextConstraint:
         eos: tuple[int, ...],
         inner: Any = None,
     ) -> None:
-        """``inner``: the request's ``ToolConstraint`` when a call may begin the reply, else None."""
-        self.m, self.eos, self.eos_set = masks, eos, frozenset(eos)
+        """``inner``: the request's ``ToolMatcher`` when a call may begin the reply, else None."""
+        self.masks, self.eos, self.eos_set = masks, eos, frozenset(eos)
         self.matcher: ArgumentsMatcher = backend.matcher(compiled)
         self.inner = inner
         self.q = 0  # the call-tag watch state (text trigger)
@@ -120,7 +121,7 @@ class JsonTextConstraint:
                 self.call_row = trie.mask_row(masks.first_node(trie), inner.subset)
         self.delegate = False  # True once the reply began a call: the tool constraint alone from there
 
-    # --- TokenConstraint ---------------------------------------------------------------------------
+    # --- TokenMatcher ---------------------------------------------------------------------------
     @property
     def budget(self) -> int | None:
         """The call's token budget (a reasoning gate lowers it by what the reasoning wrote)."""
@@ -143,7 +144,7 @@ class JsonTextConstraint:
         if self.delegate:
             self.inner.fill_next_token_bitmask(bitmask, index)
             return
-        m = self.m
+        m = self.masks
         if self.done or self._error is not None:
             _put(bitmask, index, m.eos_row(self.eos))
             return
@@ -170,14 +171,14 @@ class JsonTextConstraint:
                 return self._reject("end of sequence before the JSON reply (response_format) is complete")
             self.done = True
             return True
-        vocab = self.m.vocab
+        vocab = self.masks.vocab
         text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
         if not text or not self.matcher.accept_token(tid):
             return self._reject(
                 f"token {self._what(tid)} does not continue the JSON reply (response_format schema)"
             )
-        if self.m.watch is not None:
-            self.q, off = self.m.watch.step(self.q, tid)
+        if self.masks.watch is not None:
+            self.q, off = self.masks.watch.step(self.q, tid)
             if off >= 0:
                 return self._reject(f"token {self._what(tid)} would open a tool call inside the JSON reply")
         return True
@@ -189,16 +190,15 @@ class JsonTextConstraint:
 
     # --- internals ---------------------------------------------------------------------------------
     def _begin_call(self, tid: int) -> bool:
-        from server.constrain.constraint import Phase
 
-        inner, m = self.inner, self.m
+        inner, m = self.inner, self.masks
         self.delegate = True
         if m.trigger == "text":  # the reply starts at the call tag: walk the first call's trie from there
             inner.phase, inner.node, inner.at_start = Phase.CALL, m.first_node(inner.first_trie), False
         return bool(inner.accept_token(tid))
 
     def _what(self, tid: int) -> str:
-        vocab = self.m.vocab
+        vocab = self.masks.vocab
         return vocab.describe(tid) if 0 <= tid < vocab.vocab_size else f"<out of range id {tid}>"
 
     def _reject(self, message: str) -> bool:
@@ -239,7 +239,7 @@ def _combine(bitmask: Any, index: int, keep: np.ndarray, extra: list[np.ndarray]
     _put(bitmask, index, out)
 
 
-def json_text_constraint(
+def json_text_matcher(
     masks: EnvelopeMasks,
     backend: ArgumentsBackend,
     schema: dict[str, Any],
@@ -247,11 +247,10 @@ def json_text_constraint(
     tools_constraint: Any = None,
 ) -> Any:
     """The request's constraint when its text must follow ``schema`` (see the module docstring)."""
-    from server.constrain.constraint import Phase
 
     compiled = compile_text(backend, schema)
     inner = tools_constraint
     if inner is not None and inner.phase != Phase.TEXT:
         return inner  # calls only (required / named): no text to constrain
     calls_possible = inner is not None and inner.first_trie is not None
-    return JsonTextConstraint(masks, backend, compiled, eos, inner if calls_possible else None)
+    return JsonTextMatcher(masks, backend, compiled, eos, inner if calls_possible else None)

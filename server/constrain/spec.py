@@ -3,7 +3,7 @@
 The chat service plans tools (``plan_tools``) and hands the engine a ``ToolSpec`` — the
 tools, the plan, the envelope name, the arguments backend, the EOS ids and the schema of
 the reply's text (``response_format``) — never a live constraint. Each engine builds the
-constraint where it decodes (``ConstraintBuilder``):
+constraint where it decodes (``Compiler``):
 the hf engine in its own process, the vLLM engine's logits processor in vLLM's engine
 core, from the JSON form carried in ``SamplingParams.extra_args[EXTRA_ARGS_KEY]``.
 
@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.constrain.arguments import backend_names
+from server.constrain.arguments.backends import backend_names
 from server.constrain.plan import ToolPlan
 from server.families.defaults import DEFAULT_ENVELOPE
 from server.families.envelope import load_envelope
@@ -31,7 +31,7 @@ class ToolSpec:
     tools: list[dict[str, Any]]  # OpenAI tool objects, in request order
     plan: ToolPlan
     envelope: str = DEFAULT_ENVELOPE  # a name in grammars/envelopes/ (or a path to a .yaml file)
-    backend: str = "xgrammar"  # an arguments backend registered in server.constrain.arguments
+    backend: str = "xgrammar"  # an arguments backend of server.constrain.arguments.backends
     eos_token_ids: tuple[int, ...] = ()  # () = the model's own (the engine fills them in)
     request_id: str | None = field(default=None, compare=False)  # only to tag log lines
     budget: int | None = None  # max_tokens of the reply: no parallel call is begun that cannot finish

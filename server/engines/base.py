@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import Compiler
 from server.constrain.errors import ConstraintError
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 from server.constrain.spec import ToolSpec
 from server.errors import InvalidRequest
 from server.families.model_facts import ModelFacts
@@ -88,7 +88,7 @@ class GenerationRequest:
     # ``tool_spec`` already compiled by this engine's ``constraints`` (chat compiles it at prepare
     # time, where a bad schema is a 400): the engine uses it and compiles nothing. A fresh,
     # unused matcher, used by one generation only. None: the engine compiles ``tool_spec`` itself.
-    constraint: TokenConstraint | None = None
+    constraint: TokenMatcher | None = None
 
 
 @dataclass
@@ -126,7 +126,7 @@ class Engine(abc.ABC):
     vocab_size: int  # rows of the logits (may exceed len(tokenizer))
     eos_token_ids: tuple[int, ...]  # facts.end_ids: the engine's stop set, the masks' EOS
     block_size: int  # tokens per prefix-cache block (what cached_tokens is a multiple of)
-    constraints: ConstraintBuilder  # builds (and warms) the constraint of a ToolSpec
+    constraints: Compiler  # builds (and warms) the constraint of a ToolSpec
 
     # -- lifecycle -----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -60,7 +60,7 @@ class Envelope:
     special_tokens: tuple[str, ...] = ()
     end_tokens: tuple[str, ...] = ()
     description: str = ""
-    # prompt side, read by server/chat/template.py (Hermes rendering)
+    # prompt side, read by the family renderer (server/families/render.py)
     tool_response_open: str = ""
     tool_response_close: str = ""
     tools_preamble: str = ""

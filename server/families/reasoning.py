@@ -11,7 +11,7 @@ Qwen3 writes ``<think>\\n…\\n</think>\\n\\n`` and then its answer (text or too
       trim: true                 # newlines around the reasoning and before the answer are dropped
                                  # (Qwen3's template); Mistral: false, the text as written
 
-Nothing here names a family: the masks (server/constrain/reasoning_gate.py), the reply
+Nothing here names a family: the masks (server/constrain/reasoning_matcher.py), the reply
 parser (server/chat/reasoning_reply.py) and the history renderer (server/families/render.py)
 read these strings. A family whose reasoning is a channel rather than tags (Harmony's
 analysis channel) or whose tags are special tokens (Mistral's ``[THINK]``) fits the same

@@ -26,7 +26,6 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from server.families.conversation import Msg, check_rules, dump_json, normalise, read_messages
-from server.families.conversation import template_arguments as template_arguments  # re-exported
 from server.families.family import Family, load_family
 from server.families.markers import extract, seg
 from server.families.model_template import REWROTE_HISTORY

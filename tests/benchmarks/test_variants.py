@@ -60,15 +60,14 @@ def test_shuffled_keys_change_the_strings_but_not_the_json(session):
 def test_shuffled_keys_render_as_sent_on_this_server(session):
     """agentserve renders arguments in the client's key order (as the models' own templates
     do): the 'bad' variant is bad here too (the cache report names it)."""
-    from server.chat.template import render_chat
-    from server.families.envelope import load_envelope
+    from server.families.render import renderer_for
     from server.protocol import ChatMessage
 
-    env = load_envelope("hermes")
+    hermes = renderer_for("hermes")
     g = build_requests(session, "good")[12].body
     b = build_requests(session, "shuffled_keys")[12].body
     assert _msgs(type("S", (), {"body": g})) != _msgs(type("S", (), {"body": b}))
-    render = lambda body: render_chat([ChatMessage(**m) for m in body["messages"]], body["tools"], env).text  # noqa: E731
+    render = lambda body: hermes.render([ChatMessage(**m) for m in body["messages"]], body["tools"]).text  # noqa: E731
     assert render(g) != render(b)
 
 

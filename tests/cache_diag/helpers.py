@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from server.cache_diag import CacheState, Prompt, diagnose, fingerprint
-from server.chat.template import render_chat
 from server.families.envelope import load_envelope
+from server.families.render import renderer_for
 from server.protocol import ChatMessage
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -24,11 +24,11 @@ def prompt(
     settings: dict[str, Any] | None = None,
     model: str = "smollm2-135m-instruct",
     rendered_messages: list[dict[str, Any]] | None = None,
-    envelope: Any = ENV,
+    family: str = "hermes",
 ) -> Prompt:
     """``rendered_messages``: what the template renders, when it differs from what the client sent."""
     shown = rendered_messages if rendered_messages is not None else messages
-    rendered = render_chat([ChatMessage.model_validate(m) for m in shown], tools, envelope)
+    rendered = renderer_for(family).render([ChatMessage.model_validate(m) for m in shown], tools)
     enc = tokenizer(rendered.text, add_special_tokens=False, return_offsets_mapping=True)
     ids = array("l", enc["input_ids"])
     offsets = array("l", (s for s, _ in enc["offset_mapping"]))

@@ -18,9 +18,10 @@ import pytest
 from server.cache_diag import CacheState, Prompt, diagnose
 from server.cache_diag.fingerprint import fingerprint
 from server.chat.reply_tokens import decode, keep_reply
+from server.families.conversation import template_arguments
 from server.families.envelope import load_envelope
 from server.families.family import load_family
-from server.families.render import FamilyRenderer, template_arguments
+from server.families.render import FamilyRenderer
 from server.families.tokenizers import build_tokenizer
 from server.protocol import ChatMessage
 

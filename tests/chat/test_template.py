@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from server.chat.template import GENERATION_PROMPT, render_chat
 from server.errors import InvalidRequest
-from server.families.envelope import load_envelope
+from server.families.defaults import DEFAULT_FAMILY
+from server.families.family import load_family
+from server.families.render import renderer_for
 from server.protocol import ChatMessage
 
-ENV = load_envelope("hermes")
+HERMES = renderer_for("hermes")
+GENERATION_PROMPT = load_family(DEFAULT_FAMILY).layout.generation_prompt
 TOOLS = [
     {
         "type": "function",
@@ -59,8 +61,8 @@ def test_the_clients_key_order_is_rendered_as_sent():
             ],
         },
     )
-    a = render_chat(m, TOOLS, ENV)
-    b = render_chat(m2, tools_a, ENV)
+    a = HERMES.render(m, TOOLS)
+    b = HERMES.render(m2, tools_a)
     assert a.text != b.text
     assert '{"name": "shell_exec", "arguments": {"cwd": "/", "cmd": "ls"}}' in a.text
     assert '{"name": "shell_exec", "arguments": {"cmd": "ls", "cwd": "/"}}' in b.text
@@ -68,7 +70,7 @@ def test_the_clients_key_order_is_rendered_as_sent():
 
 
 def test_hermes_layout_and_segments():
-    r = render_chat(
+    r = HERMES.render(
         msgs(
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "go"},
@@ -76,7 +78,6 @@ def test_hermes_layout_and_segments():
             {"role": "tool", "content": "out2"},
         ),
         TOOLS,
-        ENV,
     )
     assert r.text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
     assert "<tools>\n{" in r.text and "</tools>" in r.text
@@ -101,19 +102,19 @@ def test_hermes_layout_and_segments():
 
 def test_appending_messages_only_appends_text():
     base = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"}]
-    a = render_chat(msgs(*base), TOOLS, ENV, add_generation_prompt=False)
-    b = render_chat(
-        msgs(*base, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}), TOOLS, ENV
+    a = HERMES.render(msgs(*base), TOOLS, add_generation_prompt=False)
+    b = HERMES.render(
+        msgs(*base, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}), TOOLS
     )
     assert b.text.startswith(a.text)
 
 
 def test_default_system_message_when_none_given():
-    r = render_chat(msgs({"role": "user", "content": "x"}), None, ENV)
+    r = HERMES.render(msgs({"role": "user", "content": "x"}), None)
     assert r.text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
 
 
 def test_non_text_content_part_is_refused():
     m = msgs({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]})
     with pytest.raises(InvalidRequest, match="image_url"):
-        render_chat(m, None, ENV)
+        HERMES.render(m, None)

@@ -1,4 +1,4 @@
-"""Fixtures for the masking tests: the Hermes envelope, a constraint factory, tool sets."""
+"""Fixtures for the masking tests: the Hermes envelope, a constraint compiler, tool sets."""
 
 from __future__ import annotations
 
@@ -55,11 +55,11 @@ BACKENDS = ("xgrammar", "outlines")  # every arguments backend passes the same m
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
-def factory(request, tokenizer, vocab, hermes):
-    """A Hermes constraint factory on the embedded vocabulary, once per arguments backend."""
-    from server.constrain.constraint import ConstraintFactory
+def compiler(request, tokenizer, vocab, hermes):
+    """A Hermes constraint compiler on the embedded vocabulary, once per arguments backend."""
+    from server.constrain.envelope_compiler import EnvelopeCompiler
 
-    return ConstraintFactory(tokenizer, vocab.vocab_size, hermes, backend=request.param, vocab=vocab)
+    return EnvelopeCompiler(tokenizer, vocab.vocab_size, hermes, backend=request.param, vocab=vocab)
 
 
 # --- the model families' real vocabularies (tests/constrain/vocabs.py) ---------------------------------
@@ -77,7 +77,7 @@ FAMILIES = {
 
 
 class Official:
-    """One real vocabulary: its tokenizer, TokenVocab (built once per session) and factories."""
+    """One real vocabulary: its tokenizer, TokenVocab (built once per session) and compilers."""
 
     def __init__(self, name: str) -> None:
         from server.constrain.vocab import TokenVocab
@@ -89,12 +89,12 @@ class Official:
         self.vocab = TokenVocab.from_tokenizer(self.tokenizer, LOGITS_WIDTH[name])
         self._factories: dict[str, object] = {}
 
-    def factory(self, envelope: str):
-        from server.constrain.constraint import ConstraintFactory
+    def compiler(self, envelope: str):
+        from server.constrain.envelope_compiler import EnvelopeCompiler
         from server.families.envelope import load_envelope
 
         if envelope not in self._factories:
-            self._factories[envelope] = ConstraintFactory(
+            self._factories[envelope] = EnvelopeCompiler(
                 self.tokenizer, self.vocab.vocab_size, load_envelope(envelope), vocab=self.vocab
             )
         return self._factories[envelope]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .test_constraint import feed, plan
+from .test_tool_matcher import feed, plan
 
 TOOLS = [
     {"type": "function", "function": {"name": "shell_exec", "parameters": {
@@ -24,9 +24,9 @@ TOOLS = [
         ('"\\u00e4"', False),
     ],
 )
-def test_string_escapes_are_those_of_json_dumps(factory, tokenizer, hermes, value, ok) -> None:
+def test_string_escapes_are_those_of_json_dumps(compiler, tokenizer, hermes, value, ok) -> None:
     p = plan(TOOLS, "required", hermes)
-    constraint = factory.build(TOOLS, p, [tokenizer.eos_token_id])
+    constraint = compiler.build(TOOLS, p, [tokenizer.eos_token_id])
     text = hermes.render_calls([("shell_exec", '{"cmd": ' + value + "}", "")])
     assert text.startswith(p.prefill)
     assert feed(constraint, tokenizer, text[len(p.prefill) :]) == ok
@@ -45,11 +45,11 @@ NUMBER_TOOLS = [
      # forms the history writes differently (json.dumps(json.loads(v)) != v)
      "1.50", "1e5", "1E+2", "2.0e-3", "-0", "0.10", "1.00"],
 )  # fmt: skip
-def test_numbers_are_written_as_the_history_renders_them(factory, tokenizer, hermes, value) -> None:
+def test_numbers_are_written_as_the_history_renders_them(compiler, tokenizer, hermes, value) -> None:
     """Every family's history parses the arguments and writes them back as json.dumps does: the
     masks allow a number only in that form, so the model's bytes are the next prompt's."""
     p = plan(NUMBER_TOOLS, "required", hermes)
-    constraint = factory.build(NUMBER_TOOLS, p, [tokenizer.eos_token_id])
+    constraint = compiler.build(NUMBER_TOOLS, p, [tokenizer.eos_token_id])
     text = hermes.render_calls([("set_value", '{"v": ' + value + "}", "")])
     round_trips = json.dumps(json.loads(value)) == value
     assert feed(constraint, tokenizer, text[len(p.prefill) :]) == round_trips
@@ -62,7 +62,7 @@ def test_qwen3_coder_numbers_are_written_as_the_history_renders_them(value) -> N
     """Qwen3-Coder's <parameter=K> values: the history writes ``str`` of the parsed value."""
     import re
 
-    from server.constrain.xml_grammar import INT_RE, NUM_RE
+    from server.constrain.arguments.xml import INT_RE, NUM_RE
 
     parsed = json.loads(value)
     assert bool(re.fullmatch(NUM_RE, value)) == (str(parsed) == value)

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from server.chat.tool_choice import plan_tools
 from server.chat.toolcalls import StreamingToolCallParser
-from server.constrain.constraint import ConstraintFactory
-from server.constrain.custom_grammar import ESCAPES, XML_END, CustomMatcher, check_format
+from server.constrain.custom.encoding import ESCAPES, XML_END
+from server.constrain.custom.grammar import check_format
+from server.constrain.custom.matcher import CustomMatcher
+from server.constrain.envelope_compiler import EnvelopeCompiler
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
 from server.custom_tools import custom_input, normalize_request
@@ -61,8 +63,8 @@ def custom_tool(name: str) -> dict:
 
 
 @pytest.fixture(scope="module", params=["hermes", "qwen3_coder"])
-def factory(request, tokenizer):
-    return ConstraintFactory(tokenizer, len(tokenizer), load_envelope(request.param))
+def compiler(request, tokenizer):
+    return EnvelopeCompiler(tokenizer, len(tokenizer), load_envelope(request.param))
 
 
 def encode(text: str, envelope: str) -> str:
@@ -72,15 +74,15 @@ def encode(text: str, envelope: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:]
 
 
-def decode_call(factory, name: str, seed: int, random_steps: int) -> tuple[str, bool]:
+def decode_call(compiler, name: str, seed: int, random_steps: int) -> tuple[str, bool]:
     """Random logits under the mask for ``random_steps`` tokens, then the first ending the matcher
     takes (written as single-byte tokens, each checked against the mask). Returns (text, finished)."""
     tools = [custom_tool(name)]
     plan = plan_tools(
-        tools, {"type": "function", "function": {"name": name}}, [], False, None, factory.envelope
+        tools, {"type": "function", "function": {"name": name}}, [], False, None, compiler.envelope
     )
-    c = factory.build(tools, plan, (EOS,))
-    vocab: TokenVocab = factory.vocab
+    c = compiler.build(tools, plan, (EOS,))
+    vocab: TokenVocab = compiler.vocab
     bitmask = np.zeros((1, vocab.words), dtype=np.int32)
     gen = torch.Generator().manual_seed(seed)
     out: list[int] = []
@@ -93,7 +95,7 @@ def decode_call(factory, name: str, seed: int, random_steps: int) -> tuple[str, 
         assert allowed, f"the mask allowed nothing after {vocab.token_bytes[out[-1]] if out else b''!r}"
         m = c.matcher
         if step >= random_steps and isinstance(m, CustomMatcher) and m.phase == 1:
-            if _finish(c, m, name, factory.envelope.name, bitmask, single, out):
+            if _finish(c, m, name, compiler.envelope.name, bitmask, single, out):
                 continue
         logits = torch.randn(vocab.vocab_size, generator=gen)
         ids = np.fromiter(allowed, dtype=np.int64)
@@ -125,8 +127,8 @@ def _finish(c, m, name, envelope, bitmask, single, out) -> bool:
     return False
 
 
-def recovered(factory, name: str, text: str) -> str:
-    parser = StreamingToolCallParser(factory.envelope, [custom_tool(name)])
+def recovered(compiler, name: str, text: str) -> str:
+    parser = StreamingToolCallParser(compiler.envelope, [custom_tool(name)])
     parser.feed(text)
     parser.finish()
     calls = parser.result().tool_calls
@@ -139,42 +141,42 @@ def recovered(factory, name: str, text: str) -> str:
 @pytest.mark.parametrize("name", list(GRAMMARS))
 @settings(max_examples=12, **SETTINGS)
 @given(seed=st.integers(0, 2**31 - 1), steps=st.integers(0, 60))
-def test_random_logits_give_inputs_the_grammar_accepts(factory, name, seed, steps):
-    text, finished = decode_call(factory, name, seed, steps)
+def test_random_logits_give_inputs_the_grammar_accepts(compiler, name, seed, steps):
+    text, finished = decode_call(compiler, name, seed, steps)
     if not finished:  # no listed ending fitted where the random walk stopped: nothing to check
         return
-    value = recovered(factory, name, text)
+    value = recovered(compiler, name, text)
     assert GRAMMARS[name][2](value), (value, text)
     # exact recovery: writing the input back in the envelope's encoding gives the model's text
-    assert encode(value, factory.envelope.name) in text
+    assert encode(value, compiler.envelope.name) in text
 
 
 @pytest.mark.parametrize("name", list(GRAMMARS))
-def test_most_random_walks_finish(factory, name):
+def test_most_random_walks_finish(compiler, name):
     """The property above is not vacuous: most random starts end in a complete, valid call."""
     done = 0
     for seed in range(6):
-        text, finished = decode_call(factory, name, seed, 30)
+        text, finished = decode_call(compiler, name, seed, 30)
         if finished:
-            assert GRAMMARS[name][2](recovered(factory, name, text))
+            assert GRAMMARS[name][2](recovered(compiler, name, text))
             done += 1
     assert done >= 4
 
 
 @settings(max_examples=60, **SETTINGS)
 @given(value=st.text(alphabet=st.sampled_from(list('abc"\\\n é\t€')), min_size=1, max_size=12))
-def test_any_input_of_the_grammar_is_writable_and_round_trips(factory, value):
+def test_any_input_of_the_grammar_is_writable_and_round_trips(compiler, value):
     """Every input the grammar allows (quotes, backslashes, newlines, non-ASCII) can be written byte by
     byte under the mask, and the parser gives it back unchanged."""
     tools = [custom_tool("tricky")]
-    plan = plan_tools(tools, "required", [], False, None, factory.envelope)
-    c = factory.build(tools, plan, (EOS,))
-    vocab = factory.vocab
-    body = {"hermes": '", "arguments": ', "qwen3_coder": ">\n"}[factory.envelope.name]
+    plan = plan_tools(tools, "required", [], False, None, compiler.envelope)
+    c = compiler.build(tools, plan, (EOS,))
+    vocab = compiler.vocab
+    body = {"hermes": '", "arguments": ', "qwen3_coder": ">\n"}[compiler.envelope.name]
     head = plan.prefill.split("tricky", 1)[1] if "tricky" in plan.prefill else None
     rest = ("tricky" if head is None else "") + body
-    rest += {"hermes": '{"input": "', "qwen3_coder": "<parameter=input>\n"}[factory.envelope.name]
-    tail = encode(value, factory.envelope.name) + c.compiled[0].after[0].decode()
+    rest += {"hermes": '{"input": "', "qwen3_coder": "<parameter=input>\n"}[compiler.envelope.name]
+    tail = encode(value, compiler.envelope.name) + c.compiled[0].after[0].decode()
     bitmask = np.zeros((1, vocab.words), dtype=np.int32)
     written = (rest + tail).encode()
     for i, b in enumerate(written):
@@ -183,7 +185,7 @@ def test_any_input_of_the_grammar_is_writable_and_round_trips(factory, value):
         assert (int(bitmask[0][tid >> 5]) >> (tid & 31)) & 1, (value, written[: i + 1])
         assert c.accept_token(tid), c.error
     assert c.is_terminated() or c.phase.name == "AFTER"
-    assert recovered(factory, "tricky", plan.prefill + rest + tail) == value
+    assert recovered(compiler, "tricky", plan.prefill + rest + tail) == value
 
 
 def test_json_escapes_are_the_canonical_ones():
@@ -206,17 +208,17 @@ def test_bad_grammars_are_400s_with_the_compilers_message(fmt, needle):
 
 def test_the_spec_json_carries_a_custom_tool_to_a_fresh_builder(tokenizer):
     """vLLM's processor builds from the spec's JSON form in its engine core: the format travels."""
-    from server.constrain.builder import ConstraintBuilder
+    from server.constrain.compiler import Compiler
     from server.constrain.spec import ToolSpec
 
     tools = [custom_tool("tricky")]
     plan = plan_tools(tools, "required", [], False, None, load_envelope("hermes"))
     wire = json.loads(json.dumps(ToolSpec(tools, plan, eos_token_ids=(EOS,)).to_json()))
-    c = ConstraintBuilder(tokenizer, len(tokenizer)).build(ToolSpec.from_json(wire))
+    c = Compiler(tokenizer, len(tokenizer)).build(ToolSpec.from_json(wire))
     assert c is not None
     c.accept_token(tokenizer.convert_tokens_to_ids('"'))  # name close begins
     for b in ', "arguments": {"input": "a\\n€"}}\n</tool_call>'.encode():
-        tid = c.f.vocab.by_bytes[bytes([b])][0]
+        tid = c.masks.vocab.by_bytes[bytes([b])][0]
         assert c.accept_token(tid), c.error
     assert c.is_terminated()
 

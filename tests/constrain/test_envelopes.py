@@ -78,7 +78,7 @@ def test_unknown_fields_and_names_are_named(tmp_path):
 
 def test_an_envelope_needs_its_special_tokens(tokenizer):
     """SmolLM2 has no [TOOL_CALLS]: a Mistral envelope on it is refused with the reason."""
-    from server.constrain.constraint import ConstraintFactory
+    from server.constrain.envelope_compiler import EnvelopeCompiler
 
     with pytest.raises(ValueError, match=r"\[TOOL_CALLS\]"):
-        ConstraintFactory(tokenizer, len(tokenizer), load_envelope("mistral_name_args"))
+        EnvelopeCompiler(tokenizer, len(tokenizer), load_envelope("mistral_name_args"))

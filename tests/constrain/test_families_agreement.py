@@ -110,12 +110,12 @@ def test_history_call_equals_what_the_masks_write(official, ref, case):
     assert [(c.name, c.arguments, c.id) for c in parsed] == want
 
     off = official(vocab_name)
-    factory = off.factory(env_name)
+    compiler = off.compiler(env_name)
     eos = off.eos(env_name)
     bitmask = xgr.allocate_token_bitmask(1, off.vocab.vocab_size)
     for mode in ("auto", "required"):
         plan = plan_tools(TOOLS, mode, [], True, None, env)
-        constraint = factory.build(TOOLS, plan, eos)
+        constraint = compiler.build(TOOLS, plan, eos)
         text = reply if mode == "auto" else reply[len(content) :].lstrip("\n")
         assert text.startswith(plan.prefill)
         for tid in after_prefill(off.tokenizer, text, plan.prefill):
@@ -154,7 +154,7 @@ def test_masks_write_strings_as_the_history_renders_them(official, ref, string):
     off = official(vocab_name)
     tools = TOOLS[:1]
     plan = plan_tools(tools, "required", [], True, None, env)
-    constraint = off.factory(env_name).build(tools, plan, off.eos(env_name))
+    constraint = off.compiler(env_name).build(tools, plan, off.eos(env_name))
     text = env.render_calls([("shell_exec", '{"cmd": ' + value + "}", IDS[0])])
     accepted = all(constraint.accept_token(tid) for tid in after_prefill(off.tokenizer, text, plan.prefill))
     assert accepted == ok, (text, constraint.error)

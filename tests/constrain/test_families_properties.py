@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from server.chat.tool_choice import plan_tools
 from server.chat.toolcalls import parse_tool_calls
-from server.constrain.arguments import tool_schema
-from server.constrain.constraint import Phase
+from server.constrain.arguments.seam import tool_schema
+from server.constrain.tool_matcher import Phase
 from server.families.envelope import load_envelope
 
 from .conftest import FAMILIES, load_tools
@@ -124,10 +124,10 @@ class Biased:
 
 def run_case(off, env_name, form, subset, parallel, seed, eager):
     env = load_envelope(env_name)
-    factory = off.factory(env_name)
+    compiler = off.compiler(env_name)
     eos = off.eos(env_name)
     plan = plan_tools(TOOLS, choice_for(form, subset), [], parallel, None, env)
-    constraint = factory.build(TOOLS, plan, eos)
+    constraint = compiler.build(TOOLS, plan, eos)
     steer = Biased(off, env, eos, seed, eager)
     ids, finished = greedy(constraint, off.vocab.vocab_size, STEPS, steer, eos)
     text = plan.prefill + off.tokenizer.decode([i for i in ids if i not in eos], skip_special_tokens=False)

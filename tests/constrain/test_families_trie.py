@@ -63,7 +63,7 @@ def test_trie_matches_a_scan_of_the_whole_vocabulary(official, envelope):
     off = official(FAMILIES[envelope][0])
     scan = scan_for(off)
     assert off.vocab.token_bytes[: len(scan.tokens)] == scan.tokens  # two independent decodings agree
-    masks = off.factory(envelope).masks
+    masks = off.compiler(envelope).masks
     names = TRICKY_NAMES
     tries = [masks.next_trie(names)] + ([] if masks.shared_trie else [masks.first_trie(names)])
     rng = random.Random(len(envelope))
@@ -91,7 +91,7 @@ def test_trie_matches_a_scan_of_the_whole_vocabulary(official, envelope):
 @pytest.mark.parametrize("envelope", list(FAMILIES))
 def test_special_tokens_of_the_envelope_are_single_tokens(official, envelope):
     off = official(FAMILIES[envelope][0])
-    masks = off.factory(envelope).masks
+    masks = off.compiler(envelope).masks
     for token, tid in masks.special_ids.items():
         assert off.tokenizer.encode(token, add_special_tokens=False) == [tid]
         assert off.vocab.token_bytes[tid] == b""  # opaque: never part of text, names or arguments

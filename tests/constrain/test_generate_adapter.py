@@ -14,18 +14,18 @@ from tests.constrain.decode import EOS
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def build(factory, tools, hermes, choice):
-    return factory.build(tools, plan_tools(tools, choice, [], False, None, hermes), EOS)
+def build(compiler, tools, hermes, choice):
+    return compiler.build(tools, plan_tools(tools, choice, [], False, None, hermes), EOS)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_batch_masks_only_constrained_rows(factory, tokenizer, swe_tools, hermes, device):
+def test_batch_masks_only_constrained_rows(compiler, tokenizer, swe_tools, hermes, device):
     v = len(tokenizer)
     constraints = [
-        build(factory, swe_tools, hermes, "required"),
+        build(compiler, swe_tools, hermes, "required"),
         None,
-        build(factory, swe_tools, hermes, {"type": "function", "function": {"name": "bash"}}),
-        build(factory, swe_tools, hermes, "none"),
+        build(compiler, swe_tools, hermes, {"type": "function", "function": {"name": "bash"}}),
+        build(compiler, swe_tools, hermes, "none"),
     ]
     logits = torch.randn(4, v, device=device)
     before = logits.clone()
@@ -41,8 +41,8 @@ def test_batch_masks_only_constrained_rows(factory, tokenizer, swe_tools, hermes
     assert torch.isfinite(logits[0]).sum() < 200 and torch.isfinite(logits[3]).sum() > 40000
 
 
-def test_transformers_style_processor_feeds_back_sampled_tokens(factory, tokenizer, swe_tools, hermes):
-    c = build(factory, swe_tools, hermes, {"type": "function", "function": {"name": "bash"}})
+def test_transformers_style_processor_feeds_back_sampled_tokens(compiler, tokenizer, swe_tools, hermes):
+    c = build(compiler, swe_tools, hermes, {"type": "function", "function": {"name": "bash"}})
     proc = ConstraintLogitsProcessor([c], len(tokenizer))
     ids = torch.tensor([[1, 2, 3]])
     for tok in tokenizer.encode('", "arguments": {"command": "ls"}}\n</tool_call>'):

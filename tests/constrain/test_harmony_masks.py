@@ -18,7 +18,7 @@ import pytest
 
 from server.chat.reasoning_reply import ReasoningSplitter
 from server.chat.toolcalls import parse_tool_calls
-from server.constrain.constraint import ConstraintFactory
+from server.constrain.envelope_compiler import EnvelopeCompiler
 from server.constrain.plan import ReasoningPlan, ToolPlan
 from server.families.envelope import load_envelope
 from server.families.family import load_family
@@ -46,26 +46,26 @@ CALL = "<|channel|>commentary to=functions."
 @pytest.fixture(scope="module")
 def harmony():
     tok = family_test_tokenizer("harmony")
-    return tok, ConstraintFactory(tok, len(tok), ENV)
+    return tok, EnvelopeCompiler(tok, len(tok), ENV)
 
 
 def _walk(harmony, mode: str, allowed: tuple[str, ...], prefill: str, seed: int, budget: int = 4) -> str:
-    tok, factory = harmony
+    tok, compiler = harmony
     assert R is not None
     plan = ToolPlan(
         mode, allowed, False, prefill, None, ReasoningPlan(R.open, R.close, budget, answer_open=R.answer_open)
     )  # type: ignore[arg-type]
     eos = tuple(tok.convert_tokens_to_ids(t) for t in ENV.end_tokens)
-    return _run(harmony, factory.build(TOOLS, plan, eos), eos, seed)
+    return _run(harmony, compiler.build(TOOLS, plan, eos), eos, seed)
 
 
 def _run(harmony, c, eos: tuple[int, ...], seed: int) -> str:
     """A seeded random walk through constraint ``c``'s masks: the text written (end token left out)."""
-    tok, factory = harmony
+    tok, compiler = harmony
     rng = np.random.default_rng(seed)
     out: list[int] = []
     for _ in range(80):
-        bm = np.zeros((1, factory.vocab.words), dtype=np.int32)
+        bm = np.zeros((1, compiler.vocab.words), dtype=np.int32)
         c.fill_next_token_bitmask(bm, 0)
         allowed_ids = np.flatnonzero(np.unpackbits(bm[0].view(np.uint8), bitorder="little")[: len(tok)])
         t = int(rng.choice(allowed_ids))
@@ -134,16 +134,16 @@ ANSWER = {
 def test_response_format_is_the_final_channel_after_the_analysis(harmony, seed: int) -> None:
     """response_format with Harmony: the analysis, the final channel's header, then JSON following
     the schema (the gate keeps the JSON constraint after the header; it once dropped it)."""
-    from server.constrain.builder import ConstraintBuilder
+    from server.constrain.compiler import Compiler
     from server.constrain.spec import ToolSpec
 
-    tok, factory = harmony
+    tok, compiler = harmony
     assert R is not None
-    builder = ConstraintBuilder(tok, len(tok))
-    builder._vocab = factory.vocab  # the session's vocabulary (built once)
+    whole = Compiler(tok, len(tok))
+    whole._vocab = compiler.vocab  # the session's vocabulary (built once)
     eos = tuple(tok.convert_tokens_to_ids(t) for t in ENV.end_tokens)
     plan = ToolPlan("auto", (), False, "", None, ReasoningPlan(R.open, R.close, 4, answer_open=R.answer_open))  # type: ignore[arg-type]
-    c = builder.build(ToolSpec([], plan, "harmony", eos_token_ids=eos, text_schema=ANSWER))
+    c = whole.build(ToolSpec([], plan, "harmony", eos_token_ids=eos, text_schema=ANSWER))
     text = _run(harmony, c, eos, seed)
     assert R.close + FINAL in text, text
     thought, parsed = _parse(text)

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.chat.tool_choice import plan_tools
-from server.constrain.arguments import tool_schema
-from server.constrain.constraint import Phase
+from server.constrain.arguments.seam import tool_schema
+from server.constrain.tool_matcher import Phase
 
 from .conftest import load_tools
 from .decode import EOS, greedy, parse_calls, strip_eos
@@ -65,9 +65,9 @@ def choice_for(form: str, subset: list[str]):
     return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": entries}}
 
 
-def run_case(factory, tokenizer, hermes, form, subset, parallel, seed, eager):
+def run_case(compiler, tokenizer, hermes, form, subset, parallel, seed, eager):
     plan = plan_tools(TOOLS, choice_for(form, subset), [], parallel, None, hermes)
-    constraint = factory.build(TOOLS, plan, EOS)
+    constraint = compiler.build(TOOLS, plan, EOS)
     ids, finished = greedy(constraint, len(tokenizer), STEPS, Biased(tokenizer, seed, eager))
     return plan, constraint, plan.prefill + strip_eos(tokenizer, ids), finished
 
@@ -105,30 +105,30 @@ def check(plan, constraint, text: str, finished: bool) -> None:
     eager=st.booleans(),
 )
 def test_random_logits_always_give_valid_output(
-    factory, tokenizer, hermes, form, subset, parallel, seed, eager
+    compiler, tokenizer, hermes, form, subset, parallel, seed, eager
 ):
     plan, constraint, text, finished = run_case(
-        factory, tokenizer, hermes, form, subset, parallel, seed, eager
+        compiler, tokenizer, hermes, form, subset, parallel, seed, eager
     )
     check(plan, constraint, text, finished)
 
 
-def test_most_runs_finish_within_the_budget(factory, tokenizer, hermes):
+def test_most_runs_finish_within_the_budget(compiler, tokenizer, hermes):
     done = 0
     for seed in range(24):
         form = FORMS[2 + seed % 4]  # the forms that must or may call a tool
         plan, constraint, text, finished = run_case(
-            factory, tokenizer, hermes, form, [NAMES[seed % len(NAMES)]], False, seed, True
+            compiler, tokenizer, hermes, form, [NAMES[seed % len(NAMES)]], False, seed, True
         )
         check(plan, constraint, text, finished)
         done += finished and bool(constraint.calls)
     assert done >= 18, f"only {done}/24 runs wrote a complete call"
 
 
-def test_mode_none_resists_a_model_that_wants_to_call(factory, tokenizer, hermes):
+def test_mode_none_resists_a_model_that_wants_to_call(compiler, tokenizer, hermes):
     for seed in range(6):
         plan, constraint, text, _ = run_case(
-            factory, tokenizer, hermes, "none", [NAMES[0]], False, seed, True
+            compiler, tokenizer, hermes, "none", [NAMES[0]], False, seed, True
         )
         assert "<tool_call" in text and "<tool_call>" not in text  # it tried; the '>' was masked
 
@@ -149,23 +149,23 @@ def name_bias(tokenizer, hermes, plan, name: str):
 
 
 @pytest.mark.parametrize("tools_file", ["swe_agent_tools.json", "prefixed_agent_tools.json"])
-def test_every_tool_is_reachable(factory, tokenizer, hermes, tools_file):
+def test_every_tool_is_reachable(compiler, tokenizer, hermes, tools_file):
     tools = load_tools(tools_file)
     plan = plan_tools(tools, "required", [], False, None, hermes)
     for tool in tools:
         name = tool["function"]["name"]
-        constraint = factory.build(tools, plan, EOS)
+        constraint = compiler.build(tools, plan, EOS)
         greedy(constraint, len(tokenizer), 12, name_bias(tokenizer, hermes, plan, name))
         assert constraint.phase == Phase.ARGS and constraint.trie.names[constraint.tool] == name
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(subset=st.lists(st.sampled_from(NAMES), min_size=1, max_size=8, unique=True), data=st.data())
-def test_every_tool_of_a_subset_is_reachable(factory, tokenizer, hermes, subset, data):
+def test_every_tool_of_a_subset_is_reachable(compiler, tokenizer, hermes, subset, data):
     form = data.draw(st.sampled_from(["subset_required", "subset_auto"]))
     plan = plan_tools(TOOLS, choice_for(form, subset), [], False, None, hermes)
     name = data.draw(st.sampled_from(subset))
-    constraint = factory.build(TOOLS, plan, EOS)
+    constraint = compiler.build(TOOLS, plan, EOS)
     if form == "subset_auto":  # the call starts from text: write the tag first
         assert all(constraint.accept_token(t) for t in tokenizer.encode("<tool_call>\n"))
         plan = type(plan)(plan.mode, plan.allowed, plan.parallel, "<tool_call>\n")

@@ -10,9 +10,9 @@ import pytest
 import xgrammar as xgr
 
 from server.chat.tool_choice import ToolPlan, plan_tools
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import Compiler
 from server.constrain.errors import ConstraintError
-from server.constrain.response_format import JsonTextConstraint, json_text_constraint, text_schema
+from server.constrain.response_format import JsonTextMatcher, json_text_matcher, text_schema
 from server.constrain.spec import ToolSpec
 from server.constrain.vocab import TokenVocab
 
@@ -74,9 +74,9 @@ def random_walk(constraint, vocab_size: int, rng: random.Random, steps: int = 20
     return out
 
 
-def json_only(factory, schema, tools=None, choice=None, hermes=None):
-    tools_c = factory.build(tools, plan(tools, choice, hermes), EOS) if tools else None
-    return json_text_constraint(factory.masks, factory.backend, schema, EOS, tools_c)
+def json_only(compiler, schema, tools=None, choice=None, hermes=None):
+    tools_c = compiler.build(tools, plan(tools, choice, hermes), EOS) if tools else None
+    return json_text_matcher(compiler.masks, compiler.backend, schema, EOS, tools_c)
 
 
 def test_text_schema_forms():
@@ -99,19 +99,19 @@ def test_text_schema_forms():
         assert err.value.param == param
 
 
-def test_twenty_random_json_replies_validate(factory, tokenizer, hermes):
+def test_twenty_random_json_replies_validate(compiler, tokenizer, hermes):
     """Uniformly random tokens among the allowed ones: every reply is JSON that follows the schema."""
     vocab_size = len(tokenizer)
     for seed in range(20):
-        c = json_only(factory, PERSON, hermes=hermes)
+        c = json_only(compiler, PERSON, hermes=hermes)
         ids = random_walk(c, vocab_size, random.Random(seed))
         assert c.is_terminated() and c.error is None
         jsonschema.validate(json.loads(tokenizer.decode(ids)), PERSON)
 
 
 @pytest.mark.slow  # heavy for the main suite's ~10 min (CI runs it in the slow step)
-def test_json_object_any_object(factory, tokenizer, hermes):
-    c = json_only(factory, {"type": "object"}, hermes=hermes)
+def test_json_object_any_object(compiler, tokenizer, hermes):
+    c = json_only(compiler, {"type": "object"}, hermes=hermes)
     first = allowed(c, len(tokenizer))
     assert all(tokenizer.decode([t]).startswith("{") for t in first)  # no text, no EOS before the JSON
     text = '{"a": [1, {"b": null}], "c": "x"}'
@@ -121,28 +121,28 @@ def test_json_object_any_object(factory, tokenizer, hermes):
     assert c.accept_token(EOS[0]) and c.is_terminated()
 
 
-def test_eos_before_the_json_is_complete_is_rejected(factory, tokenizer, hermes):
-    c = json_only(factory, PERSON, hermes=hermes)
+def test_eos_before_the_json_is_complete_is_rejected(compiler, tokenizer, hermes):
+    c = json_only(compiler, PERSON, hermes=hermes)
     for tid in tokenizer.encode('{"name": "ab"'):
         assert c.accept_token(tid), c.error
     assert EOS[0] not in allowed(c, len(tokenizer))
     assert not c.accept_token(EOS[0]) and "before the JSON reply" in c.error
 
 
-def test_call_tag_is_banned_inside_json_strings(factory, tokenizer, swe_tools, hermes):
+def test_call_tag_is_banned_inside_json_strings(compiler, tokenizer, swe_tools, hermes):
     schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
     for tools, choice in [(None, None), (swe_tools, "none")]:
-        c = json_only(factory, schema, tools, choice, hermes)
-        assert isinstance(c, JsonTextConstraint) and c.call_row is None
+        c = json_only(compiler, schema, tools, choice, hermes)
+        assert isinstance(c, JsonTextMatcher) and c.call_row is None
         for tid in tokenizer.encode('{"s": "<tool_call'):
             assert c.accept_token(tid), c.error
         closing = [t for t in allowed(c, len(tokenizer)) if tokenizer.decode([t]).startswith(">")]
         assert not closing  # '>' would complete <tool_call> inside the string
 
 
-def test_auto_first_token_chooses_call_or_json(factory, tokenizer, swe_tools, hermes):
+def test_auto_first_token_chooses_call_or_json(compiler, tokenizer, swe_tools, hermes):
     vocab_size = len(tokenizer)
-    c = json_only(factory, PERSON, swe_tools, "auto", hermes)
+    c = json_only(compiler, PERSON, swe_tools, "auto", hermes)
     first = {tokenizer.decode([t]) for t in allowed(c, vocab_size)}
     assert "{" in first or '{"' in first
     assert any(t.startswith("<") for t in first)  # the call tag
@@ -151,20 +151,20 @@ def test_auto_first_token_chooses_call_or_json(factory, tokenizer, swe_tools, he
         assert c.accept_token(tid), c.error
     assert c.delegate and c.is_terminated()
     assert parse_calls(call)[0]["name"] == "bash"
-    c = json_only(factory, PERSON, swe_tools, "auto", hermes)
+    c = json_only(compiler, PERSON, swe_tools, "auto", hermes)
     for tid in tokenizer.encode('{"name": "x", "age": 3, "role": "user"}'):
         assert c.accept_token(tid), c.error
     assert not c.delegate and set(allowed(c, vocab_size)) == set(EOS)
 
 
-def test_required_calls_ignore_the_text_schema(factory, swe_tools, hermes):
-    inner = factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
-    assert json_text_constraint(factory.masks, factory.backend, PERSON, EOS, inner) is inner
+def test_required_calls_ignore_the_text_schema(compiler, swe_tools, hermes):
+    inner = compiler.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
+    assert json_text_matcher(compiler.masks, compiler.backend, PERSON, EOS, inner) is inner
 
 
-def test_unenforceable_schema_is_a_400(factory):
+def test_unenforceable_schema_is_a_400(compiler):
     with pytest.raises(ConstraintError) as err:
-        json_text_constraint(factory.masks, factory.backend, {"type": "object", "$ref": "#/nope"}, EOS)
+        json_text_matcher(compiler.masks, compiler.backend, {"type": "object", "$ref": "#/nope"}, EOS)
     assert err.value.param == "response_format.json_schema.schema"
 
 
@@ -174,16 +174,16 @@ def test_spec_carries_the_text_schema(tokenizer, hermes):
     assert again == spec and again.text_schema == PERSON
     with pytest.raises(ValueError, match="text_schema must be a JSON schema object"):
         ToolSpec.from_json({**spec.to_json(), "text_schema": "x"})
-    built = ConstraintBuilder(tokenizer, len(tokenizer), EOS).build(again)
-    assert isinstance(built, JsonTextConstraint)
+    built = Compiler(tokenizer, len(tokenizer), EOS).build(again)
+    assert isinstance(built, JsonTextMatcher)
 
 
-def test_strict_tool_arguments_follow_the_schema_exactly(factory, tokenizer, hermes):
+def test_strict_tool_arguments_follow_the_schema_exactly(compiler, tokenizer, hermes):
     """strict: true — every sampled call has exactly the schema's keys, typed and bounded."""
     tools = [STRICT_TOOL]
     schema = STRICT_TOOL["function"]["parameters"]
     for seed in range(10):
-        c = factory.build(tools, plan(tools, "required", hermes), EOS)
+        c = compiler.build(tools, plan(tools, "required", hermes), EOS)
         p = plan(tools, "required", hermes)
         ids = random_walk(c, len(tokenizer), random.Random(seed))
         (call,) = parse_calls(p.prefill + tokenizer.decode(ids))
@@ -192,14 +192,14 @@ def test_strict_tool_arguments_follow_the_schema_exactly(factory, tokenizer, her
         assert set(call["arguments"]) == {"id", "mode", "note"}
 
 
-def test_tools_without_additional_properties_get_no_extra_keys(factory, tokenizer, hermes):
+def test_tools_without_additional_properties_get_no_extra_keys(compiler, tokenizer, hermes):
     """Without strict (no additionalProperties): still only the schema's properties are written."""
     fn = {**STRICT_TOOL["function"], "strict": False}
     fn["parameters"] = {k: v for k, v in fn["parameters"].items() if k != "additionalProperties"}
     fn["parameters"]["required"] = ["id"]
     tools = [{"type": "function", "function": fn}]
     for seed in range(10):
-        c = factory.build(tools, plan(tools, "required", hermes), EOS)
+        c = compiler.build(tools, plan(tools, "required", hermes), EOS)
         ids = random_walk(c, len(tokenizer), random.Random(seed))
         (call,) = parse_calls(plan(tools, "required", hermes).prefill + tokenizer.decode(ids))
         assert set(call["arguments"]) <= {"id", "mode", "note"} and "id" in call["arguments"]

@@ -1,4 +1,4 @@
-"""ToolSpec (the declarative tool constraint crossing the engine seam) and ConstraintBuilder."""
+"""ToolSpec (the declarative tool constraint crossing the engine seam) and Compiler."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from server.chat.tool_choice import ToolPlan, plan_tools
 from server.constrain.bitmask import MaskApplier, pack_ids
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import Compiler
 from server.constrain.spec import EXTRA_ARGS_KEY, ToolSpec
 
 SHELL = {
@@ -61,22 +61,22 @@ def test_from_json_names_the_bad_field(hermes, edit, needle):
     assert needle in str(err.value)
 
 
-def test_builder_builds_what_the_factory_builds(tokenizer, factory, hermes):
-    """The builder (what both engines use) gives the same first mask as the factory directly."""
-    builder = ConstraintBuilder(tokenizer, factory.vocab.vocab_size, (2,))
+def test_builder_builds_what_the_factory_builds(tokenizer, compiler, hermes):
+    """The whole (what both engines use) gives the same first mask as the compiler directly."""
+    whole = Compiler(tokenizer, compiler.vocab.vocab_size, (2,))
     for choice in ("required", "auto", {"type": "function", "function": {"name": "browser_open"}}):
         plan = _plan(hermes, choice)
-        mine = builder.build(ToolSpec(TOOLS, plan))  # no EOS in the spec: the builder's own
-        ref = factory.build(TOOLS, plan, (2,))
-        a = torch.zeros((1, factory.vocab.words), dtype=torch.int32)
+        mine = whole.build(ToolSpec(TOOLS, plan))  # no EOS in the spec: the whole's own
+        ref = compiler.build(TOOLS, plan, (2,))
+        a = torch.zeros((1, compiler.vocab.words), dtype=torch.int32)
         b = torch.zeros_like(a)
         mine.fill_next_token_bitmask(a, 0)
         ref.fill_next_token_bitmask(b, 0)
         assert torch.equal(a, b), choice
-    assert builder.factory("hermes", "xgrammar") is builder.factory("hermes", "xgrammar")
-    assert builder.build(ToolSpec([], _plan(hermes, "none"))) is None
+    assert whole.for_envelope("hermes", "xgrammar") is whole.for_envelope("hermes", "xgrammar")
+    assert whole.build(ToolSpec([], _plan(hermes, "none"))) is None
     with pytest.raises(ValueError, match="unknown arguments backend"):
-        builder.factory("hermes", "nope")
+        whole.for_envelope("hermes", "nope")
 
 
 def test_pack_ids_and_apply_rows_mask_only_the_given_rows():

@@ -10,9 +10,10 @@ import json
 
 import pytest
 
+from server.families.conversation import template_arguments
 from server.families.envelope import load_envelope
 from server.families.family import load_family
-from server.families.render import FamilyRenderer, template_arguments
+from server.families.render import FamilyRenderer
 from server.protocol import ChatMessage
 
 ARGS = [{"url": "https://a.org/x?q=1", "opts": {"wait": 3, "all": True}}, {"path": "/tmp", "n": 2}]

@@ -176,20 +176,20 @@ def _walk(c, vocab, seed: int, steps: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def factory(tokenizers):
-    from server.constrain.constraint import ConstraintFactory
+def compiler(tokenizers):
+    from server.constrain.envelope_compiler import EnvelopeCompiler
 
-    return ConstraintFactory(tokenizers[1], len(tokenizers[1]), ENVELOPE)
+    return EnvelopeCompiler(tokenizers[1], len(tokenizers[1]), ENVELOPE)
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_masks_let_it_think_then_call(tokenizers, factory, seed: int) -> None:
+def test_masks_let_it_think_then_call(tokenizers, compiler, seed: int) -> None:
     _, ours, _ = tokenizers
     eos = (ours.convert_tokens_to_ids("</s>"),)
     plan = ToolPlan(
         "required", ("read_file",), False, ENVELOPE.opening, None, ReasoningPlan(R.open, R.close, 6)
     )
-    ids = _walk(factory.build(MASK_TOOLS, plan, eos), factory.vocab, seed, steps=80)
+    ids = _walk(compiler.build(MASK_TOOLS, plan, eos), compiler.vocab, seed, steps=80)
     think, close = ours.convert_tokens_to_ids(["[THINK]", "[/THINK]"])
     assert ids[0] == think and close in ids[1:8], ours.convert_ids_to_tokens(ids)
     text = ours.decode(ids[:-1] if ids[-1] in eos else ids, skip_special_tokens=False)

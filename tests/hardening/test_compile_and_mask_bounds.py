@@ -101,7 +101,7 @@ def test_trie_masks_stay_right_when_their_rows_are_evicted(tokenizer):
 def test_a_tool_schema_whose_compile_hangs_is_a_400_over_http(hf_engine, monkeypatch):
     from server.app import build_app
     from server.config import load_settings
-    from server.constrain.arguments import XGrammarBackend
+    from server.constrain.arguments.xgrammar import XGrammarBackend
     from tests.conftest import running_server
     from tests.hardening.helpers import assert_still_answers, chat, clean_latency
 
@@ -179,16 +179,17 @@ def vocab(tokenizer):
 
 
 def test_the_xgrammar_compiler_cache_is_bounded_and_its_errors_are_400s(vocab):
-    from server.constrain.arguments import XGRAMMAR_CACHE_BYTES, XGrammarBackend
+    from server.constrain.arguments.seam import CallFrame
+    from server.constrain.arguments.xgrammar import XGRAMMAR_CACHE_BYTES, XGrammarBackend
 
     backend = XGrammarBackend(vocab)
     assert 0 < backend.compiler.cache_limit_bytes == XGRAMMAR_CACHE_BYTES  # -1 (unlimited) before
-    compiled = backend.compile("ok", {"type": "object", "properties": {"a": {"type": "string"}}}, "", "")
+    compiled = backend.compile("ok", {"type": "object", "properties": {"a": {"type": "string"}}}, CallFrame())
     assert compiled.memory_size_bytes > 0
     # xgrammar 0.2.8 refuses this pattern only in compile_grammar, with a RuntimeError (a 500 before)
     bad = {"type": "object", "properties": {"s": {"type": "string", "pattern": "[a-z]{0,200}"}}}
     with pytest.raises(ConstraintError, match="tool 'f'") as err:
-        backend.compile("f", {**bad, "required": ["s"]}, "", "")
+        backend.compile("f", {**bad, "required": ["s"]}, CallFrame())
     assert err.value.param == "tools"
 
 

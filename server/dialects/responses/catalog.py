@@ -14,7 +14,7 @@ Built per served name (aliases too) from the served model's facts:
 - ``context_window``: the served window; ``auto_compact_token_limit``: 90 % of it (Codex compacts
   past it, keeping room for a reply; Codex derives the same share when the field is absent);
 - ``apply_patch_tool_type: "freeform"``: Codex sends ``apply_patch`` as a custom tool with its Lark
-  grammar, which the masks enforce (server/constrain/custom_grammar.py);
+  grammar, which the masks enforce (server/constrain/custom/grammar.py);
 - ``truncation_policy``: tool outputs cut to an eighth of the window (at most 10,000 tokens), so a
   small window is not filled by one command's output;
 - ``supported_reasoning_levels``: a reasoning family's effort names (its ``efforts`` table, in

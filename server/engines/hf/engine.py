@@ -35,7 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from server.config import EngineSettings
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import Compiler
 from server.engines.base import (
     Engine,
     EngineStats,
@@ -103,7 +103,7 @@ class HFEngine(Engine):
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = facts.end_ids
-        self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         prefill_chunk = settings.prefill_chunk_tokens or (
             PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK
         )

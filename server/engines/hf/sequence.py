@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 from server.engines.base import GenerationChunk, GenerationRequest, engine_error
 from server.engines.hf.outbox import send
 from server.engines.hf.sampler import TokenSampler
@@ -30,7 +30,7 @@ class SequenceState:
     cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
     sampler: TokenSampler | None = None  # built at prefill, on the engine thread (bias, penalties, seed)
-    constraint: TokenConstraint | None = None  # built from request.tool_spec by the engine
+    constraint: TokenMatcher | None = None  # built from request.tool_spec by the engine
     stop_ids: frozenset[int] = frozenset()  # the model's EOS ids + the request's stop_token_ids
     prefill_at: int = -1  # next prompt position to prefill (-1: prefill not begun)
     prefill_t0: float = 0.0

@@ -27,8 +27,8 @@ import torch
 
 from server.config import EngineSettings
 from server.constrain.bitmask import MaskApplier
-from server.constrain.builder import ConstraintBuilder
-from server.constrain.interface import TokenConstraint
+from server.constrain.compiler import Compiler
+from server.constrain.interface import TokenMatcher
 from server.engines.base import (
     Engine,
     EngineStats,
@@ -57,7 +57,7 @@ class SeqState:
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[GenerationChunk]
-    constraint: TokenConstraint | None
+    constraint: TokenMatcher | None
     stop_ids: frozenset[int]
     sampler: TokenSampler
     slot: Slot | None = None
@@ -108,7 +108,7 @@ class LlamaCppEngine(Engine):
         log.info("loaded %s (llama.cpp, %d KV cells) in %.1f s", settings.model, self.rt.n_ctx, dt)
         self.vocab_size = self.rt.n_vocab
         self.eos_token_ids = facts.end_ids
-        self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.block_size = 1  # cached_tokens is token-granular
         self.slots = SlotTable(N_SEQ if pc.enabled else 1)
         self.masks = MaskApplier(self.vocab_size)

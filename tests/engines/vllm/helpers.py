@@ -20,7 +20,7 @@ def pack(ids: set[int] | list[int], vocab: int) -> np.ndarray:
 
 
 class AllowList:
-    """TokenConstraint: only ``allow`` (plus EOS) each step; terminated after ``length`` tokens."""
+    """TokenMatcher: only ``allow`` (plus EOS) each step; terminated after ``length`` tokens."""
 
     def __init__(self, allow: list[int], vocab: int, length: int = 1_000_000) -> None:
         self.allow, self.vocab, self.length = set(allow), vocab, length

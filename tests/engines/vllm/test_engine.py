@@ -20,7 +20,6 @@ pytest.importorskip("vllm", reason="vllm is not installed: run scripts/install_v
 
 import jsonschema  # noqa: E402
 
-from server.chat.template import render_chat  # noqa: E402
 from server.chat.tool_choice import plan_tools  # noqa: E402
 from server.chat.toolcalls import parse_tool_calls  # noqa: E402
 from server.config import load_settings  # noqa: E402
@@ -28,7 +27,8 @@ from server.constrain.spec import ToolSpec  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.errors import ContextLengthExceeded, InvalidRequest  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
-from server.families.model_facts import load_model_facts
+from server.families.model_facts import load_model_facts  # noqa: E402
+from server.families.render import renderer_for  # noqa: E402
 from server.protocol import ChatMessage  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -159,7 +159,7 @@ def _tool_request(engine, tokenizer, rid: str, choice, temperature: float, **sam
     hermes = load_envelope("hermes")
     messages = [ChatMessage(role="user", content="Open the site https://example.org and take a screenshot.")]
     plan = plan_tools(TOOLS, choice, [m.model_dump(exclude_none=True) for m in messages], False, None, hermes)
-    rendered = render_chat(messages, TOOLS, hermes)
+    rendered = renderer_for(hermes.name).render(messages, TOOLS)
     prompt = ids_of(tokenizer, rendered.text) + (ids_of(tokenizer, plan.prefill) if plan.prefill else [])
     spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", engine.eos_token_ids)
     sampling = SamplingParams(max_tokens=200, temperature=temperature, **sampling_kw)

@@ -35,8 +35,8 @@ def make(max_num_seqs: int = 4) -> AllowListProcessor:
     return proc
 
 
-def step(proc: AllowListProcessor, builder: BatchUpdateBuilder, batch: int) -> list[set[int] | None]:
-    proc.update_state(builder.get_and_reset(batch))
+def step(proc: AllowListProcessor, compiler: BatchUpdateBuilder, batch: int) -> list[set[int] | None]:
+    proc.update_state(compiler.get_and_reset(batch))
     return allowed_sets(proc.apply(torch.zeros(batch, V)))
 
 
@@ -50,7 +50,7 @@ def test_rows_join_leave_move_and_swap():
     assert step(proc, b, 3) == [{1, 2, EOS}, None, {5, EOS}]
     # request 0 leaves; vLLM condenses the last row into the hole (one-way move 2 -> 0)
     b.removed_append(0)
-    _ = b.removed  # the builder sorts removals before moves are registered
+    _ = b.removed  # the compiler sorts removals before moves are registered
     b.moved.append((2, 0, MoveDirectionality.UNIDIRECTIONAL))
     assert step(proc, b, 2) == [{5, EOS}, None]
     # a swap of the two rows

@@ -1,7 +1,7 @@
 """The processor enforces the real tool constraint, row by row, for every tool_choice mode.
 
-Each request's reference is a ToolConstraint built in this process by masking's own
-factory (what the hf engine would apply). The processor rebuilds its constraint from
+Each request's reference is a ToolMatcher built in this process by masking's own
+compiler (what the hf engine would apply). The processor rebuilds its constraint from
 the JSON spec alone, as vLLM's engine core does, and must give every row exactly the
 reference mask at every step while requests join, finish, move and swap in the batch.
 """
@@ -21,7 +21,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality  # noqa: E402
 
 from server.chat.tool_choice import plan_tools  # noqa: E402
-from server.constrain.constraint import ConstraintFactory  # noqa: E402
+from server.constrain.envelope_compiler import EnvelopeCompiler  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
 from server.engines.vllm.logits_processor import AgentserveLogitsProcessor  # noqa: E402
 from server.families.envelope import load_envelope  # noqa: E402
@@ -61,10 +61,10 @@ CASES = {
 def setup(tokenizer, embedded_model_dir):
     hermes = load_envelope("hermes")
     vocab_size = len(tokenizer)
-    factory = ConstraintFactory(tokenizer, vocab_size, hermes)
+    compiler = EnvelopeCompiler(tokenizer, vocab_size, hermes)
     config = fake_vllm_config(vocab_size, 4, str(embedded_model_dir))
     proc = AgentserveLogitsProcessor(config, torch.device("cpu"), False)
-    return factory, proc, hermes, vocab_size
+    return compiler, proc, hermes, vocab_size
 
 
 def reference_mask(constraint, vocab_size: int) -> set[int]:
@@ -75,11 +75,11 @@ def reference_mask(constraint, vocab_size: int) -> set[int]:
 
 class Req:
     def __init__(self, case: str, setup, tokenizer, as_json: bool = False) -> None:
-        factory, _, hermes, _ = setup
+        compiler, _, hermes, _ = setup
         choice, text = CASES[case]
         self.case = case
         self.plan = plan_tools(TOOLS, choice, [{"role": "user", "content": "hi"}], False, None, hermes)
-        self.reference = factory.build(TOOLS, self.plan, EOS)
+        self.reference = compiler.build(TOOLS, self.plan, EOS)
         self.tokens = tokenizer.encode(text)
         self.out: list[int] = []
         spec = {"tools": TOOLS, "plan": self.plan.to_dict(), "envelope": "hermes", "eos_token_ids": list(EOS)}

@@ -22,7 +22,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder  # noqa: E402
 
 from server.config import load_settings  # noqa: E402
-from server.constrain.builder import ConstraintBuilder  # noqa: E402
+from server.constrain.compiler import Compiler  # noqa: E402
 from server.constrain.plan import ReasoningPlan, ToolPlan  # noqa: E402
 from server.constrain.spec import ToolSpec  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
@@ -137,7 +137,7 @@ def test_the_processor_masks_the_reasoning_like_the_reference(model_dir) -> None
         "required", ("shell_ls",), False, HERMES.opening, None, ReasoningPlan(R.open, R.close, 16)
     )
     spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", eos)
-    reference = ConstraintBuilder(tokenizer, vocab_size, eos).build(spec)
+    reference = Compiler(tokenizer, vocab_size, eos).build(spec)
     proc = AgentserveLogitsProcessor(
         fake_vllm_config(vocab_size, 4, str(model_dir)), torch.device("cpu"), False
     )

@@ -1,7 +1,7 @@
 """response_format through vLLM: a spec with only a text schema travels in extra_args, the processor masks.
 
 The processor rebuilds the constraint from the JSON spec alone (as vLLM's engine core does);
-every step's mask must equal the reference built in this process by masking's own builder
+every step's mask must equal the reference built in this process by masking's own compiler
 (what the hf engine applies), for a JSON-only reply and for tools + response_format.
 """
 
@@ -19,7 +19,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder  # noqa: E402
 
 from server.chat.tool_choice import plan_tools  # noqa: E402
-from server.constrain.builder import ConstraintBuilder  # noqa: E402
+from server.constrain.compiler import Compiler  # noqa: E402
 from server.constrain.spec import ToolSpec  # noqa: E402
 from server.constrain.vocab import TokenVocab  # noqa: E402
 from server.engines.vllm.logits_processor import AgentserveLogitsProcessor  # noqa: E402
@@ -60,7 +60,7 @@ def test_text_schema_spec_masks_like_the_reference(case, as_json, tokenizer, emb
     hermes = load_envelope("hermes")
     plan = plan_tools(tools, choice, [{"role": "user", "content": "hi"}], False, None, hermes)
     spec = ToolSpec(tools, plan, "hermes", "xgrammar", EOS, text_schema=SCHEMA)
-    reference = ConstraintBuilder(tokenizer, vocab_size, EOS).build(spec)
+    reference = Compiler(tokenizer, vocab_size, EOS).build(spec)
     proc = AgentserveLogitsProcessor(
         fake_vllm_config(vocab_size, 4, str(embedded_model_dir)), torch.device("cpu"), False
     )

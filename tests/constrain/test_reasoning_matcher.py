@@ -1,4 +1,4 @@
-"""The reasoning gate (server/constrain/reasoning_gate.py) on Qwen's real vocabulary.
+"""The reasoning matcher (server/constrain/reasoning_matcher.py) on Qwen's real vocabulary.
 
 Random walks through the masks (every step samples among the allowed tokens, seeded) must
 give: the open text, free reasoning, the close, then what the tool plan demands (a valid call
@@ -84,7 +84,7 @@ def _split(text: str) -> tuple[str | None, str]:
 def test_required_reasons_then_writes_a_valid_call(qwen, seed: int) -> None:
     eos = qwen.eos("hermes")
     prefill = HERMES.opening
-    c = qwen.factory("hermes").build(TOOLS, _plan("required", ("shell_ls", "shell_exit"), 6, prefill), eos)
+    c = qwen.compiler("hermes").build(TOOLS, _plan("required", ("shell_ls", "shell_exit"), 6, prefill), eos)
     ids = walk(c, qwen, seed)
     text = qwen.tokenizer.decode(ids)
     assert text.startswith(R.open) and R.close_tag in text, text
@@ -99,7 +99,7 @@ def test_required_reasons_then_writes_a_valid_call(qwen, seed: int) -> None:
 def test_the_budget_forces_the_close(qwen, budget: int) -> None:
     eos = qwen.eos("hermes")
     close_id = qwen.tokenizer.convert_tokens_to_ids(R.close_tag)
-    c = qwen.factory("hermes").build(TOOLS, _plan("auto", ("shell_ls", "shell_exit"), budget), eos)
+    c = qwen.compiler("hermes").build(TOOLS, _plan("auto", ("shell_ls", "shell_exit"), budget), eos)
     ids = walk(c, qwen, seed=budget, steps=budget + 12)
     opened = len(qwen.tokenizer(R.open, add_special_tokens=False)["input_ids"])
     thought = ids[opened:]
@@ -111,7 +111,7 @@ def test_the_budget_forces_the_close(qwen, budget: int) -> None:
 def test_a_call_inside_the_reasoning_is_text_and_never_parsed(qwen) -> None:
     eos = qwen.eos("hermes")
     tag = qwen.tokenizer.convert_tokens_to_ids("<tool_call>")
-    c = qwen.factory("hermes").build(TOOLS, _plan("none", (), 4), eos)
+    c = qwen.compiler("hermes").build(TOOLS, _plan("none", (), 4), eos)
     ids = walk(c, qwen, seed=0, prefer=tag, steps=30)
     text = qwen.tokenizer.decode(ids)
     reasoning, answer = _split(text)
@@ -125,20 +125,20 @@ def test_a_call_inside_the_reasoning_is_text_and_never_parsed(qwen) -> None:
 
 def test_a_token_running_past_the_close_must_fit_what_is_forced(qwen) -> None:
     eos = qwen.eos("hermes")
-    c = qwen.factory("hermes").build(TOOLS, _plan("required", ("shell_ls",), None, HERMES.opening), eos)
+    c = qwen.compiler("hermes").build(TOOLS, _plan("required", ("shell_ls",), None, HERMES.opening), eos)
     walk(c, qwen, seed=0, steps=3)  # the open text, a reasoning token
     allowed = set(_allowed(c, qwen).tolist())
     vocab = qwen.vocab
     # every allowed token that completes the close tag runs on only with the forced "\n\n<tool_call>..."
     forced = (R.close[R.close.index(R.close_tag) + len(R.close_tag) :] + HERMES.opening).encode()
-    for tid, off in c.m.watch.complete[c.q].items():
+    for tid, off in c.masks.watch.complete[c.q].items():
         assert (tid in allowed) == forced.startswith(vocab.token_bytes[tid][off:])
     assert not (allowed & set(eos))  # the reasoning must close before the reply may end
 
 
 def test_without_tools_the_gate_still_applies_the_budget(qwen) -> None:
     eos = qwen.eos("hermes")
-    c = qwen.factory("hermes").build(None, _plan("auto", (), 3), eos)
+    c = qwen.compiler("hermes").build(None, _plan("auto", (), 3), eos)
     assert c is not None
     ids = walk(c, qwen, seed=2, steps=12)
     assert R.close_tag in qwen.tokenizer.decode(ids)
@@ -146,7 +146,7 @@ def test_without_tools_the_gate_still_applies_the_budget(qwen) -> None:
 
 def test_a_plain_plan_builds_no_gate(qwen) -> None:
     eos = qwen.eos("hermes")
-    assert qwen.factory("hermes").build(None, ToolPlan("auto", (), False, ""), eos) is None
+    assert qwen.compiler("hermes").build(None, ToolPlan("auto", (), False, ""), eos) is None
 
 
 def test_the_plan_round_trips_through_json() -> None:
@@ -156,16 +156,16 @@ def test_the_plan_round_trips_through_json() -> None:
 
 def test_a_special_token_close_tag_ends_the_reasoning(qwen) -> None:
     """Tags that are special tokens (Mistral's [THINK] / [/THINK]; here two of Qwen's specials)."""
-    from server.constrain.reasoning_gate import ReasoningGate
+    from server.constrain.reasoning_matcher import ReasoningMatcher
 
     tok, eos = qwen.tokenizer, qwen.eos("hermes")
     open_id, close_id = tok.convert_tokens_to_ids(["<|box_start|>", "<|box_end|>"])
     assert not qwen.vocab.token_bytes[close_id]  # opaque: no text spells it
-    masks = qwen.factory("hermes").reasoning_masks("<|box_start|>", "<|box_end|>")
-    gate = ReasoningGate(masks, None, "", eos)
+    masks = qwen.compiler("hermes").reasoning_masks("<|box_start|>", "<|box_end|>")
+    gate = ReasoningMatcher(masks, None, "", eos)
     ids = walk(gate, qwen, seed=0, steps=2, prefer=close_id)  # the model closes as soon as it may
     assert ids[:2] == [open_id, close_id] and gate.phase.name == "INNER"
-    budgeted = ReasoningGate(masks, None, "", eos, budget=3)
+    budgeted = ReasoningMatcher(masks, None, "", eos, budget=3)
     ids = walk(budgeted, qwen, seed=1, steps=5)
     assert ids[0] == open_id and ids[4] == close_id  # three reasoning tokens, then the forced close
 
@@ -180,18 +180,18 @@ ANSWER = {
 
 @pytest.mark.parametrize(("mode", "tools"), [("auto", None), ("none", TOOLS)])
 def test_response_format_applies_after_the_reasoning(qwen, mode: str, tools) -> None:
-    """The builder wraps the response_format constraint in the gate: free reasoning (past the
+    """The whole wraps the response_format constraint in the gate: free reasoning (past the
     budget's close), then JSON following the schema, then the end of the reply."""
-    from server.constrain.builder import ConstraintBuilder
+    from server.constrain.compiler import Compiler
     from server.constrain.spec import ToolSpec
 
-    builder = ConstraintBuilder(qwen.tokenizer, qwen.vocab.vocab_size)
-    builder._vocab = qwen.vocab  # the session's vocabulary (built once)
+    whole = Compiler(qwen.tokenizer, qwen.vocab.vocab_size)
+    whole._vocab = qwen.vocab  # the session's vocabulary (built once)
     eos = qwen.eos("hermes")
     allowed = ("shell_ls", "shell_exit") if tools else ()
     spec = ToolSpec(tools or [], _plan(mode, allowed, 5), "hermes", eos_token_ids=eos, text_schema=ANSWER)
     for seed in range(3):
-        c = builder.build(spec)
+        c = whole.build(spec)
         ids = walk(c, qwen, seed, steps=60)
         assert c.is_terminated() and ids[-1] in eos, qwen.tokenizer.decode(ids)
         reasoning, answer = _split(qwen.tokenizer.decode(ids[:-1]))

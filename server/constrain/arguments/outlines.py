@@ -1,6 +1,6 @@
 """The ``outlines`` arguments backend (config ``grammar_backend: outlines``), on outlines-core.
 
-Same seam as xgrammar (``server/constrain/arguments.py``): one compiled grammar per (schema,
+Same seam as xgrammar (``server/constrain/arguments/seam.py``): one compiled grammar per (schema,
 envelope strings), a fresh matcher per call. outlines-core compiles a *regex* into an
 index over the vocabulary (a token-level DFA), so:
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from server.constrain.arguments import CachedBackend, register_backend
+from server.constrain.arguments.seam import CachedBackend, CallFrame
 from server.constrain.compile_cache import CompileCache
 from server.constrain.errors import ConstraintError
 from server.constrain.vocab import TokenVocab
@@ -40,7 +40,7 @@ _WS = "\u2063"  # placeholder whitespace handed to build_regex_from_schema, then
 # a string's escapes: outlines-core also allows \/, which json.dumps never writes (nor the history)
 _ESCAPES, _CANONICAL = '\\\\["\\\\/bfnrt]', '\\\\["\\\\bfnrt]'
 # a number: outlines-core also allows "1.50", "1e+5" and "-0", which the history writes differently
-# (as json.dumps: server/constrain/arguments.py _CANONICAL_NUMBER)
+# (as json.dumps: server/constrain/arguments/xgrammar.py _CANONICAL_NUMBER)
 _NUMBER = "((-)?(0|[1-9][0-9]*))(\\.[0-9]+)?([eE][+-][0-9]+)?"
 _CANONICAL_NUMBER = "(0(\\.(0|[0-9]*[1-9]))?|-0\\.(0|[0-9]*[1-9])|(-)?[1-9][0-9]*(\\.(0|[0-9]*[1-9]))?)"
 _NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -142,7 +142,6 @@ class OutlinesMatcher:
         return bool(self.guide.is_finished())
 
 
-@register_backend("outlines")
 class OutlinesBackend(CachedBackend):
     name = "outlines"
 
@@ -162,16 +161,8 @@ class OutlinesBackend(CachedBackend):
         self.single = {tb[0]: ids[0] for tb, ids in vocab.by_bytes.items() if len(tb) == 1}
         self.cache = CompileCache(cache_size, size=lambda index: len(pickle.dumps(index)))
 
-    def _compile(
-        self,
-        tool: str,
-        schema: dict[str, Any],
-        prefix: str,
-        suffix: str,
-        style: str,
-        call_id: str | None,
-        tails: tuple[str, ...],
-    ) -> Any:
+    def _compile(self, tool: str, schema: dict[str, Any], frame: CallFrame) -> Any:
+        style, suffix, call_id = frame.style, frame.suffix, frame.call_id
         if style != "json":
             raise ConstraintError(
                 f"tool {tool!r}: the outlines backend writes JSON arguments only; this model's envelope "
@@ -191,9 +182,9 @@ class OutlinesBackend(CachedBackend):
             tail = regex_literal(before) + f"(?:{call_id})" + regex_literal(after)
         else:
             tail = regex_literal(suffix)
-        if tails:
-            tail += "(?:" + "|".join(regex_literal(t) for t in tails) + ")"
-        regex = regex_literal(prefix) + f"(?:{args})" + tail
+        if frame.tails:
+            tail += "(?:" + "|".join(regex_literal(t) for t in frame.tails) + ")"
+        regex = regex_literal(frame.prefix) + f"(?:{args})" + tail
         try:
             return self.oc.Index(regex, self.vocabulary)
         except Exception as exc:

@@ -1,4 +1,4 @@
-"""The tool constraint on the real tokenizer: scripted token sequences through every phase."""
+"""The tool matcher on the real tokenizer: scripted token sequences through every phase."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import xgrammar as xgr
 
 from server.chat.tool_choice import ToolPlan, plan_tools
-from server.constrain.constraint import Phase
 from server.constrain.errors import ConstraintError
+from server.constrain.tool_matcher import Phase
 from server.constrain.vocab import TokenVocab
 from server.engines.base import constraint_errors_as_400
 from server.errors import InvalidRequest
@@ -40,10 +40,10 @@ def mask_of(constraint, tokenizer) -> set[int]:
     return TokenVocab.unpack(bitmask[0].numpy(), len(tokenizer))
 
 
-def test_required_call_with_crossing_tokens(factory, tokenizer, swe_tools, hermes):
+def test_required_call_with_crossing_tokens(compiler, tokenizer, swe_tools, hermes):
     p = plan(swe_tools, "required", hermes)
     assert p.prefill == '<tool_call>\n{"name": "'
-    c = factory.build(swe_tools, p, EOS)
+    c = compiler.build(swe_tools, p, EOS)
     # natural tokens: 'open' '_' 'site' '",' (crossing) 'Ġ"' 'arguments' ... '}}' (crossing)
     assert feed(c, tokenizer, 'open_site", "arguments": {"url": "https://x.org"}}\n</tool_call>')
     assert c.calls == ["open_site"] and c.is_terminated() and c.error is None
@@ -51,22 +51,22 @@ def test_required_call_with_crossing_tokens(factory, tokenizer, swe_tools, herme
     assert c.accept_token(2) and c.phase == Phase.DONE
 
 
-def test_prefix_name_closes_before_its_extension(factory, tokenizer, swe_tools, hermes):
-    c = factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
+def test_prefix_name_closes_before_its_extension(compiler, tokenizer, swe_tools, hermes):
+    c = compiler.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
     assert feed(c, tokenizer, 'open", "arguments": {"path": "a.py"}}\n</tool_call>')
     assert c.calls == ["open"]
 
 
-def test_named_tool_is_prefilled_whole(factory, tokenizer, swe_tools, hermes):
+def test_named_tool_is_prefilled_whole(compiler, tokenizer, swe_tools, hermes):
     p = plan(swe_tools, {"type": "function", "function": {"name": "search_dir"}}, hermes)
     assert p.prefill.endswith('"search_dir') and p.allowed == ("search_dir",)
-    c = factory.build(swe_tools, p, EOS)
+    c = compiler.build(swe_tools, p, EOS)
     allowed = {tokenizer.decode([t]) for t in mask_of(c, tokenizer)}
     assert allowed == {'"', '",'}  # only the end of the name
     assert feed(c, tokenizer, '", "arguments": {"search_term": "x"}}\n</tool_call>')
 
 
-def test_wrong_name_is_rejected_without_raising(factory, tokenizer, prefixed_tools, hermes):
+def test_wrong_name_is_rejected_without_raising(compiler, tokenizer, prefixed_tools, hermes):
     choice = {
         "type": "allowed_tools",
         "allowed_tools": {
@@ -76,17 +76,17 @@ def test_wrong_name_is_rejected_without_raising(factory, tokenizer, prefixed_too
     }
     p = plan(prefixed_tools, choice, hermes)
     assert p.prefill == '<tool_call>\n{"name": "browser'
-    c = factory.build(prefixed_tools, p, EOS)
+    c = compiler.build(prefixed_tools, p, EOS)
     assert not feed(c, tokenizer, "_shell")  # '_' fine, 'shell' starts no browser tool
     assert "name phase" in c.error and "browser_open_site" in c.error
     assert c.accept_token(5) is False and c.is_terminated()
     assert mask_of(c, tokenizer) == set(EOS)
 
 
-def test_mode_none_masks_the_call_tag(factory, tokenizer, swe_tools, hermes):
+def test_mode_none_masks_the_call_tag(compiler, tokenizer, swe_tools, hermes):
     p = plan(swe_tools, "none", hermes)
     assert (p.mode, p.prefill) == ("none", "")
-    c = factory.build(swe_tools, p, EOS)
+    c = compiler.build(swe_tools, p, EOS)
     assert feed(c, tokenizer, "Hello <tool_call")
     gt = tokenizer.convert_tokens_to_ids(">")
     assert gt not in mask_of(c, tokenizer)
@@ -94,84 +94,84 @@ def test_mode_none_masks_the_call_tag(factory, tokenizer, swe_tools, hermes):
     assert not c.accept_token(gt) and "mode none" in c.error
 
 
-def test_auto_text_then_call(factory, tokenizer, swe_tools, hermes):
-    c = factory.build(swe_tools, plan(swe_tools, "auto", hermes), EOS)
+def test_auto_text_then_call(compiler, tokenizer, swe_tools, hermes):
+    c = compiler.build(swe_tools, plan(swe_tools, "auto", hermes), EOS)
     text = 'I will open it.<tool_call>\n{"name": "open_site", "arguments": {"url": "u"}}\n</tool_call>'
     assert feed(c, tokenizer, text)  # '.<' starts the tag inside a token
     assert c.calls == ["open_site"] and c.is_terminated()
 
 
-def test_auto_plain_text_and_eos(factory, tokenizer, swe_tools, hermes):
-    c = factory.build(swe_tools, plan(swe_tools, "auto", hermes), EOS)
+def test_auto_plain_text_and_eos(compiler, tokenizer, swe_tools, hermes):
+    c = compiler.build(swe_tools, plan(swe_tools, "auto", hermes), EOS)
     assert feed(c, tokenizer, "Just text, no call. a < b > c")
     assert set(EOS) <= mask_of(c, tokenizer)
     assert 1 not in mask_of(c, tokenizer)  # <|im_start|> is not text
     assert c.accept_token(0) and c.is_terminated()
 
 
-def test_auto_subset_rejects_other_tools(factory, tokenizer, swe_tools, hermes):
+def test_auto_subset_rejects_other_tools(compiler, tokenizer, swe_tools, hermes):
     choice = {
         "type": "allowed_tools",
         "allowed_tools": {"mode": "auto", "tools": [{"type": "function", "function": {"name": "bash"}}]},
     }
-    c = factory.build(swe_tools, plan(swe_tools, choice, hermes), EOS)
+    c = compiler.build(swe_tools, plan(swe_tools, choice, hermes), EOS)
     assert not feed(c, tokenizer, '<tool_call>\n{"name": "open')
-    c = factory.build(swe_tools, plan(swe_tools, choice, hermes), EOS)
+    c = compiler.build(swe_tools, plan(swe_tools, choice, hermes), EOS)
     assert feed(c, tokenizer, '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>')
 
 
-def test_arguments_follow_the_schema(factory, tokenizer, swe_tools, hermes):
-    c = factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
+def test_arguments_follow_the_schema(compiler, tokenizer, swe_tools, hermes):
+    c = compiler.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
     assert feed(c, tokenizer, 'click_mouse", "arguments": {"x": 1, "y": 2, "button": "')  # schema order
     assert not feed(c, tokenizer, "middle")
     assert "arguments of 'click_mouse'" in c.error
 
 
-def test_special_tokens_never_inside_arguments(factory, tokenizer, swe_tools, hermes):
-    c = factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
+def test_special_tokens_never_inside_arguments(compiler, tokenizer, swe_tools, hermes):
+    c = compiler.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
     assert feed(c, tokenizer, 'bash", "arguments": {"command": "ls')
     mask = mask_of(c, tokenizer)
     assert not mask & set(range(17)) and tokenizer.convert_tokens_to_ids("Ġ-") in mask
     assert not c.accept_token(3) and "arguments" in c.error
 
 
-def test_parallel_calls(factory, tokenizer, swe_tools, hermes):
+def test_parallel_calls(compiler, tokenizer, swe_tools, hermes):
     one = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
     p = plan(swe_tools, "required", hermes, parallel=True)
-    c = factory.build(swe_tools, p, EOS)
+    c = compiler.build(swe_tools, p, EOS)
     assert feed(c, tokenizer, one[len(p.prefill) :])
     assert not c.is_terminated() and set(EOS) <= mask_of(c, tokenizer)
     assert feed(c, tokenizer, "\n" + one.replace("ls", "pwd"))
     assert c.calls == ["bash", "bash"] and c.accept_token(2) and c.is_terminated()
-    c = factory.build(swe_tools, plan(swe_tools, "required", hermes, parallel=False), EOS)
+    c = compiler.build(swe_tools, plan(swe_tools, "required", hermes, parallel=False), EOS)
     assert feed(c, tokenizer, one[len(p.prefill) :]) and c.is_terminated()
     assert not feed(c, tokenizer, "\n<") and "only end of sequence" in c.error
 
 
-def test_tool_without_parameters_takes_an_empty_object(factory, tokenizer, swe_tools, hermes):
-    c = factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
+def test_tool_without_parameters_takes_an_empty_object(compiler, tokenizer, swe_tools, hermes):
+    c = compiler.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
     assert feed(c, tokenizer, 'submit", "arguments": {}}\n</tool_call>') and c.calls == ["submit"]
     tools = [{"type": "function", "function": {"name": "ping"}}]
-    c = factory.build(tools, plan(tools, "required", hermes), EOS)
+    c = compiler.build(tools, plan(tools, "required", hermes), EOS)
     assert not feed(c, tokenizer, '", "arguments": {"a')
 
 
-def test_no_tools_no_constraint(factory, hermes):
-    assert factory.build([], plan([], None, hermes), EOS) is None
+def test_no_tools_no_constraint(compiler, hermes):
+    assert compiler.build([], plan([], None, hermes), EOS) is None
 
 
-def test_bad_schema_is_a_400_naming_the_tool(factory, hermes):
+def test_bad_schema_is_a_400_naming_the_tool(compiler, hermes):
     tools = [{"type": "function", "function": {"name": "bad", "parameters": {"type": "strin"}}}]
     with pytest.raises(ConstraintError, match="'bad'") as err:
-        factory.build(tools, plan(tools, "required", hermes), EOS)
+        compiler.build(tools, plan(tools, "required", hermes), EOS)
     assert err.value.param == "tools"
     with pytest.raises(InvalidRequest) as http, constraint_errors_as_400():  # what the client gets
         raise err.value
     assert http.value.status == 400 and http.value.param == "tools" and "'bad'" in http.value.message
 
 
-def test_internal_errors_do_not_escape(factory, swe_tools, hermes):
-    c = factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
+def test_internal_errors_do_not_escape(compiler, swe_tools, hermes):
+    c = compiler.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
     assert c.accept_token(10**9) is False and c.error
 
 
@@ -180,11 +180,11 @@ def test_plan_round_trips_through_json(hermes, swe_tools):
     assert ToolPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
 
 
-def test_grammars_are_compiled_once(factory, swe_tools, hermes):
-    factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
-    before = len(factory.backend.cache)
-    factory.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
-    assert len(factory.backend.cache) == before
-    assert factory.trie(tuple(t["function"]["name"] for t in swe_tools)) is factory.trie(
+def test_grammars_are_compiled_once(compiler, swe_tools, hermes):
+    compiler.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
+    before = len(compiler.backend.cache)
+    compiler.build(swe_tools, plan(swe_tools, "required", hermes), EOS)
+    assert len(compiler.backend.cache) == before
+    assert compiler.trie(tuple(t["function"]["name"] for t in swe_tools)) is compiler.trie(
         tuple(t["function"]["name"] for t in swe_tools)
     )

@@ -19,7 +19,7 @@ constraint (or none, without tools) and runs these phases:
   the tokens both share, then the one the model's token follows. The header written whole: free
   text and end of sequence (a plain answer holds no call); the opening: fed to the tool
   constraint (its trigger, then its name trie), which goes on;
-* INNER: the tool constraint from its prefill on (a ``ToolConstraint`` whose ``max_tokens``
+* INNER: the tool constraint from its prefill on (a ``ToolMatcher`` whose ``max_tokens``
   budget is reduced by the tokens already written), or free text and end of sequence.
 
 Forced text is the tokenizer's encoding of the string (``</think>`` is one token in Qwen's
@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from server.constrain.bitmask import write_row
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 from server.constrain.tag_watch import TagWatch
 from server.constrain.vocab import TokenVocab
 
 
-class Gate(IntEnum):
+class ReasoningPhase(IntEnum):
     OPEN = 0
     THINK = 1
     FORCE = 2
@@ -91,13 +91,13 @@ class ReasoningMasks:
         return row
 
 
-class ReasoningGate:
+class ReasoningMatcher:
     """One request's reasoning gate around its tool constraint (``inner``; None: free text)."""
 
     def __init__(
         self,
         masks: ReasoningMasks,
-        inner: TokenConstraint | None,
+        inner: TokenMatcher | None,
         prefill: str,
         eos: tuple[int, ...],
         budget: int | None = None,
@@ -106,7 +106,7 @@ class ReasoningGate:
         call_open: str = "",
         answer_inner: bool = False,
     ) -> None:
-        self.m, self.inner, self.eos, self.budget = masks, inner, eos, budget
+        self.masks, self.inner, self.eos, self.budget = masks, inner, eos, budget
         # after answer_open: True = ``inner`` constrains the answer's text (response_format's JSON),
         # False = free text (the tool constraint only applies to a call)
         self.answer_inner = answer_inner
@@ -124,34 +124,34 @@ class ReasoningGate:
         self.thought = 0  # reasoning tokens written (the open text excluded)
         self.used = 0  # every token accepted
         self.forced: list[int] = []
-        self.phase = Gate.THINK
-        self._then = Gate.THINK
+        self.phase = ReasoningPhase.THINK
+        self._then = ReasoningPhase.THINK
         if open_forced and masks.open_text:
-            self._force(masks.encode(masks.open_text), then=Gate.THINK)
+            self._force(masks.encode(masks.open_text), then=ReasoningPhase.THINK)
         elif budget is not None and budget <= 0:
             self._force_close()
 
-    # --- TokenConstraint ----------------------------------------------------------------------
+    # --- TokenMatcher ----------------------------------------------------------------------
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
-        ph, vocab = self.phase, self.m.vocab
-        if ph == Gate.INNER and self.inner is not None:
+        ph, vocab = self.phase, self.masks.vocab
+        if ph == ReasoningPhase.INNER and self.inner is not None:
             self.inner.fill_next_token_bitmask(bitmask, index)
             return
-        if ph == Gate.PICK:
+        if ph == ReasoningPhase.PICK:
             self._fill_pick(bitmask, index)
             return
-        if ph in (Gate.OPEN, Gate.FORCE):
+        if ph in (ReasoningPhase.OPEN, ReasoningPhase.FORCE):
             row = vocab.pack([self.forced[0]])
-        elif ph == Gate.THINK:
-            row = self.m.think_row(self.q, self.forced_after)
-        elif ph == Gate.INNER:
+        elif ph == ReasoningPhase.THINK:
+            row = self.masks.think_row(self.q, self.forced_after)
+        elif ph == ReasoningPhase.INNER:
             row = vocab.pack(np.concatenate([vocab.text_ids, np.array(self.eos, dtype=np.int64)]))
         else:
             row = vocab.pack(self.eos)
         write_row(bitmask, index, row)
 
     def accept_token(self, token_id: int) -> bool:
-        if self.phase == Gate.ERROR:
+        if self.phase == ReasoningPhase.ERROR:
             return False
         try:
             ok = self._accept(int(token_id))
@@ -161,29 +161,32 @@ class ReasoningGate:
         return ok
 
     def is_terminated(self) -> bool:
-        if self.phase == Gate.INNER and self.inner is not None:
+        if self.phase == ReasoningPhase.INNER and self.inner is not None:
             return self.inner.is_terminated()
-        return self.phase >= Gate.DONE
+        return self.phase >= ReasoningPhase.DONE
 
     # --- internals ------------------------------------------------------------------------------
     def _reject(self, message: str) -> bool:
-        self.error, self.phase = message, Gate.ERROR
+        self.error, self.phase = message, ReasoningPhase.ERROR
         return False
 
-    def _force(self, ids: list[int], then: Gate) -> None:
+    def _force(self, ids: list[int], then: ReasoningPhase) -> None:
         self._then = then
         if ids:
-            self.forced, self.phase = list(ids), (Gate.OPEN if then == Gate.THINK else Gate.FORCE)
+            self.forced, self.phase = (
+                list(ids),
+                (ReasoningPhase.OPEN if then == ReasoningPhase.THINK else ReasoningPhase.FORCE),
+            )
         else:
             self._enter(then)
 
-    def _enter(self, phase: Gate) -> None:
+    def _enter(self, phase: ReasoningPhase) -> None:
         self.phase = phase
-        if phase != Gate.INNER:
+        if phase != ReasoningPhase.INNER:
             return
         self._start_inner()
         if self.ways and self.k == 0:  # the answer's header, or a call's opening
-            self.phase = Gate.PICK
+            self.phase = ReasoningPhase.PICK
 
     def _start_inner(self) -> None:
         if self.inner is not None:
@@ -193,59 +196,59 @@ class ReasoningGate:
 
     def _force_close(self) -> None:
         """The budget is spent: the close text (or the rest of a half-written tag), then what follows."""
-        tag = self.m.tag
-        rest = self.m.close_text if self.q == 0 else tag[self.q :] + self.m.after_tag
-        self._force(self.m.encode(rest + self.after_text[len(self.m.after_tag) :]), then=Gate.INNER)
+        masks = self.masks
+        rest = masks.close_text if self.q == 0 else masks.tag[self.q :] + masks.after_tag
+        self._force(masks.encode(rest + self.after_text[len(masks.after_tag) :]), then=ReasoningPhase.INNER)
 
     def _accept(self, tid: int) -> bool:
-        ph, vocab = self.phase, self.m.vocab
-        if ph in (Gate.OPEN, Gate.FORCE):
+        ph, vocab = self.phase, self.masks.vocab
+        if ph in (ReasoningPhase.OPEN, ReasoningPhase.FORCE):
             if tid != self.forced[0]:
                 return self._reject(
                     f"token {vocab.describe(tid)} is not the forced {vocab.describe(self.forced[0])} "
-                    f"({'opening' if ph == Gate.OPEN else 'closing'} the reasoning)"
+                    f"({'opening' if ph == ReasoningPhase.OPEN else 'closing'} the reasoning)"
                 )
             self.forced.pop(0)
             if not self.forced:
                 self._enter(self._then)
-                if self.phase == Gate.THINK and self.budget is not None and self.budget <= 0:
+                if self.phase == ReasoningPhase.THINK and self.budget is not None and self.budget <= 0:
                     self._force_close()
             return True
-        if ph == Gate.THINK:
+        if ph == ReasoningPhase.THINK:
             text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
-            if tid == self.m.tag_id:  # the special-token close tag
+            if tid == self.masks.tag_id:  # the special-token close tag
                 self.q = 0
-                self._force(self.m.encode(self.after_text), then=Gate.INNER)
+                self._force(self.masks.encode(self.after_text), then=ReasoningPhase.INNER)
                 return True
             if not text:
                 return self._reject(
                     f"token {vocab.describe(tid) if 0 <= tid < vocab.vocab_size else tid} is not text: "
-                    f"the reasoning must close with {self.m.tag!r} first"
+                    f"the reasoning must close with {self.masks.tag!r} first"
                 )
             self.thought += 1
-            q, off = self.m.watch.step(self.q, tid)
+            q, off = self.masks.watch.step(self.q, tid)
             if off >= 0:  # the close tag: force what follows it (less what this token already wrote)
                 over = text[off:]
                 if not self.forced_after.startswith(over):
                     return self._reject(f"token {vocab.describe(tid)} runs on past the close tag: {over!r}")
                 rest = self.forced_after[len(over) :].decode()
                 self.q = 0
-                self._force(self.m.encode(rest), then=Gate.INNER)
+                self._force(self.masks.encode(rest), then=ReasoningPhase.INNER)
                 return True
             self.q = q
             if self.budget is not None and self.thought >= self.budget:
                 self._force_close()
             return True
-        if ph == Gate.PICK:
+        if ph == ReasoningPhase.PICK:
             return self._accept_pick(tid)
-        if ph == Gate.INNER:
+        if ph == ReasoningPhase.INNER:
             if self.inner is not None:
                 ok = self.inner.accept_token(tid)
                 if not ok:
                     self.error = self.inner.error
                 return ok
             if tid in self.eos:
-                self.phase = Gate.DONE
+                self.phase = ReasoningPhase.DONE
                 return True
             if 0 <= tid < vocab.vocab_size and vocab.token_bytes[tid]:
                 return True
@@ -255,19 +258,19 @@ class ReasoningGate:
     # --- PICK: the answer's header (ways[0]) or a call's opening (ways[1]), token by token ----------
     def _fill_pick(self, bitmask: Any, index: int) -> None:
         nxt = sorted({w[self.k] for w in self.ways})
-        write_row(bitmask, index, self.m.vocab.pack(nxt))
+        write_row(bitmask, index, self.masks.vocab.pack(nxt))
 
     def _accept_pick(self, tid: int) -> bool:
         ways = [w for w in self.ways if w[self.k] == tid]
         if not ways:
             return self._reject(
-                f"token {self.m.vocab.describe(tid)} begins neither the answer nor a tool call"
+                f"token {self.masks.vocab.describe(tid)} begins neither the answer nor a tool call"
             )
         self.ways, self.k = ways, self.k + 1
         done = next((w for w in ways if len(w) == self.k), None)
         if done is None:
             return True
-        self.phase = Gate.INNER
+        self.phase = ReasoningPhase.INNER
         if done is self.answer_way:  # a plain answer: free text (or response_format's), no call inside it
             if not self.answer_inner:
                 self.inner = None

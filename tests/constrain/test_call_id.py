@@ -1,4 +1,4 @@
-"""Mistral v11's call id, masked between [CALL_ID] and [ARGS] (server/constrain/call_id_gate.py):
+"""Mistral v11's call id, masked between [CALL_ID] and [ARGS] (server/constrain/call_id.py):
 after the name's [CALL_ID] the model writes exactly 9 letters or digits, then [ARGS] and only then
 the arguments; on the real tekken vocabulary with v11's special tokens."""
 
@@ -8,7 +8,7 @@ import pytest
 import xgrammar as xgr
 
 from server.chat.tool_choice import plan_tools
-from server.constrain.call_id_gate import id_alphabet
+from server.constrain.call_id import id_alphabet
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import load_envelope
 
@@ -25,7 +25,7 @@ def setup(official):
     env = load_envelope(ENV)
     named = {"type": "function", "function": {"name": "shell_exec"}}
     plan = plan_tools(TOOLS, named, [], True, None, env)
-    constraint = off.factory(ENV).build(TOOLS, plan, off.eos(ENV))
+    constraint = off.compiler(ENV).build(TOOLS, plan, off.eos(ENV))
     tok = off.tokenizer
     ids = {t: tok.convert_tokens_to_ids(t) for t in ("[CALL_ID]", "[ARGS]", "[TOOL_CALLS]")}
     rest = "shell_exec"[len(plan.prefill) - len(env.opening) :]
@@ -64,7 +64,7 @@ def test_anything_else_after_call_id_is_rejected(official, bad) -> None:
     off = official("tekken_args")
     env = load_envelope(ENV)
     plan = plan_tools(TOOLS, "required", [], True, None, env)
-    c = off.factory(ENV).build(TOOLS, plan, off.eos(ENV))
+    c = off.compiler(ENV).build(TOOLS, plan, off.eos(ENV))
     name = "shell_exec"[len(plan.prefill) - len(env.opening) :]
     for tid in off.tokenizer.encode(name, add_special_tokens=False) + [
         off.tokenizer.convert_tokens_to_ids("[CALL_ID]")

@@ -1,34 +1,33 @@
-"""The tool-constraint factory: per (tokenizer, vocabulary, envelope), builds each request's constraint.
+"""``EnvelopeCompiler``: per (tokenizer, vocabulary, envelope, backend), compiles each request's matcher.
 
 Request lifecycle: the chat service calls ``plan_tools`` (mode, allowed names, prefill),
-appends the prefill after the assistant header, and asks ``ConstraintFactory.build``
-for a ``ToolConstraint`` (``tool_constraint.py``: the phases, per decode step) that
-starts right after the prefill. The factory holds what is shared between requests: the
-preprocessed vocabulary, the envelope's masks (``EnvelopeMasks``), the name tries and
-the arguments backend's compiled grammars (both cached).
+appends the prefill after the assistant header, and asks ``EnvelopeCompiler.build``
+for a ``ToolMatcher`` (``tool_matcher.py``: the phases, per decode step) that
+starts right after the prefill. The compiler holds what is shared between requests, as
+instance state: the preprocessed vocabulary, the envelope's masks (``EnvelopeMasks``), the
+name tries, the arguments backend's compiled grammars and the custom tools' (``CustomCompiler``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from server.constrain.arguments import make_backend, sorted_properties, tool_schema
-from server.constrain.custom_grammar import compile_custom, custom_format
+from server.constrain.arguments.backends import make_backend
+from server.constrain.arguments.seam import CallFrame, sorted_properties, tool_schema
+from server.constrain.custom.compile import CustomCompiler
+from server.constrain.custom.grammar import custom_format
 from server.constrain.envelope_masks import EnvelopeMasks
-from server.constrain.interface import TokenConstraint
+from server.constrain.interface import TokenMatcher
 from server.constrain.min_call import minimal_call_tokens
 from server.constrain.plan import ReasoningPlan, ToolPlan, tool_names
-from server.constrain.reasoning_gate import ReasoningGate, ReasoningMasks
-from server.constrain.tool_constraint import Phase as Phase  # re-exported: callers name phases from here
-from server.constrain.tool_constraint import ToolConstraint as ToolConstraint  # re-exported too
+from server.constrain.reasoning_matcher import ReasoningMasks, ReasoningMatcher
+from server.constrain.tool_matcher import ToolMatcher
 from server.constrain.trie import NameTrie
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import Envelope
 
 
-class ConstraintFactory:
+class EnvelopeCompiler:
     """Per (tokenizer, vocab_size, envelope): the preprocessed vocabulary, envelope masks, caches."""
 
     def __init__(
@@ -40,14 +39,15 @@ class ConstraintFactory:
         *,
         any_whitespace: bool = False,
         vocab: TokenVocab | None = None,
+        custom: CustomCompiler | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab = vocab or TokenVocab.from_tokenizer(tokenizer, vocab_size)
         self.envelope = envelope
         self.backend_name = backend
         self.masks = EnvelopeMasks(self.vocab, envelope, tokenizer)
-        self.close_rest = self.masks.close_rest
         self.backend = make_backend(backend, self.vocab, any_whitespace=any_whitespace)
+        self.custom = custom or CustomCompiler(self.vocab)  # a Compiler shares one among its envelopes
         self._reasoning: dict[tuple[str, str], ReasoningMasks] = {}
 
     def trie(self, names: tuple[str, ...]) -> NameTrie:
@@ -60,34 +60,34 @@ class ConstraintFactory:
         plan: ToolPlan,
         eos_token_ids: tuple[int, ...] | list[int],
         budget: int | None = None,
-    ) -> ToolConstraint | ReasoningGate | None:
+    ) -> ToolMatcher | ReasoningMatcher | None:
         """The constraint for one request, or None when no tools were given (nothing to enforce).
 
         ``budget``: the tokens the reply may have (max_tokens), None = unlimited. With
-        ``plan.reasoning`` the tool constraint applies after the reasoning (``ReasoningGate``).
+        ``plan.reasoning`` the tool constraint applies after the reasoning (``ReasoningMatcher``).
         """
         inner = self._tools(tools, plan, eos_token_ids, budget)
         if plan.reasoning is None:
             return inner
         can_call = inner is not None and plan.mode != "none" and bool(plan.allowed)
-        return self.gate(plan.reasoning, inner, plan.prefill, eos_token_ids, can_call=can_call)
+        return self.reasoning(plan.reasoning, inner, plan.prefill, eos_token_ids, can_call=can_call)
 
-    def gate(
+    def reasoning(
         self,
         reasoning: ReasoningPlan,
-        inner: TokenConstraint | None,
+        inner: TokenMatcher | None,
         prefill: str,
         eos_token_ids: tuple[int, ...] | list[int],
         can_call: bool = False,
         answer_inner: bool = False,
-    ) -> ReasoningGate:
+    ) -> ReasoningMatcher:
         """``inner`` (the tool or response_format constraint; None: free text) after the reasoning.
 
         ``can_call``: ``inner`` may open a call (Harmony then picks the final header or the call's);
         ``answer_inner``: ``inner`` also constrains the answer's text (response_format).
         """
         eos = tuple(sorted(set(eos_token_ids)))
-        return ReasoningGate(
+        return ReasoningMatcher(
             self.reasoning_masks(reasoning.open, reasoning.close),
             inner,
             prefill,
@@ -113,7 +113,7 @@ class ConstraintFactory:
         plan: ToolPlan,
         eos_token_ids: tuple[int, ...] | list[int],
         budget: int | None,
-    ) -> ToolConstraint | None:
+    ) -> ToolMatcher | None:
         names = tool_names(tools)
         if not names:
             return None
@@ -131,35 +131,23 @@ class ConstraintFactory:
             tails: tuple[str, ...] = (env.calls_close,) if env.calls_close else ()
             if env.calls_close and plan.parallel and env.parallel:
                 tails += (env.call_separator[:1],)
+            frame = CallFrame(self.masks.close_rest, env.call_end, env.arguments, env.call_id, tails)
             for name in plan.allowed:
-                fmt = custom_format(by_name[name])
-                if fmt is not None:  # a custom tool: its input follows its grammar (custom_grammar.py)
-                    compiled[names.index(name)] = compile_custom(
-                        self.vocab, name, fmt, self.close_rest, env.call_end, env.arguments, tails
-                    )
+                tool = by_name[name]
+                fmt = custom_format(tool)
+                if fmt is not None:  # a custom tool: its input follows its grammar (custom/)
+                    compiled[names.index(name)] = self.custom.compile(name, fmt, frame)
                     continue
-                schema = tool_schema(by_name[name])
+                schema = tool_schema(tool)
                 if env.key_order == "sorted":
                     schema = sorted_properties(schema)
-                compiled[names.index(name)] = self.backend.compile(
-                    name,
-                    schema,
-                    self.close_rest,
-                    env.call_end,
-                    style=env.arguments,
-                    call_id=env.call_id,
-                    tails=tails,
-                )
+                compiled[names.index(name)] = self.backend.compile(name, schema, frame)
         # an id (Mistral v11) or a literal with special tokens (Harmony) between name and arguments
-        gate = self.masks.id_gate or self.masks.literal_gate
-        if gate is not None:
-            compiled = {i: gate.wrap(g, self.backend) for i, g in compiled.items()}
-        c = ToolConstraint(self, plan, tries, subset, compiled, eos)
+        between = self.masks.call_id_masks or self.masks.literal_masks
+        if between is not None:
+            compiled = {i: between.wrap(g, self.backend) for i, g in compiled.items()}
+        c = ToolMatcher(self.masks, self.backend, plan, tries, subset, compiled, eos)
         if budget is not None and c.parallel and plan.allowed and self.tokenizer is not None:
             c.budget = budget
             c.min_call = minimal_call_tokens(self.tokenizer, self.envelope, tools or [], plan.allowed)
         return c
-
-    # --- rows (kept here for callers of the factory) ------------------------------------------------
-    def eos_row(self, eos: tuple[int, ...]) -> np.ndarray:
-        return self.masks.eos_row(eos)

@@ -7,7 +7,7 @@ ends with the special token ``[CALL_ID]`` (the name trie's ``term_token``), then
 The arguments grammar never holds special tokens, so the id and ``[ARGS]`` are masked here,
 before it:
 
-* ``CallIdGate`` (per vocabulary and envelope, built once by ``EnvelopeMasks``): the id's
+* ``CallIdMasks`` (per vocabulary and envelope, built once by ``EnvelopeMasks``): the id's
   alphabet and length, read off the envelope's ``call_id`` regex (a fixed-length character
   class, ``[a-zA-Z0-9]{9}``), one packed row per count of id characters still to write
   (the tokens made only of the alphabet and no longer than that count), and the id of the
@@ -16,7 +16,7 @@ before it:
   ``IdThenArgsMatcher``: the id, exactly its length, then the special token, then the
   arguments matcher. ``takes_special`` tells the tool constraint that this matcher accepts a
   special token (the arguments phase rejects them otherwise).
-* ``LiteralGate``: a fixed text holding special tokens (the rest of the envelope's ``name_close``
+* ``LiteralMasks``: a fixed text holding special tokens (the rest of the envelope's ``name_close``
   after the byte that ends the name: Harmony's ``<|constrain|>json<|message|>``), forced as the
   tokenizer encodes it, one token per step, then the arguments matcher.
 """
@@ -58,7 +58,7 @@ def id_alphabet(pattern: str) -> tuple[frozenset[int], int]:
     return frozenset(chars), n
 
 
-class CallIdGate:
+class CallIdMasks:
     """The masks of a model-written id followed by a special token (see the module doc)."""
 
     def __init__(self, vocab: TokenVocab, pattern: str, after_token: int) -> None:
@@ -89,7 +89,7 @@ def args_matcher(compiled: Any, backend: Any) -> Any:
 class IdThenArgs:
     """A tool's compiled arguments, behind the id gate: ``matcher()`` like a custom grammar's."""
 
-    gate: CallIdGate
+    gate: CallIdMasks
     compiled: Any
     backend: Any
 
@@ -102,7 +102,7 @@ class IdThenArgsMatcher:
 
     takes_special = True
 
-    def __init__(self, gate: CallIdGate, inner: Any) -> None:
+    def __init__(self, gate: CallIdMasks, inner: Any) -> None:
         self.gate, self.inner = gate, inner
         self.left = gate.length
         self.opened = False  # the special token after the id was accepted
@@ -139,7 +139,7 @@ class IdThenArgsMatcher:
         return self.opened and bool(self.inner.is_terminated())
 
 
-class LiteralGate:
+class LiteralMasks:
     """A fixed token sequence between the name and the arguments (see the module doc)."""
 
     def __init__(self, vocab: TokenVocab, ids: list[int]) -> None:
@@ -152,7 +152,7 @@ class LiteralGate:
 
 @dataclass(eq=False)
 class LiteralThenArgs:
-    gate: LiteralGate
+    gate: LiteralMasks
     compiled: Any
     backend: Any
 
@@ -165,7 +165,7 @@ class LiteralThenArgsMatcher:
 
     takes_special = True
 
-    def __init__(self, gate: LiteralGate, inner: Any) -> None:
+    def __init__(self, gate: LiteralMasks, inner: Any) -> None:
         self.gate, self.inner, self.at = gate, inner, 0
 
     def fill(self, bitmask: Any, index: int) -> None:

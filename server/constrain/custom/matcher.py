@@ -1,187 +1,24 @@
-"""Custom tools: the model's free-text ``input`` constrained by the tool's grammar (Lark or regex).
+"""``CustomMatcher``: one custom call's input under its grammar, inside the envelope (a byte transducer).
 
-A custom tool (``{"type": "custom", "custom": {"name", "format"}}``, normalised by
-``server/custom_tools.py`` into a function tool with one string parameter ``input`` and
-the format under ``CUSTOM_KEY``) is called inside the family's own envelope:
-
-* JSON envelopes (``arguments: json``): ``{"input": "<input as a JSON string>"}``. The string is
-  written with ``json.dumps(..., ensure_ascii=False)``'s escapes only (canonical: ``\\"``,
-  ``\\\\``, ``\\n``/``\\t``/…, ``\\u00XX`` for other control characters, everything else raw),
-  so ``json.loads`` gives back exactly the input and the history renders the call unchanged.
-* XML envelopes (``xml_parameters``, Qwen3-Coder): ``<parameter=input>\\nINPUT\\n</parameter>\\n``,
-  INPUT raw; it may not contain ``\\n</parameter>\\n`` (the parser's end of a value).
-
-The grammar engine is llguidance (``LLMatcher``; its Lark dialect is the one OpenAI's custom
-tools use). It runs over the *decoded* input bytes; this module wraps it in a byte-level
-transducer (``CustomMatcher``): the envelope literal before the input, the input's encoding
-(JSON escapes, or the XML end marker held back until it cannot be one), then the envelope
-literal after it (one of several alternatives: ``tails``). The mask per step: llguidance's
-mask over the raw tokens is exact for every token whose bytes encode themselves (no quote,
-backslash or control byte; no newline in XML); the few others are checked one by one.
-
-Everything here is built from the spec's JSON (the tool dict), so vLLM's processor builds
-the same constraint in its engine core.
+Phases: BEFORE (the envelope literal before the input), BODY (the input in its encoding, fed to
+llguidance as raw bytes), AFTER (one of the envelope literals that close the call). The mask per
+step: llguidance's mask over the raw tokens, kept for the tokens that encode themselves, plus the
+others checked one by one from a cached decoding (``CustomCompiled.odd_scans``).
 """
 
 from __future__ import annotations
 
-import json
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from server.constrain.bitmask import write_row
-from server.constrain.compile_cache import CompileCache
+from server.constrain.custom.encoding import ESCAPES, XML_END, Scan, scan
+from server.constrain.custom.llg_vocab import LlgVocab
 from server.constrain.errors import ConstraintError
-from server.constrain.vocab import TokenVocab
-from server.tool_keys import CUSTOM_KEY, INPUT
 
-# canonical JSON string escapes (json.dumps, ensure_ascii=False): escape text -> the byte it stands for
-ESCAPES: dict[bytes, bytes] = {
-    json.dumps(chr(c), ensure_ascii=False)[1:-1].encode(): bytes([c]) for c in [*range(0x20), 0x22, 0x5C]
-}
-_COMPILED = CompileCache(256, size=lambda c: 4 * len(c.grammar) + 65536)  # text + the lazy odd-token scans
-ESCAPE_PREFIXES = frozenset(e[:k] for e in ESCAPES for k in range(1, len(e)))
-XML_END = b"\n</parameter>\n"
-
-
-def custom_format(tool: dict[str, Any]) -> dict[str, Any] | None:
-    """The custom format of a (normalised) tool dict, None for a function tool."""
-    fmt = tool.get(CUSTOM_KEY)
-    return fmt if isinstance(fmt, dict) else None
-
-
-def prompt_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The tools as the prompt shows them: a custom tool's format stays out (its description states it)."""
-    return [{k: v for k, v in t.items() if k != CUSTOM_KEY} if CUSTOM_KEY in t else t for t in tools]
-
-
-NO_FORCING = '%llguidance {"no_forcing": true}\n'
-
-
-def llg_grammar(fmt: dict[str, Any]) -> str:
-    """The llguidance grammar of a normalised format (``{"type": "text"}`` or grammar + syntax).
-
-    ``no_forcing``: llguidance otherwise allows only the canonical token over bytes the grammar
-    forces (``***`` but not ``*``); the masks here judge tokens by their bytes (a JSON-escaped
-    input is not the raw text llguidance sees), so every token that writes the bytes must pass.
-    """
-    import llguidance
-
-    if fmt.get("type") == "text" or fmt.get("syntax") == "regex":
-        regex = r"(?s:.*)" if fmt.get("type") == "text" else str(fmt.get("definition", ""))
-        top = json.loads(llguidance.LLMatcher.grammar_from_regex(regex))
-        for g in top.get("grammars", []):
-            if isinstance(g.get("lark_grammar"), str):
-                g["lark_grammar"] = NO_FORCING + g["lark_grammar"]
-        return json.dumps(top)
-    return NO_FORCING + str(fmt.get("definition", ""))
-
-
-def check_format(fmt: dict[str, Any], where: str) -> None:
-    """ConstraintError (400, ``param=where``) with the compiler's message when the grammar is bad."""
-    import llguidance
-
-    error = llguidance.LLMatcher.validate_grammar(llg_grammar(fmt))
-    if error:
-        raise ConstraintError(
-            f"{where}: the {fmt.get('syntax', 'text')} grammar does not compile: {error.strip()}", param=where
-        )
-
-
-class LlgVocab:
-    """llguidance's view of a ``TokenVocab`` (opaque tokens are special), plus per-encoding rows."""
-
-    def __init__(self, vocab: TokenVocab) -> None:
-        import llguidance
-
-        self.vocab = vocab
-        opaque = [i for i, tb in enumerate(vocab.token_bytes) if not tb]
-        tokens = [tb or b"\xff<opaque_%d>" % i for i, tb in enumerate(vocab.token_bytes)]
-
-        class _Wrapper:
-            eos_token_id = opaque[0] if opaque else 0
-            bos_token_id = None
-            special_token_ids = opaque
-
-            def __init__(self) -> None:
-                self.tokens = tokens
-
-            def __call__(self, text: bytes | str) -> list[int]:
-                data = text.encode() if isinstance(text, str) else text
-                return greedy_ids(vocab, data)
-
-        self.tokenizer = llguidance.LLTokenizer(
-            llguidance.TokenizerWrapper(_Wrapper()), n_vocab=vocab.vocab_size
-        )
-        self.byte_id: list[int | None] = [(vocab.by_bytes.get(bytes([b])) or (None,))[0] for b in range(256)]
-        ids = np.array([t if t is not None else 0 for t in self.byte_id], dtype=np.int64)
-        self.byte_word, self.byte_bit = ids >> 5, (ids & 31).astype(np.uint32)
-        self.byte_has = np.array([t is not None for t in self.byte_id])
-        self.rows: dict[str, tuple[np.ndarray, tuple[int, ...]]] = {}
-        self._escapes: dict[bytes, tuple[list[int], np.ndarray, np.ndarray, list[int]]] = {}
-        for enc, special in (("json", b'"\\'), ("xml", b"\n")):
-            plain, odd = list[int](), list[int]()
-            for tid, tb in enumerate(vocab.token_bytes):
-                if not tb:
-                    continue
-                if enc == "json" and any(c < 0x20 for c in tb.split(b'"')[0]):
-                    continue  # a raw control byte inside the string: never
-                (odd if any(c in special for c in tb) else plain).append(tid)
-            self.rows[enc] = (vocab.pack(plain), tuple(odd))
-
-    def escape_table(self, rest: bytes) -> tuple[list[int], np.ndarray, np.ndarray, list[int]]:
-        """Tokens starting with ``rest`` (the end of an escape): those equal to it, those running on
-        with a token's bytes (ids of both, as arrays), and the others (to check one by one)."""
-        found = self._escapes.get(rest)
-        if found is None:
-            exact, tids, more_ids, check = [], [], [], []
-            for t in self.vocab.starting_with(rest):
-                more = self.vocab.token_bytes[t][len(rest) :]
-                r = self.vocab.by_bytes.get(more)
-                if not more:
-                    exact.append(t)
-                elif r is None or any(c in b'"\\' or c < 0x20 for c in more):
-                    check.append(t)
-                else:
-                    tids.append(t)
-                    more_ids.append(r[0])
-            found = (exact, np.array(tids, dtype=np.int64), np.array(more_ids, dtype=np.int64), check)
-            self._escapes[rest] = found
-        return found
-
-    def ids(self, data: bytes) -> list[int] | None:
-        """``data`` as single-byte tokens (None when a byte has no token of its own)."""
-        out = [self.byte_id[b] for b in data]
-        return None if None in out else out  # type: ignore[return-value]
-
-
-def greedy_ids(vocab: TokenVocab, data: bytes) -> list[int]:
-    """A greedy longest-match tokenization (llguidance's tokenizer callback; never on the hot path)."""
-    out, i = [], 0
-    while i < len(data):
-        found = vocab.prefixes_of(data[i:])
-        if not found:
-            i += 1
-            continue
-        n, tid = found[-1]
-        out.append(tid)
-        i += n
-    return out
-
-
-_LLG: dict[int, LlgVocab] = {}
-_LOCK = threading.Lock()
-
-
-def llg_vocab(vocab: TokenVocab) -> LlgVocab:
-    with _LOCK:
-        found = _LLG.get(id(vocab))
-        if found is None or found.vocab is not vocab:
-            found = _LLG[id(vocab)] = LlgVocab(vocab)
-        return found
+BEFORE, BODY, AFTER = 0, 1, 2
 
 
 @dataclass(eq=False)
@@ -211,90 +48,6 @@ class CustomCompiled:
                     found.append((t, sc))
             self._odd = found
         return found
-
-
-def compile_custom(
-    vocab: TokenVocab,
-    tool: str,
-    fmt: dict[str, Any],
-    prefix: str,
-    suffix: str,
-    style: str,
-    tails: tuple[str, ...],
-) -> CustomCompiled:
-    """The pieces for one custom tool in one envelope (``prefix``/``suffix`` as the arguments backend
-    gets them);
-    cached per (vocabulary, format, envelope strings)."""
-    key = (id(vocab), json.dumps(fmt, sort_keys=True), prefix, suffix, style, tails)
-    found: CustomCompiled = _COMPILED.get_or_make(
-        key,
-        lambda: _compile(vocab, tool, fmt, prefix, suffix, style, tails),
-        f"the grammar of custom tool {tool!r}",
-    )
-    return found
-
-
-def _compile(
-    vocab: TokenVocab,
-    tool: str,
-    fmt: dict[str, Any],
-    prefix: str,
-    suffix: str,
-    style: str,
-    tails: tuple[str, ...],
-) -> CustomCompiled:
-    if "{call_id}" in suffix:
-        raise ConstraintError(
-            f"custom tool {tool!r}: this model's envelope has the model write a call id, which custom "
-            "tools do not support yet; use a function tool",
-            param="tools",
-        )
-    check_format(fmt, f"tool {tool!r} custom.format")
-    if style == "xml_parameters":
-        before, close, encoding = prefix + f"<parameter={INPUT}>\n", "", "xml"
-    else:
-        before, close, encoding = prefix + '{"' + INPUT + '": "', "}", "json"
-    ends = tuple(close + suffix + t for t in tails) if tails else (close + suffix,)
-    return CustomCompiled(
-        llg_vocab(vocab), llg_grammar(fmt), before.encode(), tuple(e.encode() for e in ends), encoding
-    )
-
-
-BEFORE, BODY, AFTER = 0, 1, 2
-Scan = tuple[bytes, bytes, int]  # (input bytes, bytes held at the end, bytes used up to the close or -1)
-
-
-def scan(encoding: str, pending: bytes, data: bytes) -> Scan | None:
-    """Decode ``data`` written in the input's encoding after the held bytes ``pending`` (pure).
-
-    None: not a valid encoding (a raw control byte or a non-canonical escape in JSON).
-    """
-    buf = pending + data
-    if encoding == "xml":
-        at = buf.find(XML_END)
-        if at >= 0:
-            return buf[:at], b"", at + len(XML_END) - len(pending)
-        keep = _held(buf)
-        return buf[: len(buf) - keep], buf[len(buf) - keep :], -1
-    raw, i = bytearray(), 0
-    while i < len(buf):
-        c = buf[i]
-        if c == 0x5C:  # backslash: a canonical escape
-            for esc, byte in ESCAPES.items():
-                if buf.startswith(esc, i):
-                    raw += byte
-                    i += len(esc)
-                    break
-            else:
-                return (bytes(raw), buf[i:], -1) if buf[i:] in ESCAPE_PREFIXES else None
-        elif c == 0x22:  # the closing quote
-            return bytes(raw), b"", i + 1 - len(pending)
-        elif c < 0x20:
-            return None
-        else:
-            raw.append(c)
-            i += 1
-    return bytes(raw), b"", -1
 
 
 class CustomMatcher:
@@ -533,17 +286,3 @@ class CustomMatcher:
             return True
         ids = self.llg.ids(pending)
         return ids is not None and self.inner.validate_tokens(ids) == len(ids)
-
-
-def _held(buf: bytes) -> int:
-    """Length of the longest suffix of ``buf`` that is a proper prefix of the XML end marker."""
-    for k in range(min(len(buf), len(XML_END) - 1), 0, -1):
-        if XML_END.startswith(buf[-k:]):
-            return k
-    return 0
-
-
-def odd_xml_all(vocab: TokenVocab, held: bytes) -> list[int]:
-    """Held bytes that cannot be content: only tokens continuing the end marker."""
-    rest = XML_END[len(held) :]
-    return [t for _, t in vocab.prefixes_of(rest)] + vocab.starting_with(rest)

@@ -1,8 +1,8 @@
-"""The per-request tool constraint (``server.constrain.interface.TokenConstraint``): its phases.
+"""The per-request tool constraint (``server.constrain.interface.TokenMatcher``): its phases.
 
 Request lifecycle: the chat service calls ``plan_tools`` (mode, allowed names, prefill),
-appends the prefill after the assistant header, and asks ``ConstraintFactory.build``
-for a ``ToolConstraint`` that starts right after the prefill. Per decode step the
+appends the prefill after the assistant header, and asks ``EnvelopeCompiler.build``
+for a ``ToolMatcher`` that starts right after the prefill. Per decode step the
 engine calls ``fill_next_token_bitmask`` then ``accept_token`` with the sampled id.
 
 Phases (Hermes strings in brackets; what differs per envelope is precomputed in
@@ -40,16 +40,13 @@ token, which phase, what was allowed) and puts the constraint into ERROR.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
-from server.constrain.arguments import ArgumentsMatcher
+from server.constrain.arguments.seam import ArgumentsBackend, ArgumentsMatcher
+from server.constrain.bitmask import RowWriter
+from server.constrain.envelope_masks import EnvelopeMasks
 from server.constrain.plan import ToolPlan
 from server.constrain.trie import NameTrie, Step
-
-if TYPE_CHECKING:
-    from server.constrain.constraint import ConstraintFactory
 
 
 class Phase(IntEnum):
@@ -61,19 +58,26 @@ class Phase(IntEnum):
     ERROR = 5
 
 
-class ToolConstraint:
+class ToolMatcher:
     """One request's tool-call constraint; see the module docstring for the phases."""
 
     def __init__(
         self,
-        factory: ConstraintFactory,
+        masks: EnvelopeMasks,
+        backend: ArgumentsBackend,
         plan: ToolPlan,
         tries: tuple[NameTrie, NameTrie] | None,
         subset: int,
         compiled: dict[int, Any],
         eos: tuple[int, ...],
     ) -> None:
-        self.f, self.m, self.plan, self.subset, self.compiled = factory, factory.masks, plan, subset, compiled
+        self.masks, self.backend, self.plan, self.subset, self.compiled = (
+            masks,
+            backend,
+            plan,
+            subset,
+            compiled,
+        )
         self.first_trie: NameTrie | None = tries[0] if tries else None
         self.next_trie: NameTrie | None = tries[1] if tries else None
         self.trie = self.first_trie  # the trie of the call being written (names are the same in both)
@@ -85,12 +89,11 @@ class ToolConstraint:
         self.used = 0  # tokens accepted so far
         self.q, self.node, self.tool, self.tail = 0, 0, -1, b""
         self.matcher: ArgumentsMatcher | None = None
-        self.parallel = plan.parallel and factory.envelope.parallel
+        self.parallel = plan.parallel and masks.envelope.parallel
         self.at_start = (
-            True  # nothing written yet (trigger "start", call_after_text false: calls begin only here)
+            True  # nothing written yet (trigger "start", no call after text: calls begin only here)
         )
-        self._bm: Any = None
-        self._arr: Any = None
+        self._rows = RowWriter()
         if plan.mode == "required" or plan.prefill:
             node = self._prefill_node(plan.prefill) if self.trie is not None else None
             if node is None:
@@ -100,16 +103,16 @@ class ToolConstraint:
             self.phase = Phase.TEXT
 
     def _prefill_node(self, prefill: str) -> int | None:
-        if self.m.trigger == "token":
-            tok, prefill = self.f.envelope.strip_special(prefill)
-            if tok is None or self.m.special_ids.get(tok) != self.m.trigger_id:
+        if self.masks.trigger == "token":
+            tok, prefill = self.masks.envelope.strip_special(prefill)
+            if tok is None or self.masks.special_ids.get(tok) != self.masks.trigger_id:
                 return None
         assert self.trie is not None
-        return self.m.first_node(self.trie, prefill.encode())
+        return self.masks.first_node(self.trie, prefill.encode())
 
-    # --- TokenConstraint -------------------------------------------------------------------------
+    # --- TokenMatcher -------------------------------------------------------------------------
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
-        ph, m = self.phase, self.m
+        ph, m = self.phase, self.masks
         if ph == Phase.CALL:
             assert self.trie is not None  # CALL, ARGS and AFTER exist only with a trie
             row = self.trie.mask_row(self.node, self.subset)
@@ -127,7 +130,7 @@ class ToolConstraint:
             row = m.after_row(self.next_trie, self.subset, self.eos, self.more_calls())
         else:
             row = m.eos_row(self.eos)
-        self._write(bitmask, index, row)
+        self._rows.write(bitmask, index, row)
 
     def accept_token(self, token_id: int) -> bool:
         if self.phase == Phase.ERROR:
@@ -150,25 +153,8 @@ class ToolConstraint:
         return self.budget is None or self.budget - self.used >= self.min_call
 
     # --- internals -------------------------------------------------------------------------------
-    def _view(self, bitmask: Any) -> Any:
-        """A numpy view of a CPU bitmask (cached: engines reuse one buffer); the tensor itself if not."""
-        if bitmask is not self._bm:
-            self._bm = bitmask
-            cpu = isinstance(bitmask, np.ndarray) or bitmask.device.type == "cpu"
-            self._arr = bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy() if cpu else bitmask
-        return self._arr
-
-    def _write(self, bitmask: Any, index: int, row: np.ndarray) -> None:
-        arr = self._view(bitmask)
-        if isinstance(arr, np.ndarray):
-            arr[index] = row
-        else:  # a device bitmask: one host-to-device copy
-            import torch
-
-            arr[index].copy_(torch.from_numpy(row))
-
     def _what(self, tid: int) -> str:
-        vocab = self.f.vocab
+        vocab = self.masks.vocab
         return vocab.describe(tid) if 0 <= tid < vocab.vocab_size else f"<out of range id {tid}>"
 
     def _reject(self, message: str) -> bool:
@@ -178,12 +164,12 @@ class ToolConstraint:
 
     def _no_call(self, tid: int) -> bool:
         return self._reject(
-            f"token {self._what(tid)} would open a tool call ({self.f.envelope.name} envelope), "
+            f"token {self._what(tid)} would open a tool call ({self.masks.envelope.name} envelope), "
             f"but no tool may be called now (mode {self.plan.mode})"
         )
 
     def _accept(self, tid: int) -> bool:
-        ph, vocab, m = self.phase, self.f.vocab, self.m
+        ph, vocab, m = self.phase, self.masks.vocab, self.masks
         text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
         if ph == Phase.TEXT:
             if tid in self.eos_set:
@@ -246,7 +232,7 @@ class ToolConstraint:
                         self.phase = Phase.DONE
                     else:
                         assert self.next_trie is not None
-                        node = self.next_trie.node_of(self.f.envelope.call_separator[:1].encode())
+                        node = self.next_trie.node_of(self.masks.envelope.call_separator[:1].encode())
                         if node is None:
                             return self._reject("the call separator is not in the next call's trie")
                         self.trie, self.phase, self.node = self.next_trie, Phase.CALL, node
@@ -257,7 +243,7 @@ class ToolConstraint:
 
     def _call_trie(self) -> NameTrie | None:
         """The first call's trie if a call may begin here, else None."""
-        if self.m.trigger == "token" and not self.f.envelope.call_after_text and not self.at_start:
+        if self.masks.trigger == "token" and not self.masks.envelope.call_after_text and not self.at_start:
             return None
         return self.first_trie
 
@@ -265,10 +251,10 @@ class ToolConstraint:
         """The first token of a reply whose calls have no marker (trigger ``start``)."""
         self.at_start = False
         if self.trie is not None:
-            st = self.trie.step(self.m.entry_node(self.trie), tid, self.subset)
+            st = self.trie.step(self.masks.entry_node(self.trie), tid, self.subset)
             if st is not None:
                 return self._advance(st)
-        if tid in self.m.start_clash_set:
+        if tid in self.masks.start_clash_set:
             if self.trie is None:
                 return self._no_call(tid)
             return self._reject(
@@ -277,7 +263,7 @@ class ToolConstraint:
         return True
 
     def _accept_after(self, tid: int) -> bool:
-        m = self.m
+        m = self.masks
         if tid in self.eos_set:
             self.phase = Phase.DONE
             return True
@@ -303,8 +289,8 @@ class ToolConstraint:
             return True
         self.tool = st.name
         compiled = self.compiled[st.name]
-        custom = getattr(compiled, "matcher", None)  # a custom tool's grammar (custom_grammar.py)
-        self.matcher = matcher = custom() if custom is not None else self.f.backend.matcher(compiled)
+        custom = getattr(compiled, "matcher", None)  # a custom tool's grammar (custom/)
+        self.matcher = matcher = custom() if custom is not None else self.backend.matcher(compiled)
         self.phase = Phase.ARGS
         if st.overflow and not matcher.accept_bytes(st.overflow):
             return self._reject(f"the arguments grammar rejected {st.overflow!r} after the name")

@@ -1,0 +1,1 @@
+"""Argument grammars: the seam, the xgrammar and outlines backends, Qwen3-Coder's XML parameters."""
