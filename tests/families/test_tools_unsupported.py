@@ -28,7 +28,7 @@ def _preparer(ref: str, unsupported: str | None = None) -> Preparer:
         raise _Reached
 
     engine = SimpleNamespace(
-        constraints=SimpleNamespace(factory=lambda *_a: None), tokenizer=tokenize, block_size=32
+        constraints=SimpleNamespace(for_envelope=lambda *_a: None), tokenizer=tokenize, block_size=32
     )
     settings = load_settings(device="cpu")
     renderer = renderer_for(ref)
