@@ -41,15 +41,18 @@ class BlockIndex:
 
     def __init__(self) -> None:
         self.blocks: dict[bytes, Block] = {}  # both tiers
-        self.lru: OrderedDict[bytes, None] = OrderedDict()  # tier-1 keys, least recently used first
+        # tier-1 keys -> when last used (the cache's clock), least recently used first
+        self.lru: OrderedDict[bytes, float] = OrderedDict()
         self.children: dict[bytes, dict[bytes, None]] = {}
         self._bytes = 0  # tier-1 bytes
 
-    def link(self, h: bytes, parent: bytes, tokens: tuple[int, ...], payload: Any, nbytes: int) -> Block:
-        """A new tier-1 block (most recently used)."""
+    def link(
+        self, h: bytes, parent: bytes, tokens: tuple[int, ...], payload: Any, nbytes: int, now: float = 0.0
+    ) -> Block:
+        """A new tier-1 block (most recently used, at ``now``)."""
         blk = self.blocks[h] = Block(parent, tokens, nbytes, payload)
         self.children.setdefault(parent, {})[h] = None
-        self.lru[h] = None
+        self.lru[h] = now
         self._bytes += nbytes
         return blk
 
@@ -68,11 +71,11 @@ class BlockIndex:
             self._bytes -= blk.nbytes
         return blk
 
-    def to_tier1(self, h: bytes, payload: Any) -> None:
+    def to_tier1(self, h: bytes, payload: Any, now: float = 0.0) -> None:
         """Block ``h`` (in tier 2) is back in tier 1 with ``payload``: counted, most recently used."""
         blk = self.blocks[h]
         blk.payload, blk.tier = payload, 1
-        self.lru[h] = None
+        self.lru[h] = now
         self._bytes += blk.nbytes
 
     def to_tier2(self, h: bytes) -> Any:
@@ -111,10 +114,18 @@ class BlockIndex:
                 best, best_n = child, n
         return best, best_n
 
-    def touch(self, keys: Sequence[bytes]) -> None:
+    def touch(self, keys: Sequence[bytes], now: float = 0.0) -> None:
         for h in reversed(keys):  # tail first, so the head ends most recently used
             if h in self.lru:
                 self.lru.move_to_end(h)
+                self.lru[h] = now
+
+    def lru_age(self, now: float) -> float:
+        """Seconds since the least recently used tier-1 block was used (0 when tier 1 is empty):
+        how long an unused block lasts in tier 1 under LRU, the cache's turnover time."""
+        for h in self.lru:
+            return max(now - self.lru[h], 0.0)
+        return 0.0
 
     # -- introspection ----------------------------------------------------------
     @property

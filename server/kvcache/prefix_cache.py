@@ -219,7 +219,7 @@ class PrefixCache:
                     tier2_tokens += best_n if restored else 0
                     self.counters.tail_hit_tokens += best_n
             self.tiers.drop_plan()
-            self.index.touch(keys)
+            self.index.touch(keys, self.clock())
             cached = sum(lengths)
             self.counters.hit_tokens_tier1 += cached - tier2_tokens
             self.counters.hit_tokens_tier2 += tier2_tokens
@@ -282,7 +282,7 @@ class PrefixCache:
                 kept.append(h)
                 covered += len(tokens)
                 parent = h
-            self.index.touch(kept)
+            self.index.touch(kept, self.clock())
             if session:
                 last = tuple(token_ids[(len(kept) - 1) * bs : covered]) if kept else ()
                 self.book.set_chain(session, kept, covered, last)
@@ -292,7 +292,7 @@ class PrefixCache:
     def _add(self, h: bytes, parent: bytes, tokens: tuple[int, ...], payload: Any, nbytes: int) -> Block:
         for dup in self.index.duplicates_of(parent, tokens):
             self.tiers.forget(dup)
-        return self.index.link(h, parent, tokens, payload, nbytes)
+        return self.index.link(h, parent, tokens, payload, nbytes, self.clock())
 
     # -- sessions -----------------------------------------------------------------
     def reply_finished(

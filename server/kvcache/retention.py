@@ -11,8 +11,17 @@ blocks of its latest prompt + reply and what the session is doing:
 Eviction order (``session`` policy), first evicted first:
 1. blocks no live session holds (finished sessions, superseded branches, duplicated
    tails), least recently used first;
-2. blocks of sessions by expected time to return, latest first, each chain from its
-   tail. A block shared by several sessions counts for the one that returns soonest.
+2. blocks of sessions by their *hit density*, lowest first, each chain from its tail: the
+   chance the session is back before an unused block would leave tier 1 anyway (the cache's
+   turnover time: the age of its least recently used block, ``BlockIndex.lru_age``) per second
+   of memory it holds until then (``PauseEstimator.hit_density``; after LHD, Beckmann et al.,
+   NSDI'18). Equal densities (e.g. none can be back in time): the latest expected back first,
+   then the least recently active. A block shared by several sessions counts for the one worth
+   most. (Until 2026-11-27 sessions were ranked by expected time to return alone: a mean
+   that the 10-minute tail of people's pauses dominates, though half of them answer within
+   20 s; with more memory (0.9M tokens, 32 users, traces 601-739) ``session`` lost to ``lru``
+   by 0.55 points: benchmarks/results/cc_traces.md. When every pause ends within the horizon
+   the density is 1 / the expected time to return: the same ranking.)
 
 A *running* session is ranked by when the cache's copy of its KV is next needed: while its
 reply runs the engine holds that KV itself (the request's matched payloads and its own KV,
@@ -62,6 +71,7 @@ DEFAULT_PERSON_PAUSE_S = 60.0
 EMA_ALPHA = 0.3
 EXPIRE_FACTOR = 4.0
 PAUSE_SAMPLES = 64  # recent pauses kept per tool name
+MIN_HORIZON_S = 1e-3  # floor of the horizon and of a held time (seconds): no division by zero
 MAX_TOOLS_TRACKED = 1024  # tool names with pause statistics (clients name tools: least recent dropped)
 
 
@@ -101,6 +111,25 @@ class PauseEstimator:
                 left = sum(longer) / len(longer) if longer else self.cap_s
             best = max(best, left)
         return min(best, self.cap_s)
+
+    def hit_density(self, waiting_on: Iterable[str], waited_s: float, horizon_s: float) -> float:
+        """Expected hits per second of tier-1 memory held (least hit density, LHD) for a session
+        that has waited ``waited_s`` on ``waiting_on``, when a block unused for ``horizon_s`` is gone
+        anyway: over the recent pauses longer than the wait, P(back within the horizon) / E[seconds
+        held until back or gone]. 0: longer than every pause seen. Parallel calls: the slowest name's."""
+        h = max(horizon_s, MIN_HORIZON_S)
+        worst = float("inf")
+        for name in waiting_on:
+            seen = self._recent.get(name)
+            if not seen:
+                default = DEFAULT_PERSON_PAUSE_S if name == PERSON else DEFAULT_TOOL_PAUSE_S
+                left = [abs(min(default, self.cap_s) - waited_s)]
+            else:
+                left = [p - waited_s for p in seen if p > waited_s]
+            hits = sum(1 for r in left if r <= h)
+            held = sum(min(r, h) for r in left)
+            worst = min(worst, hits / max(held, MIN_HORIZON_S))
+        return worst
 
     def expected(self, waiting_on: Iterable[str]) -> float:
         """The expected pause of a wait on all of ``waiting_on`` (they may run in parallel: the max)."""
@@ -174,6 +203,16 @@ class Sessions:
             return self.pauses.remaining(s.last_wait, 0.0) if s.last_wait else 0.0
         return self.pauses.remaining(s.waiting_on, now - s.since)
 
+    def keep_value(self, s: SessionState, now: float, horizon_s: float) -> float:
+        """How much the session's tier-1 blocks are worth keeping (higher: kept longer): the hit
+        density of its pause (``PauseEstimator.hit_density``) over the cache's ``horizon_s``.
+        Arrived: infinite. Running: its next pause, as its last one, from 0 s (infinite before any)."""
+        if s.arrived is not None:
+            return float("inf")
+        if s.state == "running":
+            return self.pauses.hit_density(s.last_wait, 0.0, horizon_s) if s.last_wait else float("inf")
+        return self.pauses.hit_density(s.waiting_on, now - s.since, horizon_s)
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -183,26 +222,30 @@ def session_eviction_order(
     lru: Iterable[bytes],
     sessions: Sessions,
     now: float,
+    horizon_s: float = 0.0,
 ) -> list[bytes]:
     """Tier-1 block keys in the order the ``session`` policy evicts them.
 
     ``lru`` lists the tier-1 keys least recently used first (a chain's tail before its head).
+    ``horizon_s``: the cache's turnover time (``BlockIndex.lru_age``), for ``Sessions.keep_value``.
     """
     live = [
-        (sessions.time_to_return(s, now), -s.since, i, s)
+        (-sessions.keep_value(s, now, horizon_s), sessions.time_to_return(s, now), -s.since, i, s)
         for i, s in enumerate(sessions.values())
         if not sessions.expired(s, now) and s.chain
     ]
-    # most needed first: each block is claimed by the first (soonest-returning) session holding it
-    live.sort(key=lambda x: x[:3])
-    claim: dict[bytes, tuple[float, int]] = {}
-    for ttr, _, _, s in live:
+    # most needed first: each block is claimed by the first (most valuable) session holding it
+    live.sort(key=lambda x: x[:4])
+    claim: dict[bytes, tuple[float, float, float, int]] = {}
+    for neg_value, ttr, _, _, s in live:
         for depth in range(len(s.chain) - 1, -1, -1):
             h = s.chain[depth]
             if h in claim:
-                break  # this block and its ancestors were claimed by a session returning sooner
-            claim[h] = (ttr, depth)
+                break  # this block and its ancestors were claimed by a session worth more
+            claim[h] = (-neg_value, -ttr, s.since, depth)
     unowned = [h for h in lru if h not in claim]
     owned = [h for h in claim if h in tier1]
-    owned.sort(key=lambda h: (-claim[h][0], -claim[h][1]))
+    # least value first; equal values (none back within the horizon): the latest to return, then the
+    # least recently active session (LRU); each from its tail
+    owned.sort(key=lambda h: (*claim[h][:3], -claim[h][3]))
     return unowned + owned

@@ -78,7 +78,7 @@ class Tiers:
         self.cost.observe_restore(blk.nbytes, time.perf_counter() - t0)
         self.counters.blocks_restored += 1
         self.counters.bytes_from_tier2 += blk.nbytes
-        index.to_tier1(h, payload)
+        index.to_tier1(h, payload, self.clock())
         self.evict(protect=frozenset([*protect, h]), keep_plan=True)
         return payload, True
 
@@ -117,7 +117,8 @@ class Tiers:
     def _order(self) -> list[bytes]:
         index = self.index
         if self.policy == "session":
-            return session_eviction_order(index.lru, list(index.lru), self.sessions, self.clock())
+            now = self.clock()
+            return session_eviction_order(index.lru, list(index.lru), self.sessions, now, index.lru_age(now))
         return list(index.lru)
 
     def _demote(self, h: bytes) -> None:

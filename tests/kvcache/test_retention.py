@@ -179,3 +179,62 @@ def test_a_request_never_loses_its_own_chain_at_its_insert():
     c.insert(ids, "", make, tail=True, session="r")
     assert held(c, ids) == 5 and held(c, [3] * 4) < 2
     assert c.used_bytes <= c.capacity_bytes
+
+
+def _short_person_pauses_and_a_slow_build() -> PrefixCache:
+    """People answer "p" in 8 s, but 1 in 3 leaves for 10 minutes; builds take 50 s. At t=1005
+    (both waited 5 s, the oldest block was used 5 s ago) a new session needs 2 blocks' room."""
+    c, clock = cache("session", blocks=6)
+    for pause in (8.0, 8.0, 8.0, 8.0, 600.0, 600.0):
+        c.sessions.pauses.observe(("person",), pause)
+    for _ in range(6):
+        c.sessions.pauses.observe(("build",), 50.0)
+    turn(c, "p", [1] * 4, ())
+    turn(c, "b", [2] * 4, ("build",))
+    clock.t += 5
+    turn(c, "n", [3] * 8, ("build",))  # 4 blocks: 8 > 6
+    return c
+
+
+def test_a_session_likely_back_within_the_turnover_time_is_kept():
+    """Issue 38 (0.9M tokens, 32 users: session lost to LRU): p's expected remaining pause is long
+    ((4 x 3 + 2 x 595) / 6 = 200 s: the 10-minute tail), b's 45 s, so ranking by expected time ranked
+    p first to go, though 2 in 3 of p's pauses end within 3 s, and b cannot be back before its
+    blocks would be gone anyway (an unused block lasts ~5 s here). Ranked by hits per second held
+    over that horizon, b goes."""
+    c = _short_person_pauses_and_a_slow_build()
+    assert held(c, [1] * 4) == 2 and held(c, [2] * 4) == 0 and held(c, [3] * 8) == 4
+
+
+def test_hit_density_over_the_horizon():
+    from server.kvcache.retention import PauseEstimator
+
+    est = PauseEstimator(cap_s=600.0)
+    for pause in (8.0, 8.0, 8.0, 8.0, 600.0, 600.0):
+        est.observe(("person",), pause)
+    # waited 5 s: residuals 3 (x4) and 595 (x2); a block unused for 5 s is gone: 4 hits in 4x3 + 2x5 s
+    assert est.hit_density(("person",), 5.0, 5.0) == 4 / 22
+    # a horizon past every pause: 1 / the mean residual (the expected-time ranking)
+    assert est.hit_density(("person",), 5.0, 1000.0) == 6 / (4 * 3 + 2 * 595)
+    assert est.hit_density(("person",), 700.0, 5.0) == 0.0  # longer than every pause seen: gone
+
+
+def test_equal_values_evict_the_latest_to_return_then_the_least_recently_active_first():
+    """No session can be back within the horizon (1 s: all worth 0): the expected time to return
+    decides, then LRU order; whole sessions from their tails."""
+    from server.kvcache.retention import Sessions, session_eviction_order
+
+    book = Sessions(capacity=8, cap_s=600.0)
+    for _ in range(4):
+        book.pauses.observe(("build",), 50.0)
+        book.pauses.observe(("lint",), 40.0)
+    sessions = {}
+    for key, tool, since in (("late", "build", 95.0), ("new", "lint", 90.0), ("old", "build", 80.0)):
+        s = sessions[key] = book.touch(key)[0]
+        s.state, s.waiting_on, s.since = "tool", (tool,), since
+        s.chain = [f"{key}{d}".encode() for d in range(2)]
+    tier1 = {h: None for s in book.values() for h in s.chain}
+    # at 100 s: late 45 s from back, new and old 30 s (40 - 10, 50 - 20): old is the less recent
+    assert [book.time_to_return(sessions[k], 100.0) for k in ("late", "new", "old")] == [45.0, 30.0, 30.0]
+    order = session_eviction_order(tier1, list(tier1), book, 100.0, 1.0)
+    assert order == [b"late1", b"late0", b"old1", b"old0", b"new1", b"new0"]
