@@ -279,6 +279,14 @@ def test_inside_constrain_no_import_circle():
     assert cycles(edges) == []
 
 
+def test_no_import_circle_anywhere_in_the_server():
+    """Issue 35 item 5: no circles in the house (routing's router/proxy and policy registry,
+    cache_diag's package import, constrain's were the last)."""
+    edges = {module_name(p): imports_of(p) for p in sorted(SERVER.rglob("*.py"))}
+    assert len(edges) > 150 and sum(len(v) for v in edges.values()) > 600  # the walk found the imports
+    assert cycles(edges) == []
+
+
 def test_the_cycle_checker_catches_a_circle():
     """A three-module circle through a member import and a type-only import, a two-module one through a
     package's module; a module importing itself, an import outside the set and a chain are no circle."""
