@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 
 from server.config import load_settings  # noqa: E402
+from server.constrain.compiler import Compiler  # noqa: E402
 from server.constrain.plan import ToolPlan  # noqa: E402
 from server.constrain.spec import ToolSpec  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
@@ -71,6 +72,7 @@ def make_engine(args: argparse.Namespace):
 async def run(args: argparse.Namespace) -> dict:
     engine = make_engine(args)
     await engine.start()
+    compiler = Compiler(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)  # as chat's
     system = toks(1, 128)
     prompts = {s: system + toks(100 + s, 128) for s in range(args.sessions)}
     prompt_tokens = cached_tokens = reusable = 0
@@ -85,7 +87,7 @@ async def run(args: argparse.Namespace) -> dict:
                 f"{key}-{turn}",
                 list(prompts[s]),
                 SamplingParams(max_tokens=8, temperature=0.0),
-                SPEC,
+                compiler.compile(SPEC),
                 "",
                 key,
             )

@@ -12,10 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from server.cache_diag import CacheReport
 from server.chat.detokenize import ReplyText
 from server.chat.prepared import Prepared
+from server.constrain.compiler import Compiler
+from server.constrain.vocab import TokenVocab
 from server.engines.base import Engine, GenerationRequest, TokenLogprob
 from server.errors import GenerationError
 from server.metrics import Metrics
@@ -57,9 +60,9 @@ class GenerationResult:
 class LogprobText:
     """Token ids → OpenAI logprob entries: the token's text and its exact bytes."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.tokenizer = engine.tokenizer
-        self.token_bytes: Sequence[bytes] = engine.constraints.vocab.token_bytes
+    def __init__(self, tokenizer: Any, vocab: TokenVocab) -> None:
+        self.tokenizer = tokenizer
+        self.token_bytes: Sequence[bytes] = vocab.token_bytes
 
     def bytes_of(self, token_id: int) -> bytes:
         raw = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else b""
@@ -77,6 +80,7 @@ class LogprobText:
 
 async def generate_text(
     engine: Engine,
+    compiler: Compiler,
     metrics: Metrics,
     p: Prepared,
     out: GenerationResult,
@@ -91,18 +95,17 @@ async def generate_text(
     emitted = 0
     hold = max((len(s) for s in p.stops), default=1) - 1
     stops = StopFinder(p.stops)
-    fmt = LogprobText(engine) if p.sampling.logprobs is not None else None
+    fmt = LogprobText(engine.tokenizer, compiler.vocab) if p.sampling.logprobs is not None else None
     if fmt is not None:
         out.logprobs = []
     request = GenerationRequest(
         p.request_id,
         p.prompt_ids,
         p.sampling,
-        p.tool_spec,
+        p.take_constraint(compiler),  # compiled at prepare time: the engine compiles nothing
         p.cache_salt,
         p.session.key,
         retain_s=p.retain_s,
-        constraint=p.take_constraint(),  # compiled at prepare time: the engine does not compile it again
     )
     metrics.running.inc()
     gen = engine.generate(request)
@@ -146,7 +149,9 @@ async def generate_text(
         out.token_ids = reply.ids
         reasoning = p.plan.reasoning if p.plan is not None and p.kind == "chat" else None
         if reasoning is not None:
-            out.reasoning_tokens = reasoning_tokens(reply.ids, reasoning.close.strip(), LogprobText(engine))
+            out.reasoning_tokens = reasoning_tokens(
+                reply.ids, reasoning.close.strip(), LogprobText(engine.tokenizer, compiler.vocab)
+            )
         metrics.e2e.observe(time.perf_counter() - start)
 
 

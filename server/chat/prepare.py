@@ -24,6 +24,7 @@ from server.chat.sampling import check_fields
 from server.chat.tool_setup import ToolSetup
 from server.chat.window import fit_sampling
 from server.config import Settings
+from server.constrain.compiler import Compiler
 from server.constrain.custom.grammar import prompt_tools
 from server.constrain.response_format import text_schema
 from server.engines.base import Engine, SamplingParams, constraint_errors_as_400
@@ -41,6 +42,7 @@ class Preparer:
     def __init__(
         self,
         engine: Engine,
+        compiler: Compiler,
         settings: Settings,
         renderer: PromptRenderer,
         envelope: str,
@@ -48,7 +50,8 @@ class Preparer:
         family_ref: str = "",
         baseline: Callable[[str], Prompt | None] | None = None,
     ) -> None:
-        """``renderer``: the family's prompt renderer; ``envelope``: the name of its call envelope;
+        """``compiler``: the service's (it compiles each request's ToolSpec once, here);
+        ``renderer``: the family's prompt renderer; ``envelope``: the name of its call envelope;
         ``baseline``: a session's previous prompt + reply (its ids are kept: ``reply_tokens.py``)."""
         self.engine = engine
         self.settings = settings
@@ -58,9 +61,9 @@ class Preparer:
         self.family_ref = family_ref
         self.baseline = baseline
         self.warned_retention = False  # the first unused retention hint is logged, once
-        self.tools = ToolSetup(engine, settings, renderer, envelope, load_envelope(envelope), family_ref)
-        # the vocabulary and the configured envelope's factory now, not on the first tool request
-        engine.constraints.for_envelope(envelope, settings.grammar_backend)
+        self.tools = ToolSetup(compiler, settings, renderer, envelope, load_envelope(envelope), family_ref)
+        # the vocabulary and the configured envelope's compiler now, not on the first tool request
+        compiler.for_envelope(envelope, settings.grammar_backend)
 
     def _retention(self, req: SamplingFields) -> dict[str, Any]:
         """The request's retention hint, and why the engine does not use it (said in the response)."""
@@ -164,7 +167,6 @@ class Preparer:
         prefill_ids = self.engine.tokenizer(prefill, add_special_tokens=False)["input_ids"] if prefill else []
         prompt_ids = ids + list(prefill_ids)
         sampling, clamped = self._sampling(req, len(prompt_ids))
-        spec, constraint = self.tools.build(tools, plan, sampling.max_tokens, json_text)
         return Prepared(
             kind="chat",
             request_id="chatcmpl-" + uuid.uuid4().hex[:24],
@@ -178,8 +180,7 @@ class Preparer:
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             prefill=prefill,
             plan=plan,
-            tool_spec=spec,
-            constraint=constraint,
+            constraint=self.tools.build(tools, plan, sampling.max_tokens, json_text),
             cache_salt=cache_salt(tenant, self.settings.auth),
             call_id_style=self.call_id_style,
             compare_with=req.comparison_response_id(),

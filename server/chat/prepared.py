@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.cache_diag import Prompt
-from server.constrain.interface import TokenMatcher
+from server.constrain.compiler import Compiler
+from server.constrain.constraint import Constraint
 from server.constrain.plan import ToolPlan
 from server.constrain.spec import ToolSpec
-from server.engines.base import SamplingParams
+from server.engines.base import SamplingParams, constraint_errors_as_400
 from server.response_types import MaxTokensClamped
 from server.session_key import SessionKey
 
@@ -29,9 +30,9 @@ class Prepared:
     include_usage: bool
     prefill: str = ""
     plan: ToolPlan | None = None
-    tool_spec: ToolSpec | None = None
-    # tool_spec compiled (a fresh matcher): handed to the engine by the first generation (``take_constraint``)
-    constraint: TokenMatcher | None = None
+    # the request's ToolSpec compiled at prepare time (a fresh matcher): the first generation
+    # hands it to the engine (``take_constraint``). None: nothing constrains the reply
+    constraint: Constraint | None = None
     cache_salt: str = ""
     call_id_style: Mapping[str, Any] | None = None  # the family's call-id format
     compare_with: str | None = None  # a response id to diagnose the cache against
@@ -42,7 +43,18 @@ class Prepared:
     retain_s: float = 0.0  # the client's retention hint for the session's KV (seconds; 0: none)
     retention_unused: str | None = None  # why the engine does not use that hint (None: used, or no hint)
 
-    def take_constraint(self) -> TokenMatcher | None:
-        """The compiled constraint, once: a matcher is stateful, so a second generation compiles anew."""
-        constraint, self.constraint = self.constraint, None
-        return constraint
+    constraint_taken: bool = False
+
+    @property
+    def tool_spec(self) -> ToolSpec | None:
+        return self.constraint.spec if self.constraint is not None else None
+
+    def take_constraint(self, compiler: Compiler) -> Constraint | None:
+        """The constraint of one generation: the one compiled at prepare time, once (a matcher is
+        stateful); a later generation of the same request gets the spec compiled anew."""
+        c = self.constraint
+        if c is None or not self.constraint_taken:
+            self.constraint_taken = True
+            return c
+        with constraint_errors_as_400():
+            return compiler.compile(c.spec)

@@ -29,6 +29,7 @@ from server.chat.prepared import Prepared
 from server.chat.reply_tokens import decode
 from server.chat.respond import StreamChunks, complete_response
 from server.config import Settings
+from server.constrain.compiler import Compiler
 from server.engines.base import Engine
 from server.families.envelope import load_envelope
 from server.metrics import Metrics
@@ -58,8 +59,12 @@ class ChatService:
             responses_bytes_per_tenant=settings.response_fingerprints_mb * 2**20,
             tier=engine.cache_location(),
         )
+        # the service's own compiler, over the model's tokenizer, logits width and end ids:
+        # every request's ToolSpec is compiled here, once (the engine compiles nothing)
+        self.compiler = Compiler(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)
         self.preparer = Preparer(
             engine,
+            self.compiler,
             settings,
             self.renderer,
             envelope,
@@ -121,7 +126,7 @@ class ChatService:
     async def complete(self, p: Prepared) -> dict[str, Any]:
         out = GenerationResult()
         self.engine.request_arrived(p.session.key)  # the session is back, even while it waits
-        async for _ in generate_text(self.engine, self.metrics, p, out, self._on_first_token):
+        async for _ in generate_text(self.engine, self.compiler, self.metrics, p, out, self._on_first_token):
             pass
         self._finish_accounting(p, out)
         response = complete_response(p, out, p.model or self.settings.served_model_name, self.envelope)
@@ -139,7 +144,7 @@ class ChatService:
         chunks = StreamChunks(p, p.model or self.settings.served_model_name, self.envelope)
         for c in chunks.start():
             yield c
-        texts = generate_text(self.engine, self.metrics, p, out, self._on_first_token)
+        texts = generate_text(self.engine, self.compiler, self.metrics, p, out, self._on_first_token)
         stopper = Interruptible(stop) if stop is not None else None
         async for text in texts if stopper is None else stopper.items(texts):
             for c in chunks.text(text, out):

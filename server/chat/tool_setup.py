@@ -1,10 +1,10 @@
 """A chat request's constraint, planned and built (CPU work, raises the 400s).
 
 Tools are checked (sizes, custom grammars) and planned (``plan_tools``), the request's reasoning
-settings join the plan (``with_reasoning``), and the engine's constraint builder compiles the
+settings join the plan (``with_reasoning``), and the service's ``Compiler`` compiles the
 request's ``ToolSpec`` once (name trie and argument grammars, cached by schema): a bad tool
 choice or an unenforceable schema is a 400 here, before the request waits for a decode slot,
-and the compiled constraint goes to the engine with the request, which does not compile it again.
+and the ``Constraint`` goes to the engine with the request, which compiles nothing.
 
 What varies by family is read through the renderer's seam (``PromptRenderer.reasoning``,
 ``PromptRenderer.tools_unsupported``), never by the family's name.
@@ -19,11 +19,11 @@ from server.chat.reasoning_reply import with_reasoning
 from server.chat.state_machine import StateMachine, StateMachineError, load_state_machine
 from server.chat.tool_choice import plan_tools
 from server.config import Settings
+from server.constrain.compiler import Compiler
+from server.constrain.constraint import Constraint
 from server.constrain.custom.grammar import check_format
-from server.constrain.interface import TokenMatcher
 from server.constrain.plan import ToolPlan
 from server.constrain.spec import ToolSpec
-from server.engines.base import Engine
 from server.errors import InvalidRequest
 from server.families.envelope import Envelope
 from server.families.rendered import PromptRenderer
@@ -33,18 +33,18 @@ from server.tool_keys import CUSTOM_KEY
 
 
 class ToolSetup:
-    """Plans a chat request's tools and reasoning, and builds its constraint with the engine's builder."""
+    """Plans a chat request's tools and reasoning, and compiles its constraint."""
 
     def __init__(
         self,
-        engine: Engine,
+        compiler: Compiler,
         settings: Settings,
         renderer: PromptRenderer,
         envelope_name: str,
         envelope: Envelope,
         family_ref: str,
     ) -> None:
-        self.engine = engine
+        self.compiler = compiler
         self.settings = settings
         self.renderer = renderer
         self.envelope_name = envelope_name
@@ -110,22 +110,22 @@ class ToolSetup:
 
     def build(
         self, tools: list[dict[str, Any]], plan: ToolPlan, budget: int, json_text: dict[str, Any] | None
-    ) -> tuple[ToolSpec | None, TokenMatcher | None]:
-        """The request's ToolSpec and its constraint, compiled once by the engine's builder (400s here).
+    ) -> Constraint | None:
+        """The request's ToolSpec, compiled once (400s here); None: nothing to constrain.
 
-        The engine decodes under that constraint (``GenerationRequest.constraint``): nothing
-        compiles the spec again in this process. ``json_text``: the schema of the reply's
-        text (response_format), None for free text.
+        The engine decodes under it (``GenerationRequest.constraint``): nothing compiles the
+        spec again in this process. ``json_text``: the schema of the reply's text
+        (response_format), None for free text.
         """
         if not tools and json_text is None and plan.reasoning is None:
-            return None, None
+            return None
         spec = ToolSpec(
             tools,
             plan,
             self.envelope_name,
             self.settings.grammar_backend,
-            self.engine.eos_token_ids,
+            self.compiler.eos_token_ids,
             budget=budget,
             text_schema=json_text,
         )
-        return spec, self.engine.constraints.build(spec)
+        return self.compiler.compile(spec)

@@ -1,11 +1,12 @@
-"""``Compiler``: a ``ToolSpec`` → the request's ``ToolMatcher``, where the engine decodes.
+"""``Compiler``: a ``ToolSpec`` → the request's ``Constraint`` (its matcher), where the engine decodes.
 
-One compiler per engine process and tokenizer. It keeps one ``TokenVocab`` (built once,
-lazily) and one ``EnvelopeCompiler`` per (envelope, backend), whose trie and grammar
-caches make a second build of the same tools cheap. A request's spec is built once per
-process where it is used: the chat service builds it at prepare time (a bad schema or
-tool choice is a 400 there) and the engine decodes under that constraint (the hf engine;
-the vllm engine's mirror); vLLM's logits processor builds its own in the engine core
+The chat service owns one (built from the model's tokenizer, logits width and end ids:
+``ChatService``); engines own none. It shares the process's ``TokenVocab`` of that tokenizer
+(``vocab_of``) and keeps one ``EnvelopeCompiler`` per (envelope, backend), whose trie and
+grammar caches make a second build of the same tools cheap. A request's spec is compiled once
+per process where it is used: the chat service compiles it at prepare time (a bad schema or
+tool choice is a 400 there) and the engine decodes under that matcher (the hf and llamacpp
+engines; the vllm engine's mirror); vLLM's logits processor builds its own in the engine core
 (its own compiler, from the spec in ``extra_args``).
 """
 
@@ -15,6 +16,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from server.constrain.constraint import Constraint
 from server.constrain.custom.compile import CustomCompiler
 from server.constrain.envelope_compiler import EnvelopeCompiler
 from server.constrain.interface import TokenMatcher
@@ -22,7 +24,7 @@ from server.constrain.reasoning_matcher import ReasoningMatcher
 from server.constrain.response_format import json_text_matcher
 from server.constrain.spec import ToolSpec
 from server.constrain.tool_matcher import ToolMatcher
-from server.constrain.vocab import TokenVocab
+from server.constrain.vocab import TokenVocab, vocab_of
 from server.families.envelope import load_envelope
 
 
@@ -40,7 +42,7 @@ class Compiler:
     def vocab(self) -> TokenVocab:
         with self._lock:
             if self._vocab is None:
-                self._vocab = TokenVocab.from_tokenizer(self.tokenizer, self.vocab_size)
+                self._vocab = vocab_of(self.tokenizer, self.vocab_size)
             return self._vocab
 
     @property
@@ -64,6 +66,11 @@ class Compiler:
             with self._lock:
                 found = self._envelopes.setdefault(key, found)
         return found
+
+    def compile(self, spec: ToolSpec) -> Constraint:
+        """The request's constraint: the spec and a fresh matcher compiled from it (ValueError or
+        a ``GrammarCompileError`` for a spec that cannot be compiled)."""
+        return Constraint(spec, self.build(spec))
 
     def build(self, spec: ToolSpec) -> TokenMatcher | None:
         """The request's constraint (None when the spec has no tools and no text schema: nothing to enforce).

@@ -13,6 +13,8 @@ bit j of word i set = token 32*i+j allowed, where V is the logits width.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -126,3 +128,20 @@ class TokenVocab:
         if 0 <= token_id < self.vocab_size and self.token_bytes[token_id]:
             return repr(self.token_bytes[token_id].decode("utf-8", "replace"))
         return f"<special {token_id}>"
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, dict[int, TokenVocab]] = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def vocab_of(tokenizer: Any, vocab_size: int) -> TokenVocab:
+    """The vocabulary of ``tokenizer`` at ``vocab_size``, built once per process (a ``TokenVocab``
+    is immutable: every compiler over the same tokenizer and width shares it; it goes with the
+    tokenizer)."""
+    with _SHARED_LOCK:
+        found = _SHARED.get(tokenizer, {}).get(vocab_size)
+    if found is None:
+        built = TokenVocab.from_tokenizer(tokenizer, vocab_size)
+        with _SHARED_LOCK:
+            found = _SHARED.setdefault(tokenizer, {}).setdefault(vocab_size, built)
+    return found

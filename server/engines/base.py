@@ -1,13 +1,13 @@
 """The Engine interface: token ids in, a stream of token chunks out, cache hits counted.
 
-An engine owns the model, its tokenizer, its prefix (KV) cache and its constraint builder.
-The chat service renders and tokenizes prompts, plans tools, and turns token chunks into
-OpenAI responses. Tools cross this seam as data, a ``ToolSpec`` (tools, plan, envelope
-name, backend, EOS ids), compiled once per process where it is used: chat compiles it at
-prepare time with the engine's ``constraints`` (a bad schema is a 400 there) and hands the
-compiled constraint along (``GenerationRequest.constraint``): the hf engine decodes under
-it, the vllm engine uses it as its mirror, and vLLM's engine core (another process) builds
-its own from the spec's JSON form.
+An engine owns the model and its prefix (KV) cache; the model's tokenizer, family and end ids
+are decided before it (``ModelFacts``) and given to it. The chat service renders and
+tokenizes prompts, plans tools, and turns token chunks into OpenAI responses. Tools cross
+this seam in one form, a ``Constraint``: the ``ToolSpec`` (tools, plan, envelope name,
+backend, EOS ids) and the matcher chat compiled from it at prepare time with its own
+``Compiler`` (a bad schema is a 400 there). The hf and llamacpp engines decode under the
+matcher, the vllm engine uses it as its mirror, and vLLM's engine core (another process)
+builds its own from the spec's JSON form. No engine compiles a spec.
 
 Cancellation: closing the async iterator returned by ``generate`` (``aclose()``, or
 leaving an ``async for`` early) cancels the request and frees its resources.
@@ -22,10 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from server.constrain.compiler import Compiler
+from server.constrain.constraint import Constraint
 from server.constrain.errors import ConstraintError
-from server.constrain.interface import TokenMatcher
-from server.constrain.spec import ToolSpec
 from server.errors import InvalidRequest
 from server.families.model_facts import ModelFacts
 
@@ -81,14 +79,10 @@ class GenerationRequest:
     request_id: str
     prompt_ids: list[int]
     sampling: SamplingParams
-    tool_spec: ToolSpec | None = None  # None: unconstrained
+    constraint: Constraint | None = None  # None: unconstrained (see the module doc)
     cache_salt: str = ""  # namespace of the prefix cache (tenant); "" = shared
     session_key: str = ""  # the session (prefix-cache retention, cache reports); "" = none
     retain_s: float = 0.0  # client's hint: keep the session's KV this long after a reply (0: none)
-    # ``tool_spec`` already compiled by this engine's ``constraints`` (chat compiles it at prepare
-    # time, where a bad schema is a 400): the engine uses it and compiles nothing. A fresh,
-    # unused matcher, used by one generation only. None: the engine compiles ``tool_spec`` itself.
-    constraint: TokenMatcher | None = None
 
 
 @dataclass
@@ -126,7 +120,6 @@ class Engine(abc.ABC):
     vocab_size: int  # rows of the logits (may exceed len(tokenizer))
     eos_token_ids: tuple[int, ...]  # facts.end_ids: the engine's stop set, the masks' EOS
     block_size: int  # tokens per prefix-cache block (what cached_tokens is a multiple of)
-    constraints: Compiler  # builds (and warms) the constraint of a ToolSpec
 
     # -- lifecycle -----------------------------------------------------------------------------
     @abc.abstractmethod

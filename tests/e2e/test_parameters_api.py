@@ -14,6 +14,8 @@ import httpx
 import pytest
 import torch
 
+from server.constrain.vocab import vocab_of
+
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"
 HI = [{"role": "user", "content": "Say hi to the team."}]
@@ -31,7 +33,7 @@ def complete(url, prompt, **kw):
 
 
 def token_id(hf_engine, entry) -> int:
-    ids = hf_engine.constraints.vocab.by_bytes[bytes(entry["bytes"])]
+    ids = vocab_of(hf_engine.tokenizer, hf_engine.vocab_size).by_bytes[bytes(entry["bytes"])]
     assert len(ids) == 1
     return ids[0]
 

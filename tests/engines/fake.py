@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from server.config import Settings, load_settings
-from server.constrain.compiler import Compiler
 from server.engines.base import Engine, EngineStats, GenerationChunk, GenerationRequest, SamplingParams
 from server.errors import InvalidRequest
 from server.families.model_facts import decide
@@ -31,7 +30,6 @@ class ScriptedEngine(Engine):
         self.vocab_size = len(tokenizer)
         self.eos_token_ids = self.facts.end_ids
         self.block_size = 16
-        self.constraints = Compiler(tokenizer, self.vocab_size, self.eos_token_ids)
         self.reply_ids = list(tokenizer(reply, add_special_tokens=False)["input_ids"])
         self.tiers = tiers
         self.finished: list[tuple[str, tuple[str, ...]]] = []

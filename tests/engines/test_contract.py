@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
 
 from server.chat.service import ChatService
+from server.constrain.compiler import Compiler
+from server.constrain.constraint import Constraint
 from server.engines.base import Engine, EngineStats, GenerationChunk, GenerationRequest
 from server.engines.hf.engine import HFEngine
 from server.engines.vllm.engine import VllmEngine
@@ -89,3 +92,25 @@ def test_the_engine_refuses_sampling_it_cannot_honour_at_prepare_time(tokenizer)
         service.prepare_chat(req, {}, raw_body=raw)
     assert exc.value.param == "seed"
     assert not eng.requests  # refused before anything reached the engine
+
+
+def test_the_engine_gets_one_compiled_constraint_and_compiles_nothing(tokenizer):
+    """Issue 35 item 2: chat compiles with its own Compiler; the seam carries one form."""
+    assert [
+        f.name for f in dataclasses.fields(GenerationRequest) if "spec" in f.name or "constr" in f.name
+    ] == ["constraint"]
+    assert "constraints" not in Engine.__annotations__  # no compiler on the ABC
+    eng = ScriptedEngine(tokenizer, reply="plain text")
+    assert not any(isinstance(v, Compiler) for v in vars(eng).values())
+    service = ChatService(eng, worker_settings(), Metrics())
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    req, raw = _request(tools=[tool])
+    prepared = service.prepare_chat(req, {}, raw_body=raw)
+    compiled = prepared.constraint
+    assert isinstance(compiled, Constraint) and compiled.matcher is not None
+    assert compiled.spec.tools == [tool] and compiled.spec.eos_token_ids == eng.eos_token_ids
+    asyncio.run(service.complete(prepared))
+    assert eng.requests[-1].constraint is compiled  # handed over as compiled at prepare time
+    plain, plain_raw = _request()
+    asyncio.run(service.complete(service.prepare_chat(plain, {}, raw_body=plain_raw)))
+    assert eng.requests[-1].constraint is None  # no tools: nothing to enforce

@@ -58,7 +58,7 @@ def test_the_family_end_tokens_reach_the_engine_and_the_masks():
     }
     prepared = service.prepare_chat(ChatCompletionRequest(**raw), {}, raw_body=raw)
     assert prepared.tool_spec is not None and prepared.tool_spec.eos_token_ids == eng.eos_token_ids
-    assert eng.constraints.eos_token_ids == eng.eos_token_ids  # a spec without EOS ids gets them too
+    assert service.compiler.eos_token_ids == eng.eos_token_ids  # a spec without EOS ids gets them too
 
 
 def test_a_family_end_token_stops_the_hf_engine(hf_engine):

@@ -27,16 +27,15 @@ def _preparer(ref: str, unsupported: str | None = None) -> Preparer:
     def tokenize(*_a, **_k):
         raise _Reached
 
-    engine = SimpleNamespace(
-        constraints=SimpleNamespace(for_envelope=lambda *_a: None), tokenizer=tokenize, block_size=32
-    )
+    engine = SimpleNamespace(tokenizer=tokenize, block_size=32)
+    compiler = SimpleNamespace(for_envelope=lambda *_a: None)
     settings = load_settings(device="cpu")
     renderer = renderer_for(ref)
     if unsupported:  # a family whose calls the masks could not write
         family = load_family(ref)
         renderer = FamilyRenderer(replace(family, rules=replace(family.rules, tools_unsupported=unsupported)))
     envelope = load_family(ref).envelope
-    return Preparer(engine, settings, renderer, envelope, family_ref=ref)  # type: ignore[arg-type]
+    return Preparer(engine, compiler, settings, renderer, envelope, family_ref=ref)  # type: ignore[arg-type]
 
 
 def _request(tools: bool) -> ChatCompletionRequest:

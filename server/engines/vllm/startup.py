@@ -166,5 +166,5 @@ def hold_seconds(v: VllmSettings, request: GenerationRequest) -> float:
         return 0.0
     if request.retain_s > 0:
         return request.retain_s
-    spec = request.tool_spec
-    return v.session_hold_s if spec is not None and spec.tools else 0.0
+    c = request.constraint
+    return v.session_hold_s if c is not None and c.spec.tools else 0.0

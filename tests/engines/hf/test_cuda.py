@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engines.compiled import compiled
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TOOLS = [
@@ -119,7 +121,9 @@ def test_masked_tool_call_on_cuda(cuda_engine):
         plan = plan_tools(TOOLS, choice, [{"role": "user", "content": "x"}], False, None, env)
         spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", cuda_engine.eos_token_ids)
         prefill = cuda_engine.tokenizer(plan.prefill, add_special_tokens=False)["input_ids"]
-        req = GenerationRequest(f"cuda-{seed}", prompt + prefill, SamplingParams(64, 1.0, seed=seed), spec)
+        req = GenerationRequest(
+            f"cuda-{seed}", prompt + prefill, SamplingParams(64, 1.0, seed=seed), compiled(cuda_engine, spec)
+        )
         ids = []
         async for chunk in cuda_engine.generate(req):
             assert chunk.error is None, chunk.error

@@ -28,6 +28,7 @@ from server.families.model_facts import load_model_facts  # noqa: E402
 from server.families.render import renderer_for  # noqa: E402
 from server.model_store import embedded_gguf  # noqa: E402
 from server.protocol import ChatMessage  # noqa: E402
+from tests.engines.compiled import compiled  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -165,7 +166,9 @@ def test_a_masked_tool_call_is_valid(engine, loop):
     spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", engine.eos_token_ids)
     for temperature in (0.0, 1.0):
         sampling = SamplingParams(max_tokens=200, temperature=temperature, seed=7)
-        chunks = loop.run(collect(engine, GenerationRequest(f"tool{temperature}", prompt, sampling, spec)))
+        chunks = loop.run(
+            collect(engine, GenerationRequest(f"tool{temperature}", prompt, sampling, compiled(engine, spec)))
+        )
         assert chunks[-1].finish_reason == "stop" and chunks[-1].error is None, chunks[-1]
         text = plan.prefill + engine.tokenizer.decode(tokens(chunks))
         parsed = parse_tool_calls(text, hermes)

@@ -23,6 +23,7 @@ import jsonschema  # noqa: E402
 from server.chat.tool_choice import plan_tools  # noqa: E402
 from server.chat.toolcalls import parse_tool_calls  # noqa: E402
 from server.config import load_settings  # noqa: E402
+from server.constrain.constraint import Constraint
 from server.constrain.spec import ToolSpec  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.errors import ContextLengthExceeded, InvalidRequest  # noqa: E402
@@ -30,6 +31,7 @@ from server.families.envelope import load_envelope  # noqa: E402
 from server.families.model_facts import load_model_facts  # noqa: E402
 from server.families.render import renderer_for  # noqa: E402
 from server.protocol import ChatMessage  # noqa: E402
+from tests.engines.compiled import compiled
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -151,7 +153,12 @@ def test_spec_rejected_by_the_processor_is_a_400(engine, loop, tokenizer):
     plan = plan_tools(TOOLS, "required", [{"role": "user", "content": "x"}], False, None, hermes)
     bad = ToolSpec(TOOLS, plan, backend="nope")  # what the processor's validate_params refuses too
     with pytest.raises(InvalidRequest, match="vllm_xargs") as info:
-        loop.run(collect(engine, GenerationRequest("badspec", [1, 2, 3], SamplingParams(max_tokens=4), bad)))
+        loop.run(
+            collect(
+                engine,
+                GenerationRequest("badspec", [1, 2, 3], SamplingParams(max_tokens=4), Constraint(bad, None)),
+            )
+        )
     assert info.value.status == 400
 
 
@@ -163,7 +170,7 @@ def _tool_request(engine, tokenizer, rid: str, choice, temperature: float, **sam
     prompt = ids_of(tokenizer, rendered.text) + (ids_of(tokenizer, plan.prefill) if plan.prefill else [])
     spec = ToolSpec(TOOLS, plan, "hermes", "xgrammar", engine.eos_token_ids)
     sampling = SamplingParams(max_tokens=200, temperature=temperature, **sampling_kw)
-    return GenerationRequest(rid, prompt, sampling, spec), plan
+    return GenerationRequest(rid, prompt, sampling, compiled(engine, spec)), plan
 
 
 def test_constrained_requests_return_valid_tool_calls_beside_a_free_one(engine, loop, tokenizer):

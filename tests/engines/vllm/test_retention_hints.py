@@ -14,6 +14,7 @@ from server.chat.generate import GenerationResult  # noqa: E402
 from server.chat.respond import extensions  # noqa: E402
 from server.chat.service import ChatService  # noqa: E402
 from server.config import load_settings  # noqa: E402
+from server.constrain.constraint import Constraint
 from server.constrain.plan import ToolPlan  # noqa: E402
 from server.constrain.spec import ToolSpec  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
@@ -86,8 +87,8 @@ def test_what_is_held_and_how_long(service, service_off):
     spec = ToolSpec(tools=[TOOL], plan=ToolPlan("auto", ("ls",), True, ""))
 
     def req(session: str = "s", retain_s: float = 0.0, tools: bool = False) -> GenerationRequest:
-        tool_spec = spec if tools else None
-        return GenerationRequest("r", [1, 2], SamplingParams(max_tokens=2), tool_spec, "", session, retain_s)
+        constraint = Constraint(spec, None) if tools else None  # the hold reads only the spec
+        return GenerationRequest("r", [1, 2], SamplingParams(max_tokens=2), constraint, "", session, retain_s)
 
     held = service.engine.hold_s
     assert held(req(tools=True)) == 40.0  # an agent turn: vllm.session_hold_s

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from server.kvcache.cost_model import CostModel
 from server.kvcache.prefix_cache import MatchResult, PrefixCache
-from server.kvcache.tier2 import CostModel, make_store
+from server.kvcache.tier2 import make_store
 
 
 class BlockCutter:
