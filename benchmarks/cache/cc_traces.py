@@ -51,8 +51,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from server.kvcache.cost_model import CostModel  # noqa: E402
 from server.kvcache.prefix_cache import PrefixCache  # noqa: E402
-from server.kvcache.tier2 import CostModel, HostStore  # noqa: E402
+from server.kvcache.tier2 import HostStore  # noqa: E402
 
 BLOCK_TOKENS = 64  # tokens per hash id (the trace format's block_size)
 KV_BYTES_PER_TOKEN = 128 * 1024  # an 8B model (32 layers, 8 KV heads x 128, bf16)

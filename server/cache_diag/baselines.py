@@ -100,8 +100,8 @@ class _Lru(Generic[T]):
         return len(self.items)
 
 
-class SessionTable(Generic[T]):
-    """The previous prompt of each recent session (LRU + TTL), and which sessions were seen."""
+class BaselineTable(Generic[T]):
+    """Each recent session's baseline, its previous prompt (LRU + TTL), and which sessions were seen."""
 
     def __init__(
         self,

@@ -17,15 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from server.cache_diag.diagnose import diagnose, no_baseline
-from server.cache_diag.diagnosis import CacheState, Diagnosis, Prompt
-from server.cache_diag.session_table import (
+from server.cache_diag.baselines import (
+    BaselineTable,
     Clock,
     FingerprintStore,
-    SessionTable,
     fingerprint_bytes,
     seq_bytes,
 )
+from server.cache_diag.diagnose import diagnose, no_baseline
+from server.cache_diag.diagnosis import CacheState, Diagnosis, Prompt
 
 MIN_PREFILL_SAMPLE = 32  # tokens: shorter prefills say more about overhead than about the rate
 
@@ -103,7 +103,7 @@ class CacheReporter:
     ) -> None:
         self.block_size, self.enabled, self.tier, self.retention_s = block_size, enabled, tier, retention_s
         self.clock = clock
-        self.sessions: SessionTable[_Baseline] = SessionTable(
+        self.sessions: BaselineTable[_Baseline] = BaselineTable(
             sessions,
             clock=clock,
             max_bytes=sessions_bytes,

@@ -1,6 +1,6 @@
 """The prefix cache's index of blocks, both tiers: keys, parents, children, tier-1 LRU order, bytes.
 
-A block is known by its chained key (``tier2.chain_key``) and records its parent key,
+A block is known by its chained key (``block_keys.chain_key``) and records its parent key,
 its tokens, its size and, while in tier 1, its payload. Children are indexed by parent
 so a lookup can find the cached block sharing the most tokens with a prompt's next
 tokens. ``PrefixCache`` owns one (``cache.index``) and shares it with its ``tiers.Tiers``;

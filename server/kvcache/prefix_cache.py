@@ -1,10 +1,8 @@
 """Block-hash prefix cache (hf engine): reuse the KV of the longest cached prefix, to the token.
 
-A sequence is cut into blocks of ``block_size`` tokens; the last block may be partial
-(a *tail*). Block i is keyed by a chained hash: H_i = blake2b(H_{i-1} || token ids of
-block i), H_{-1} = blake2b(salt), so a key names the whole prefix up to and including
-that block (as in vLLM v1 and nano-vllm). Every block also records its parent key and
-its tokens, and the cache indexes children by parent.
+A sequence is cut into blocks of ``block_size`` tokens, each keyed by a chained hash that
+names the whole prefix (``block_keys.py``); the last block may be partial (a *tail*). Every
+block also records its parent key and its tokens, and the cache indexes children by parent.
 
 Lookup walks the chain of full blocks from the first and stops at the first miss; then,
 among the cached children of the last hit (full blocks and tails), it takes the one
@@ -35,7 +33,6 @@ had been evicted from both tiers. ``stats()`` gives the counters /metrics shows.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,10 +40,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from server.kvcache.block_keys import block_keys, chain_key, root_key
+from server.kvcache.cost_model import CostModel
 from server.kvcache.index import Block, BlockIndex
-from server.kvcache.retention import Sessions
+from server.kvcache.retention import SessionRecords
 from server.kvcache.sessions import CacheCounters, LookupReport, SessionBook, cache_metrics
-from server.kvcache.tier2 import CostModel, Tier2Store, chain_key
+from server.kvcache.tier2 import Tier2Store
 from server.kvcache.tiers import Tiers
 
 
@@ -119,7 +118,7 @@ class PrefixCache:
         return self.tiers.cost
 
     @property
-    def sessions(self) -> Sessions:
+    def sessions(self) -> SessionRecords:
         return self.book.sessions
 
     @property
@@ -154,17 +153,11 @@ class PrefixCache:
 
     # -- keys -----------------------------------------------------------------
     def root(self, salt: str = "") -> bytes:
-        return hashlib.blake2b(salt.encode(), digest_size=16).digest()
+        return root_key(salt)
 
     def block_hashes(self, token_ids: Sequence[int], salt: str = "") -> list[bytes]:
-        """Chained hashes of every full block of ``token_ids``."""
-        parent = self.root(salt)
-        out: list[bytes] = []
-        bs = self.block_size
-        for i in range(len(token_ids) // bs):
-            parent = chain_key(parent, token_ids[i * bs : (i + 1) * bs])
-            out.append(parent)
-        return out
+        """Chained keys of every full block of ``token_ids``."""
+        return block_keys(token_ids, self.block_size, salt)
 
     # -- lookup ---------------------------------------------------------------
     def match(
@@ -178,7 +171,7 @@ class PrefixCache:
         retain_s: float = 0.0,
     ) -> MatchResult:
         """The longest cached prefix of ``token_ids`` (at most ``max_tokens`` / ``max_blocks`` blocks).
-        ``retain_s``: the client's retention hint for ``session`` (``SessionState.keep_s``)."""
+        ``retain_s``: the client's retention hint for ``session`` (``SessionRecord.keep_s``)."""
         if not self.enabled:
             return MatchResult((), (), self.block_size)
         limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))

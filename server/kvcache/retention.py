@@ -144,7 +144,7 @@ class PauseEstimator:
 
 
 @dataclass
-class SessionState:
+class SessionRecord:
     key: str
     chain: list[bytes] = field(default_factory=list)  # block keys of the latest prompt + reply
     chain_tokens: int = 0
@@ -157,33 +157,33 @@ class SessionState:
     last_wait: tuple[str, ...] = ()  # what it waited on before its current request (kept while running)
 
 
-class Sessions:
+class SessionRecords:
     """Bounded table of sessions (least recently active dropped first) + the pause estimator."""
 
     def __init__(self, capacity: int, cap_s: float) -> None:
         self.capacity = capacity
         self.cap_s = cap_s
         self.pauses = PauseEstimator(cap_s)
-        self._items: OrderedDict[str, SessionState] = OrderedDict()
+        self._items: OrderedDict[str, SessionRecord] = OrderedDict()
 
-    def get(self, key: str) -> SessionState | None:
+    def get(self, key: str) -> SessionRecord | None:
         return self._items.get(key)
 
-    def touch(self, key: str) -> tuple[SessionState, list[SessionState]]:
+    def touch(self, key: str) -> tuple[SessionRecord, list[SessionRecord]]:
         """The session (created if new), most recently active; plus sessions dropped past capacity."""
         s = self._items.get(key)
         if s is None:
-            s = self._items[key] = SessionState(key)
+            s = self._items[key] = SessionRecord(key)
         self._items.move_to_end(key)
         dropped = []
         while len(self._items) > self.capacity:
             dropped.append(self._items.popitem(last=False)[1])
         return s, dropped
 
-    def values(self) -> list[SessionState]:
+    def values(self) -> list[SessionRecord]:
         return list(self._items.values())
 
-    def expired(self, s: SessionState, now: float) -> bool:
+    def expired(self, s: SessionRecord, now: float) -> bool:
         if s.state == "done":
             return True
         if s.arrived is not None:  # a request that never reached the engine holds it cap_s at most
@@ -193,7 +193,7 @@ class Sessions:
         limit = min(self.cap_s, max(EXPIRE_FACTOR * max(self.pauses.expected(s.waiting_on), 1e-3), s.keep_s))
         return now - s.since > limit
 
-    def time_to_return(self, s: SessionState, now: float) -> float:
+    def time_to_return(self, s: SessionRecord, now: float) -> float:
         """Expected seconds until the session's KV is next needed, given how long it has waited;
         see the module header. -1: its request has arrived and waits for the engine. Running:
         the pause it will take after its reply, as its last one (0 before any)."""
@@ -203,7 +203,7 @@ class Sessions:
             return self.pauses.remaining(s.last_wait, 0.0) if s.last_wait else 0.0
         return self.pauses.remaining(s.waiting_on, now - s.since)
 
-    def keep_value(self, s: SessionState, now: float, horizon_s: float) -> float:
+    def keep_value(self, s: SessionRecord, now: float, horizon_s: float) -> float:
         """How much the session's tier-1 blocks are worth keeping (higher: kept longer): the hit
         density of its pause (``PauseEstimator.hit_density``) over the cache's ``horizon_s``.
         Arrived: infinite. Running: its next pause, as its last one, from 0 s (infinite before any)."""
@@ -220,14 +220,14 @@ class Sessions:
 def session_eviction_order(
     tier1: Mapping[bytes, object],
     lru: Iterable[bytes],
-    sessions: Sessions,
+    sessions: SessionRecords,
     now: float,
     horizon_s: float = 0.0,
 ) -> list[bytes]:
     """Tier-1 block keys in the order the ``session`` policy evicts them.
 
     ``lru`` lists the tier-1 keys least recently used first (a chain's tail before its head).
-    ``horizon_s``: the cache's turnover time (``BlockIndex.lru_age``), for ``Sessions.keep_value``.
+    ``horizon_s``: the cache's turnover time (``BlockIndex.lru_age``), for ``SessionRecords.keep_value``.
     """
     live = [
         (-sessions.keep_value(s, now, horizon_s), sessions.time_to_return(s, now), -s.since, i, s)

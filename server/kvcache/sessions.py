@@ -1,7 +1,7 @@
 """What the prefix cache knows per session, and what it reports (for /metrics and cache-miss reasons).
 
 ``SessionBook`` keeps, per session key, the chain of blocks of its latest prompt + reply
-and what it is doing (``retention.Sessions``), learns pauses when a session comes
+and what it is doing (``retention.SessionRecords``), learns pauses when a session comes
 back, and writes one ``LookupReport`` per lookup. This is the API the cache-miss
 diagnostics read (``PrefixCache.last_lookup(session_key)``, ``HFEngine.lookup_report``):
 
@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from server.kvcache.retention import PERSON, Sessions, SessionState
+from server.kvcache.retention import PERSON, SessionRecord, SessionRecords
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
 
 class SessionBook:
     def __init__(self, capacity: int, cap_s: float, block_size: int, counters: CacheCounters) -> None:
-        self.sessions = Sessions(capacity, cap_s)
+        self.sessions = SessionRecords(capacity, cap_s)
         self.block_size = block_size
         self.counters = counters
         self._reports: OrderedDict[str, LookupReport] = OrderedDict()
@@ -150,7 +150,7 @@ class SessionBook:
         return r
 
     def _kept_tokens(
-        self, s: SessionState, token_ids: Sequence[int], hashes: Callable[[Sequence[int]], list[bytes]]
+        self, s: SessionRecord, token_ids: Sequence[int], hashes: Callable[[Sequence[int]], list[bytes]]
     ) -> int:
         bs = self.block_size
         n_full = s.chain_tokens // bs

@@ -16,10 +16,7 @@ into its own folder under ``tier2.path`` (``worker-PID-RANDOM``, mode 0700, file
 names unique per write), removes the folders of workers no longer running when it starts, and
 its own at shutdown (process exit or the store's collection).
 
-``CostModel`` decides whether restoring beats recomputing: it keeps moving averages of
-seconds per restored byte and seconds per prefilled token, both measured, and restores
-a run of blocks only when that is predicted cheaper (every ``EXPLORE_EVERY``-th refusal
-restores anyway, so a changed machine is noticed).
+Whether restoring beats recomputing is ``cost_model.CostModel``'s call.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ import shutil
 import struct
 import tempfile
 import weakref
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,47 +37,9 @@ from typing import Any
 
 import torch
 
+from server.kvcache.block_keys import chain_key
+
 log = logging.getLogger(__name__)
-
-EXPLORE_EVERY = 50
-_EMA = 0.2
-
-
-def chain_key(parent: bytes, tokens: Sequence[int]) -> bytes:
-    """The chained hash of a block: blake2b(parent key || int64 token ids), 16 bytes."""
-    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
-
-
-class CostModel:
-    """Measured seconds per restored byte vs per prefilled token; ``mode`` auto | always | never."""
-
-    def __init__(self, mode: str = "auto") -> None:
-        self.mode = mode
-        self.restore_s_per_byte: float | None = None
-        self.prefill_s_per_token: float | None = None
-        self._refused = 0
-
-    @staticmethod
-    def _ema(old: float | None, new: float) -> float:
-        return new if old is None else (1 - _EMA) * old + _EMA * new
-
-    def observe_restore(self, nbytes: int, seconds: float) -> None:
-        if nbytes > 0:
-            self.restore_s_per_byte = self._ema(self.restore_s_per_byte, seconds / nbytes)
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            self.prefill_s_per_token = self._ema(self.prefill_s_per_token, seconds / tokens)
-
-    def worth_restoring(self, nbytes: int, tokens: int) -> bool:
-        if self.mode != "auto":
-            return self.mode == "always"
-        if self.restore_s_per_byte is None or self.prefill_s_per_token is None:
-            return True  # measure first
-        if nbytes * self.restore_s_per_byte < tokens * self.prefill_s_per_token:
-            return True
-        self._refused += 1
-        return self._refused % EXPLORE_EVERY == 0
 
 
 class Tier2Store:

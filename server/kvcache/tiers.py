@@ -18,10 +18,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from server.kvcache.cost_model import CostModel
 from server.kvcache.index import BlockIndex
-from server.kvcache.retention import Sessions, session_eviction_order
+from server.kvcache.retention import SessionRecords, session_eviction_order
 from server.kvcache.sessions import CacheCounters
-from server.kvcache.tier2 import CostModel, Tier2Store
+from server.kvcache.tier2 import Tier2Store
 
 POLICIES = ("lru", "session")
 
@@ -38,7 +39,7 @@ class Tiers:
         cost: CostModel | None,
         clock: Callable[[], float],
         counters: CacheCounters,
-        sessions: Sessions,
+        sessions: SessionRecords,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"prefix cache policy must be one of {POLICIES}, got {policy!r}")

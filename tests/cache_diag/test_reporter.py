@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from server.cache_diag import CacheReporter, PrefillRate
-from server.cache_diag.session_table import FingerprintStore, SessionTable
+from server.cache_diag.baselines import BaselineTable, FingerprintStore
 from server.metrics import Metrics
 from tests.cache_diag.helpers import prompt, tool
 
@@ -82,7 +82,7 @@ def test_stores_are_bounded():
     for i in range(5):
         store.put("A", f"r{i}", i)  # type: ignore[arg-type]
     assert len(store) == 3 and store.get("A", "r0") is None and store.get("A", "r4").value == 4
-    table: SessionTable[str] = SessionTable(2, ttl_s=10, clock=clock)
+    table: BaselineTable[str] = BaselineTable(2, ttl_s=10, clock=clock)
     for k in "abc":
         table.put(k, k)
     assert table.get("a") is None and table.get("c") == "c" and len(table) == 2

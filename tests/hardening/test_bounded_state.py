@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from array import array
 
+from server.cache_diag.baselines import BaselineTable, FingerprintStore, fingerprint_bytes
 from server.cache_diag.diagnosis import Prompt
 from server.cache_diag.fingerprint import Fingerprint
 from server.cache_diag.reporter import CacheReporter
-from server.cache_diag.session_table import FingerprintStore, SessionTable, fingerprint_bytes
 
 
 def _fp(n_tokens: int) -> Fingerprint:
@@ -28,7 +28,7 @@ def _fp(n_tokens: int) -> Fingerprint:
 
 
 def test_the_session_table_is_bounded_by_bytes():
-    table: SessionTable[bytes] = SessionTable(4096, max_bytes=10_000, size=len)
+    table: BaselineTable[bytes] = BaselineTable(4096, max_bytes=10_000, size=len)
     for i in range(100):
         table.put(f"s{i}", b"x" * 997)  # + the key's 3 characters: 1,000 bytes each
     assert len(table) == 10 and table.bytes <= 10_000
@@ -40,7 +40,7 @@ def test_the_session_table_is_bounded_by_bytes():
 def test_session_keys_are_counted_in_the_session_tables_bytes():
     # issue 37 item 10: a prompt_cache_key is client text of any length (up to the body limit);
     # 4,096 sessions of 8 MiB keys were 32 GiB outside the byte budget
-    table: SessionTable[bytes] = SessionTable(4096, max_bytes=10_000, size=len)
+    table: BaselineTable[bytes] = BaselineTable(4096, max_bytes=10_000, size=len)
     for i in range(20):
         table.put(f"{i:04d}" + "k" * 2_996, b"x" * 10)  # 3,000-character keys, 10-byte values
     assert table.bytes <= 10_000 and len(table) == 3
@@ -81,7 +81,7 @@ def test_pause_statistics_are_bounded_in_tool_names():
 
 
 def test_one_tenants_session_flood_evicts_its_own_sessions_not_anothers():
-    table: SessionTable[bytes] = SessionTable(4096, max_bytes=20_000, size=len, bytes_per_tenant=5_000)
+    table: BaselineTable[bytes] = BaselineTable(4096, max_bytes=20_000, size=len, bytes_per_tenant=5_000)
     for i in range(5):
         table.put(f"b{i}", b"x" * 998, tenant="b")  # + the key's 2 characters
     for i in range(200):  # tenant a floods the table
@@ -92,7 +92,7 @@ def test_one_tenants_session_flood_evicts_its_own_sessions_not_anothers():
     table.put("b0", b"x" * 3000, tenant="b")  # a session re-put larger: b now evicts its own oldest
     assert table.tenant_bytes("b") <= 5_000 and table.get("b0") is not None and table.get("b1") is None
     # without a quota (the default) the flood takes the whole table
-    shared: SessionTable[bytes] = SessionTable(4096, max_bytes=20_000, size=len)
+    shared: BaselineTable[bytes] = BaselineTable(4096, max_bytes=20_000, size=len)
     for i in range(5):
         shared.put(f"b{i}", b"x" * 1000, tenant="b")
     for i in range(200):

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from server.kvcache.tier2 import DiskStore, chain_key  # noqa: E402
+from server.kvcache.block_keys import chain_key  # noqa: E402
+from server.kvcache.tier2 import DiskStore  # noqa: E402
 
 
 def _put(store: DiskStore, n: int) -> bytes:

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from server.kvcache.cost_model import CostModel  # noqa: E402
 from server.kvcache.prefix_cache import PrefixCache  # noqa: E402
-from server.kvcache.tier2 import CostModel, DiskStore, HostStore  # noqa: E402
+from server.kvcache.tier2 import DiskStore, HostStore  # noqa: E402
 
 BS = 4
 BYTES_PER_TOKEN = 4  # float32 payload of the token ids

@@ -127,9 +127,9 @@ def test_lookup_report_says_what_the_session_waited_on_and_what_was_lost():
 
 
 def test_time_to_return_is_the_expected_remaining_pause_given_the_wait_so_far():
-    from server.kvcache.retention import Sessions
+    from server.kvcache.retention import SessionRecords
 
-    book = Sessions(capacity=16, cap_s=600.0)
+    book = SessionRecords(capacity=16, cap_s=600.0)
     for pause in (1.0, 2.0, 5.0, 25.0, 28.0):  # shell calls: most short, some long builds
         book.pauses.observe(("shell_exec",), pause)
     late, fresh = book.touch("late")[0], book.touch("fresh")[0]
@@ -222,9 +222,9 @@ def test_hit_density_over_the_horizon():
 def test_equal_values_evict_the_latest_to_return_then_the_least_recently_active_first():
     """No session can be back within the horizon (1 s: all worth 0): the expected time to return
     decides, then LRU order; whole sessions from their tails."""
-    from server.kvcache.retention import Sessions, session_eviction_order
+    from server.kvcache.retention import SessionRecords, session_eviction_order
 
-    book = Sessions(capacity=8, cap_s=600.0)
+    book = SessionRecords(capacity=8, cap_s=600.0)
     for _ in range(4):
         book.pauses.observe(("build",), 50.0)
         book.pauses.observe(("lint",), 40.0)

@@ -14,8 +14,9 @@ from server.config import load_settings  # noqa: E402
 from server.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from server.engines.hf.engine import HFEngine  # noqa: E402
 from server.families.model_facts import facts_of_model  # noqa: E402
+from server.kvcache.cost_model import CostModel  # noqa: E402
 from server.kvcache.prefix_cache import PrefixCache  # noqa: E402
-from server.kvcache.tier2 import CostModel, DiskStore, HostStore, make_store  # noqa: E402
+from server.kvcache.tier2 import DiskStore, HostStore, make_store  # noqa: E402
 from tests.kvcache.helpers import tiny_model  # noqa: E402
 
 TOL = 1e-4

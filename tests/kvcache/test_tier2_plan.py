@@ -8,8 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from server.kvcache import tiers  # noqa: E402
+from server.kvcache.cost_model import CostModel  # noqa: E402
 from server.kvcache.prefix_cache import PrefixCache  # noqa: E402
-from server.kvcache.tier2 import CostModel, HostStore  # noqa: E402
+from server.kvcache.tier2 import HostStore  # noqa: E402
 
 BLOCK_BYTES = 16  # 4 float32 per block
 
