@@ -1,13 +1,15 @@
 """In process, no HTTP: the llamacpp engine vs llama-cpp-python's own high-level ``Llama`` on one GGUF.
 
     python benchmarks/speed/llamacpp_peer.py [--model FILE.gguf] [--threads 2] [--ctx 8192]
+        [--tokens 64] [--prefill 4000] [--repeat N] [--out PATH]
 
 The peer when llama-server is not built (``benchmarks/speed/llamacpp_bench.py`` runs llama-server over
 HTTP). Each arm runs in its own subprocess (its peak RSS is its own), the same token ids for
 both: one-session decode (tok/s after the first token, on a cached prompt), 8 sessions sharing
 a ~600-token prefix (aggregate generated tok/s: the engine batches them; ``Llama`` has one
 sequence, so it runs them one after the other, reusing the prefix it still holds), a cold
-~4k-token prefill (prompt tok/s), peak RSS. Greedy, 64 tokens a reply. ``--repeat N`` runs the
+``--prefill``-token prefill (prompt tok/s), peak RSS (and it less the GGUF's size). Greedy,
+``--tokens`` a reply. ``--repeat N`` runs the
 arms N times each, alternating (engine, Llama, engine, ...), and reports each figure's median: on
 a shared box the load moves between runs, so compare ratios within one such run. Writes
 ``benchmarks/results/llamacpp_peer.{json,md}``.
@@ -32,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 from server.families.model_facts import load_model_facts  # noqa: E402
 from server.model_store import embedded_gguf  # noqa: E402
 
-N = 64  # tokens a reply
+N = 64  # tokens a reply (--tokens)
+PREFILL = 4000  # tokens of the cold prompt (--prefill)
 COUNT = "Count from 1 to 300, separated by commas."
 USER = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -53,8 +56,12 @@ def prompts(tokenizer) -> dict[str, list]:
             ids(system + turn.format(q=f"Session {i}: which module first, and why?")) for i in range(8)
         ],
         "warm": [ids(system + turn.format(q="hi"))],
-        "cold": [ids(f"<|im_start|>user\n{words}")[:4000]],
+        "cold": [ids(f"<|im_start|>user\n{words}")[:PREFILL]],
     }
+
+
+def gguf_file(model: str) -> Path:
+    return embedded_gguf() if model == "embedded" else Path(model)
 
 
 def peak_rss_mb() -> float:
@@ -109,7 +116,7 @@ def arm_llama(model: str, threads: int, ctx: int) -> dict[str, float]:
     from server.model_store import tokenizer_folder
 
     p = prompts(AutoTokenizer.from_pretrained(tokenizer_folder(model)))
-    path = str(embedded_gguf()) if model == "embedded" else model
+    path = str(gguf_file(model))
     llm = llama_cpp.Llama(
         path, n_ctx=ctx, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False
     )
@@ -142,18 +149,23 @@ def arm_llama(model: str, threads: int, ctx: int) -> dict[str, float]:
 
 
 def main() -> None:
+    global N, PREFILL
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="embedded", help="'embedded' or a .gguf file")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--tokens", type=int, default=N, help="tokens a reply")
+    ap.add_argument("--prefill", type=int, default=PREFILL, help="tokens of the cold prompt")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each arm, alternating (medians)")
     ap.add_argument("--arm", choices=["engine", "llama"], help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "llamacpp_peer"))
     args = ap.parse_args()
+    N, PREFILL = args.tokens, args.prefill
     if args.arm:  # a subprocess: one arm, its figures as JSON on the last line
         fn = arm_engine if args.arm == "engine" else arm_llama
         res = fn(args.model, args.threads, args.ctx)
         res["peak_rss_mb"] = peak_rss_mb()
+        res["peak_rss_less_file_mb"] = res["peak_rss_mb"] - gguf_file(args.model).stat().st_size / 2**20
         print(json.dumps(res))
         return
     each: dict[str, list[dict[str, float]]] = {}
@@ -162,6 +174,7 @@ def main() -> None:
         for arm, label in (("engine", "agentserve llamacpp engine"), ("llama", "llama-cpp-python Llama")):
             cmd = [sys.executable, __file__, "--arm", arm, "--model", args.model]
             cmd += ["--threads", str(args.threads), "--ctx", str(args.ctx)]
+            cmd += ["--tokens", str(N), "--prefill", str(PREFILL)]
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
             if done.returncode != 0:
@@ -186,7 +199,10 @@ def write(
 ) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     meta = {
-        "model": Path(str(embedded_gguf()) if args.model == "embedded" else args.model).name,
+        "model": gguf_file(args.model).name,
+        "file_mb": round(gguf_file(args.model).stat().st_size / 2**20),
+        "tokens": N,
+        "prefill": PREFILL,
         "threads": args.threads,
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "commit": commit.stdout.strip(),
@@ -202,6 +218,7 @@ def write(
         ("cold prefill (prompt tok/s)", "prefill_tok_s"),
         ("cold prefill prompt (tokens)", "prefill_tokens"),
         ("peak resident memory (MB)", "peak_rss_mb"),
+        ("peak resident memory less the file (MB)", "peak_rss_less_file_mb"),
     ]
     names = list(runs)
     lines = [f"# llamacpp engine vs llama-cpp-python's Llama, in process: {meta['model']}", ""]

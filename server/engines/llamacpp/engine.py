@@ -39,6 +39,7 @@ from server.engines.base import (
 )
 from server.engines.hf.sampler import TokenSampler
 from server.engines.llamacpp.batch import KVFull, Row, Runtime
+from server.engines.llamacpp.outbox import Outbox
 from server.engines.llamacpp.slots import Slot, SlotTable
 from server.errors import ContextLengthExceeded, EngineDead, InvalidRequest
 from server.families.model_facts import ModelFacts
@@ -58,6 +59,7 @@ class SeqState:
     constraint: TokenMatcher | None
     stop_ids: frozenset[int]
     sampler: TokenSampler
+    outbox: Outbox
     slot: Slot | None = None
     cached_tokens: int = 0
     generated: list[int] = field(default_factory=list)
@@ -66,10 +68,8 @@ class SeqState:
     cancelled: bool = False
 
     def emit(self, chunk: GenerationChunk) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.out.put_nowait, chunk)
-        except RuntimeError:  # the client's event loop is gone: nobody to tell
-            self.cancelled = True
+        """To the client's queue, through the outbox (outbox.py: the engine thread never wakes a loop)."""
+        self.outbox.put(self, chunk)
 
 
 def pool_cells(budget_bytes: int, per_token: int, max_model_len: int) -> int:
@@ -119,10 +119,12 @@ class LlamaCppEngine(Engine):
         self._thread: threading.Thread | None = None
         self._crash: Exception | None = None  # what ended the engine thread's loop (never recovered)
         self._stats = EngineStats()
+        self.outbox = Outbox()
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._thread is None:
+            self.outbox.start()
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="llamacpp-engine", daemon=True)
             self._thread.start()
@@ -133,6 +135,7 @@ class LlamaCppEngine(Engine):
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
             self._thread = None
+            await asyncio.to_thread(self.outbox.stop)
         self.rt.close()
 
     def health(self) -> str | None:
@@ -195,6 +198,7 @@ class LlamaCppEngine(Engine):
             constraint,
             frozenset((*self.eos_token_ids, *p.stop_token_ids)),
             TokenSampler(p, request.prompt_ids, self.vocab_size, torch.device("cpu"), gen),
+            self.outbox,
         )
         self._inbox.put(seq)
         if self._crash is not None:  # the loop ended while this was queued: end it here

@@ -8,6 +8,7 @@ what the engine decodes: each test compares against a cold run or a run alone.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -185,3 +186,29 @@ def test_cancelling_keeps_the_kv_and_frees_the_slot(engine):
     got, again = run(scenario())
     assert len(got) == 2 and engine.stats().running == 0
     assert again[-1].cached_tokens >= 30
+
+
+def test_the_engine_thread_never_wakes_a_clients_event_loop(tokenizer):
+    """Chunks reach the clients through the outbox's thread: the engine thread, which runs
+    ``llama_decode``, never waits on an event loop for the GIL (outbox.py). Every token arrives."""
+    wakers: list[str] = []
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        wake = loop.call_soon_threadsafe
+
+        def recording(*args, **kwargs):
+            wakers.append(threading.current_thread().name)
+            return wake(*args, **kwargs)
+
+        loop.call_soon_threadsafe = recording  # type: ignore[method-assign]
+        eng = make_engine(tokenizer)
+        out = await asyncio.gather(
+            *(collect(eng, GenerationRequest(f"w{i}", [600 + i] * 12, greedy(6))) for i in range(8))
+        )
+        await eng.shutdown()
+        return [tokens(c) for c in out]
+
+    got = run(go())
+    assert [len(t) for t in got] == [6] * 8
+    assert "llamacpp-outbox" in wakers and "llamacpp-engine" not in wakers
