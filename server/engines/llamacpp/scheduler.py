@@ -1,0 +1,223 @@
+"""The llamacpp engine's scheduler: waiting → prefilling → running, one ``llama_batch`` a turn.
+
+Each turn builds ONE batch: the pending token of every running request (logits wanted) plus up
+to ``chunk`` prompt tokens of the requests being admitted (logits on a prompt's last token),
+decodes it, then masks and samples each row that has logits (``pick``: bias, penalties, the
+mask, then greedy or a seeded draw, as the hf engine does). Admission claims a slot (slots.py)
+and starts the prompt from the longest prefix any slot holds. Runs on the engine thread only;
+``inbox`` is the one thing other threads touch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+
+import torch
+
+from server.constrain.bitmask import MaskApplier
+from server.engines.base import EngineStats, GenerationChunk, TokenLogprob, drained, engine_error
+from server.engines.llamacpp.batch import KVFull, Row, Runtime
+from server.engines.llamacpp.sequence import SeqState
+from server.engines.llamacpp.slots import SlotTable
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        rt: Runtime,
+        slots: SlotTable,
+        chunk: int,
+        max_model_len: int,
+        keep_kv: bool,
+        stats: EngineStats,
+    ) -> None:
+        """``chunk``: prompt tokens per turn; ``keep_kv``: a finished request's slot keeps its
+        KV for the next turn (the prefix cache is on); ``stats``: the prefix counters, updated."""
+        self.rt = rt
+        self.slots = slots
+        self.chunk = chunk
+        self.max_model_len = max_model_len
+        self.keep_kv = keep_kv
+        self.stats = stats
+        self.masks = MaskApplier(rt.n_vocab)
+        self.tokens_generated = 0
+        self.inbox: queue.SimpleQueue[SeqState] = queue.SimpleQueue()
+        self.waiting: list[SeqState] = []  # admitted order: no slot yet
+        self.prefilling: list[SeqState] = []
+        self.running: list[SeqState] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.prefilling)
+
+    def fail_all(self, exc: Exception) -> None:
+        """The engine thread dies: every request held or queued ends with an error chunk."""
+        held = [*self.running, *self.prefilling, *self.waiting]
+        self.running, self.prefilling, self.waiting = [], [], []
+        for seq in held:
+            seq.emit(GenerationChunk([], seq.cached_tokens, "error", engine_error(exc)))
+        self.fail_inbox(exc)
+
+    def fail_inbox(self, exc: Exception) -> None:
+        """End the requests not yet admitted with an error chunk (any thread: the inbox is a queue)."""
+        for seq in drained(self.inbox):
+            seq.emit(GenerationChunk([], 0, "error", engine_error(exc)))
+
+    def admit(self) -> None:
+        while not self.inbox.empty():
+            self.waiting.append(self.inbox.get())
+        still: list[SeqState] = []
+        for seq in self.waiting:
+            if seq.cancelled:
+                continue
+            req = seq.request
+            claim = self.slots.claim(req.prompt_ids, req.cache_salt, req.session_key)
+            if claim is None:
+                still.append(seq)
+                continue
+            for gone in claim.dropped:
+                self.rt.seq_trim(gone.seq, 0)
+            if claim.source is not None:
+                self.rt.seq_trim(claim.slot.seq, 0)
+                self.rt.seq_copy(claim.source.seq, claim.slot.seq, claim.cached)
+            else:
+                self.rt.seq_trim(claim.slot.seq, claim.cached)
+            seq.slot = claim.slot
+            seq.cached_tokens = claim.cached
+            self.stats.prefix_queries_tokens += len(req.prompt_ids)
+            self.stats.prefix_hits_tokens += claim.cached
+            self.prefilling.append(seq)
+        self.waiting = still
+
+    def turn(self) -> None:
+        """One batch: every running request's pending token, then prompt chunks up to the budget."""
+        for seq in [*self.running, *self.prefilling]:
+            if seq.cancelled:
+                self.finish(seq, None, keep=True)
+        rows: list[Row] = []
+        decoding = [s for s in self.running if s.pending is not None]
+        for seq in decoding:
+            assert seq.slot is not None and seq.pending is not None
+            rows.append(Row(seq.pending, len(seq.slot.tokens), seq.slot.seq, True))
+        chunks: list[tuple[SeqState, list[int]]] = []
+        budget = self.chunk
+        for seq in self.prefilling:
+            if budget <= 0:
+                break
+            assert seq.slot is not None
+            at = len(seq.slot.tokens)
+            part = seq.request.prompt_ids[at : at + budget]
+            last = at + len(part) == len(seq.request.prompt_ids)
+            for i, t in enumerate(part):
+                rows.append(Row(t, at + i, seq.slot.seq, last and i == len(part) - 1))
+            chunks.append((seq, part))
+            budget -= len(part)
+        if not rows:
+            return
+        try:
+            try:
+                wanted = self.decode(rows)
+            except KVFull:
+                if not chunks:
+                    raise
+                # no idle session left to evict: the prompts being prefilled give way to the running
+                for seq, _ in chunks:
+                    self.finish(seq, "error", "the KV cache is full: retry when fewer requests run")
+                chunks = []
+                rows = rows[: len(decoding)]
+                wanted = self.decode(rows) if rows else []
+        except Exception as exc:  # the batch failed: end its requests, keep the engine
+            log.exception("llama.cpp decode of %d rows failed", len(rows))
+            for seq in [*decoding, *(s for s, _ in chunks)]:
+                self.finish(seq, "error", engine_error(exc), keep=False)
+            return
+        out = iter(wanted)
+        for seq in decoding:
+            assert seq.slot is not None and seq.pending is not None
+            seq.slot.tokens.append(seq.pending)
+            seq.pending = None
+            self.pick(seq, self.rt.logits(next(out)))
+        for seq, part in chunks:
+            assert seq.slot is not None
+            seq.slot.tokens.extend(part)
+            if len(seq.slot.tokens) == len(seq.request.prompt_ids):
+                self.prefilling.remove(seq)
+                self.running.append(seq)
+                self.pick(seq, self.rt.logits(next(out)))
+        self.running = [s for s in self.running if not s.done]
+
+    def decode(self, rows: list[Row]) -> list[int]:
+        """``rows`` through the model; on a full KV pool idle sessions are evicted until they fit."""
+        while True:
+            try:
+                return self.rt.decode(rows)
+            except KVFull:
+                victim = self.slots.evict_one()
+                if victim is None:
+                    raise
+                self.rt.seq_trim(victim.seq, 0)
+
+    def pick(self, seq: SeqState, raw: torch.Tensor) -> None:
+        """Bias, penalties, the mask, then sample; emit the token or finish (as the hf engine does)."""
+        sampler = seq.sampler
+        logits = raw
+        if sampler.processes or seq.constraint is not None:
+            logits = raw.unsqueeze(0).clone()
+            sampler.process(logits)
+            if seq.constraint is not None:
+                logits = self.masks.apply(logits, [seq.constraint])
+                if not torch.isfinite(logits).any():
+                    self.finish(seq, "error", "the tool-call constraint allows no token at this point")
+                    return
+            logits = logits[0]
+        token = sampler.sample(logits)
+        self.tokens_generated += 1
+        c = seq.constraint
+        if c is not None and not c.accept_token(token):
+            self.finish(seq, "error", c.error or f"token {token} rejected by the constraint")
+            return
+        if token in seq.stop_ids:
+            self.finish(seq, "stop")
+            return
+        sampler.observe(token)
+        seq.generated.append(token)
+        lp = sampler.logprob(raw, token)
+        logprobs: list[TokenLogprob] | None = [lp] if lp is not None else None
+        total = len(seq.request.prompt_ids) + len(seq.generated)
+        if c is not None and c.is_terminated():
+            self.finish(seq, "stop", tokens=[token], logprobs=logprobs)
+        elif len(seq.generated) >= seq.request.sampling.max_tokens or total >= self.max_model_len:
+            self.finish(seq, "length", tokens=[token], logprobs=logprobs)
+        else:
+            seq.emit(GenerationChunk([token], seq.cached_tokens, logprobs=logprobs))
+            seq.pending = token
+
+    def finish(
+        self,
+        seq: SeqState,
+        reason: str | None,
+        error: str | None = None,
+        tokens: list[int] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+        keep: bool = True,
+    ) -> None:
+        """End ``seq`` (``reason`` None: cancelled, nothing sent); its slot keeps its KV if ``keep``."""
+        if seq.done:
+            return
+        seq.done = True
+        if seq in self.prefilling:
+            self.prefilling.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        slot = seq.slot
+        if slot is not None:
+            keep = keep and reason != "error" and self.keep_kv
+            if not keep:
+                self.rt.seq_trim(slot.seq, 0)
+            self.slots.release(slot, slot.tokens if keep else [])
+            seq.slot = None
+        if reason is not None:  # after the bookkeeping: a client that reads stats next sees it done
+            seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error, logprobs))
