@@ -453,6 +453,9 @@ def parser() -> argparse.ArgumentParser:
     live.add_argument("--max-tokens", type=int, default=8, help="reply length cap (min with the trace's out)")
     live.add_argument("--returning-s", type=float, default=60.0, help="recorded pause that makes a return")
     live.add_argument("--kv-tokens", type=int, help="the servers' KV capacity in tokens (recorded only)")
+    live.add_argument(
+        "--server-block", type=int, default=0, help="also the ceiling of whole blocks of N tokens (vLLM: 32)"
+    )
     ap.add_argument("--json", help="append each run's JSON object (one per line) to this file")
     return ap
 

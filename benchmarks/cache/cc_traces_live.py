@@ -96,6 +96,7 @@ class LiveConfig:
     returning_s: float = 60.0
     timeout_s: float = 600.0
     kv_tokens: int | None = None
+    server_block: int = 0  # > 0: also report the ceiling of a server caching whole blocks of this
 
     def scale(self) -> str:
         return (
@@ -118,6 +119,33 @@ class LiveTrace:
     name: str
     requests: tuple[LiveRequest, ...]
     ceiling_blocks: int
+
+    def ceiling_prefixes(self) -> list[int]:
+        """Per request, in order, the blocks an infinite cache serves (the longest prefix of its
+        blocks an earlier request of the trace had): they sum to ``ceiling_blocks``."""
+        seen: set[int] = set()
+        out = []
+        for r in self.requests:
+            key, n, matched = 0, 0, True
+            for u in r.units:  # chained, as ceiling_units and block hashes are
+                key = hash((key, u))
+                if matched and key in seen:
+                    n += 1
+                else:
+                    matched = False
+                    seen.add(key)
+            out.append(n)
+        return out
+
+
+def block_ceiling_tokens(traces: Sequence[LiveTrace], k: int, block: int) -> int:
+    """The ceiling of a server that caches whole ``block``-token blocks and computes at least the
+    prompt's last token (vLLM): per request, min(prefix, prompt - 1) rounded down to a block."""
+    total = 0
+    for t in traces:
+        for r, n in zip(t.requests, t.ceiling_prefixes(), strict=True):
+            total += min(n * k, len(r.units) * k - 1) // block * block
+    return total
 
 
 def scale_traces(traces: Sequence[Trace], raw_out: dict[str, list[int]], cfg: LiveConfig) -> list[LiveTrace]:
@@ -286,6 +314,7 @@ def summarize(
         "ceiling": round(ceiling, 5),
         "hit": round(hit, 5),
         "hit_share_of_ceiling": round(hit / ceiling, 5) if ceiling else None,
+        **_block_ceiling(traces, cfg, blocks),
         "returning_requests": len(ret),
         "returning_hit": round(sum(r.cached_tokens or 0 for r in ret) / ret_prompt, 5)
         if ret_prompt
@@ -296,6 +325,13 @@ def summarize(
         "returning_ttft_p99_ms": _ms(percentile(ret_ttft, 0.99)),
         "wall_s": round(wall_s, 1),
     }
+
+
+def _block_ceiling(traces: Sequence[LiveTrace], cfg: LiveConfig, blocks: int) -> dict[str, Any]:
+    if not cfg.server_block or not blocks:
+        return {}
+    c = block_ceiling_tokens(traces, cfg.tokens_per_block, cfg.server_block) / (blocks * cfg.tokens_per_block)
+    return {"server_block": cfg.server_block, "block_ceiling": round(c, 5)}
 
 
 def parse_urls(urls: Sequence[str]) -> list[Arm]:
@@ -328,6 +364,7 @@ def main_live(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         returning_s=args.returning_s,
         kv_tokens=args.kv_tokens,
+        server_block=args.server_block,
     )
     traces = scale_traces(load_traces(folder, first, last), recorded_out(folder, first, last), cfg)
     if not traces:

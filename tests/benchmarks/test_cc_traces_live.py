@@ -134,3 +134,15 @@ def test_scaling_keeps_every_sth_block_and_cuts_prompts(tmp_path: Path) -> None:
 def test_live_mode_needs_a_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cc_traces.main(["--traces", str(tmp_path), "--mode", "live"]) == 2
     assert "--url" in capsys.readouterr().err
+
+
+def test_the_block_ceiling_rounds_each_reuse_down_to_whole_blocks() -> None:
+    """A server that caches whole blocks and computes the last prompt token (vLLM) serves at most
+    min(prefix, prompt - 1) rounded down to its block, per request."""
+    t = _trace("trace_0001", ([1, 2, 3], 0.0), ([1, 2, 3, 4], 1.0), ([1, 2, 3, 4], 1.0), ([5], 1.0))
+    assert t.ceiling_prefixes() == [0, 3, 4, 0] and sum(t.ceiling_prefixes()) == t.ceiling_blocks
+    assert live.block_ceiling_tokens([t], 2, 4) == 4 + 4  # 6 -> 4; min(8, 7) = 7 -> 4
+    assert live.block_ceiling_tokens([t], 2, 1) == 6 + 7
+    app = create_fake_worker("w", block_size=2)
+    out = _run(app, [t], live.LiveConfig(time_scale=0.0, tokens_per_block=2, server_block=4))
+    assert out["server_block"] == 4 and out["block_ceiling"] == round(8 / 24, 5)
