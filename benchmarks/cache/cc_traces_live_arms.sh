@@ -60,7 +60,7 @@ for r in ${RANGES:-all}; do
   range=()
   [ "$r" = all ] || range=(--range "$r")
   "$PY" -m server.cli bench traces --mode live --traces "${TRACES:-/work/cc-traces/traces}" \
-    --kv-tokens "$KV_TOKENS" "${range[@]}" \
+    --kv-tokens "$KV_TOKENS" --server-block 32 "${range[@]}" \
     --url agentserve-hf=http://127.0.0.1:$((BASE + 1)) \
     --url agentserve-vllm=http://127.0.0.1:$((BASE + 2)) \
     --url vllm=http://127.0.0.1:$((BASE + 3)) "$@"
