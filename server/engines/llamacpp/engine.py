@@ -7,9 +7,10 @@ usage) and the family. llama.cpp computes logits.
 
 One engine thread owns the context and runs the scheduler's turns (scheduler.py: ONE
 ``llama_batch`` a turn for every running request's token and the admitted prompts' chunks,
-then masks and samples each row that has logits). A request's KV lives in a slot (a llama.cpp sequence id, slots.py);
-when it ends the slot keeps prompt + reply for the next turn, and a new prompt starts from
-the longest prefix any slot holds (``seq_cp``: the unified KV pool shares the cells).
+then masks and samples each row that has logits). A request's KV lives in a slot (a llama.cpp
+sequence id, slots.py); when it ends the slot keeps prompt + reply for the next turn, and a new
+prompt starts from the longest prefix any slot holds (``seq_cp``: the unified KV pool shares
+the cells).
 """
 
 from __future__ import annotations
