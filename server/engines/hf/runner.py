@@ -32,7 +32,7 @@ from server.engines.hf.model.lean import lean_decode_supported
 from server.engines.hf.model.rows import decode_attention, decode_rows, prefill_rows
 from server.engines.hf.model.shared_prefix import common_prefix
 from server.engines.hf.outbox import flush
-from server.engines.hf.sampler import TokenSampler
+from server.engines.hf.sampler import TokenSampler, pick
 from server.engines.hf.sequence import SequenceState
 from server.kvcache.prefix_cache import PrefixCache
 
@@ -170,42 +170,25 @@ class Runner:
         Leaves the token in ``seq.pending`` when the sequence goes on (``forward`` runs it).
         """
         seq.pending = None
-        req = seq.request
         raw = seq.next_logits
         sampler = seq.sampler
         assert raw is not None and seq.kv is not None and sampler is not None
-        constraint = seq.constraint
-        logits = raw
-        if sampler.processes or constraint is not None:
-            logits = raw.float().unsqueeze(0).clone()  # [1, V]: bias, penalties, then the mask
-            sampler.process(logits)
-            if constraint is not None:
-                logits = self.masks.apply(logits, [constraint])
-                if not torch.isfinite(logits).any():
-                    self.finish(seq, "error", "the tool-call constraint allows no token at this point")
-                    return
-            logits = logits[0]
-        token = sampler.sample(logits)
-        self.tokens_generated += 1
-        if constraint is not None and not constraint.accept_token(token):
-            self.finish(seq, "error", constraint.error or f"token {token} rejected by the constraint")
+        step = pick(
+            raw,
+            sampler,
+            seq.constraint,
+            self.masks,
+            seq.stop_ids,
+            seq.generated,
+            len(seq.request.prompt_ids),
+            self.max_model_len,
+        )
+        self.tokens_generated += step.sampled
+        if step.finish is not None:
+            self.finish(seq, step.finish, step.error, tokens=step.tokens, logprobs=step.logprobs)
             return
-        if token in seq.stop_ids:
-            self.finish(seq, "stop")
-            return
-        sampler.observe(token)
-        seq.generated.append(token)
-        lp = sampler.logprob(raw, token)
-        logprobs = [lp] if lp is not None else None
-        total = len(req.prompt_ids) + len(seq.generated)
-        if constraint is not None and constraint.is_terminated():
-            self.finish(seq, "stop", tokens=[token], logprobs=logprobs)
-            return
-        if len(seq.generated) >= req.sampling.max_tokens or total >= self.max_model_len:
-            self.finish(seq, "length", tokens=[token], logprobs=logprobs)
-            return
-        seq.emit(GenerationChunk([token], seq.cached_tokens, logprobs=logprobs))
-        seq.pending = token
+        seq.emit(GenerationChunk(step.tokens, seq.cached_tokens, logprobs=step.logprobs))
+        seq.pending = step.token
 
     def forward(self, seqs: list[SequenceState]) -> None:
         """Run each sequence's pending token through the model: one forward for all of them."""

@@ -1,4 +1,4 @@
-"""Token sampling for the hf engine: logit_bias, penalties, the tool mask, then the sampler.
+"""Token sampling (the hf and llamacpp engines): logit_bias, penalties, the tool mask, then the sampler.
 
 One ``TokenSampler`` per request holds what its processing needs across steps, built once
 at admission and updated in place per token (no per-step rebuilds): the logit_bias as an
@@ -8,7 +8,7 @@ works on a ``[B, V]`` logits tensor (B rows, one per request), vectorized over t
 
 Order, as vLLM applies it (checked against vLLM 0.32's ``Sampler``): raw logits →
 logprobs (the model's log-softmax, vLLM's default ``raw_logprobs``) → logit_bias →
-penalties (repetition, frequency, presence) → the tool mask (in ``runner.py``, last: -inf
+penalties (repetition, frequency, presence) → the tool mask (``pick``, last: -inf
 stays -inf, so no bias or penalty can re-allow a masked token) → greedy argmax at
 temperature 0, else temperature → min_p → top_k → top_p → a draw from the request's
 seeded generator.
@@ -17,9 +17,12 @@ seeded generator.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from server.constrain.bitmask import MaskApplier
+from server.constrain.interface import TokenMatcher
 from server.engines.base import SamplingParams, TokenLogprob
 
 
@@ -140,3 +143,61 @@ def candidates(
         # keep the smallest set whose mass reaches top_p (always at least the top token)
         probs = probs.masked_fill(torch.cumsum(mass, dim=-1) - mass >= top_p, 0.0)
     return probs, ids
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One decode step's outcome for one request (``pick``): go on with ``token``, or finish."""
+
+    sampled: bool  # a token was drawn (counted as generated, even when it then ends the reply)
+    token: int | None = None  # the token to emit (with ``finish``: sent in the final chunk)
+    finish: str | None = None  # None: goes on; "stop" | "length" | "error"
+    error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return [] if self.token is None else [self.token]
+
+
+def pick(
+    raw: torch.Tensor,
+    sampler: TokenSampler,
+    constraint: TokenMatcher | None,
+    masks: MaskApplier,
+    stop_ids: frozenset[int],
+    generated: list[int],
+    prompt_len: int,
+    max_model_len: int,
+) -> Pick:
+    """Bias, penalties, the mask, then sample one token from ``raw`` (``[V]``) and decide: the
+    constraint accepts it, a stop id ends the reply (not sent), the constraint's end, ``max_tokens``
+    or the window end it (sent), else it goes on. Appends a kept token to ``generated`` and tells
+    the sampler (penalties). The hf engine's runner and the llamacpp scheduler both decide so."""
+    logits = raw
+    if sampler.processes or constraint is not None:
+        logits = raw.float().unsqueeze(0).clone()  # [1, V]: bias, penalties, then the mask
+        sampler.process(logits)
+        if constraint is not None:
+            logits = masks.apply(logits, [constraint])
+            if not torch.isfinite(logits).any():
+                return Pick(
+                    False, finish="error", error="the tool-call constraint allows no token at this point"
+                )
+        logits = logits[0]
+    token = sampler.sample(logits)
+    if constraint is not None and not constraint.accept_token(token):
+        return Pick(
+            True, finish="error", error=constraint.error or f"token {token} rejected by the constraint"
+        )
+    if token in stop_ids:
+        return Pick(True, finish="stop")
+    sampler.observe(token)
+    generated.append(token)
+    lp = sampler.logprob(raw, token)
+    logprobs = [lp] if lp is not None else None
+    if constraint is not None and constraint.is_terminated():
+        return Pick(True, token, "stop", logprobs=logprobs)
+    if len(generated) >= sampler.params.max_tokens or prompt_len + len(generated) >= max_model_len:
+        return Pick(True, token, "length", logprobs=logprobs)
+    return Pick(True, token, logprobs=logprobs)

@@ -17,6 +17,7 @@ import torch
 
 from server.constrain.bitmask import MaskApplier
 from server.engines.base import EngineStats, GenerationChunk, TokenLogprob, drained, engine_error
+from server.engines.hf.sampler import pick
 from server.engines.llamacpp.batch import KVFull, Row, Runtime
 from server.engines.llamacpp.sequence import SeqState
 from server.engines.llamacpp.slots import SlotTable
@@ -162,38 +163,22 @@ class Scheduler:
 
     def pick(self, seq: SeqState, raw: torch.Tensor) -> None:
         """Bias, penalties, the mask, then sample; emit the token or finish (as the hf engine does)."""
-        sampler = seq.sampler
-        logits = raw
-        if sampler.processes or seq.constraint is not None:
-            logits = raw.unsqueeze(0).clone()
-            sampler.process(logits)
-            if seq.constraint is not None:
-                logits = self.masks.apply(logits, [seq.constraint])
-                if not torch.isfinite(logits).any():
-                    self.finish(seq, "error", "the tool-call constraint allows no token at this point")
-                    return
-            logits = logits[0]
-        token = sampler.sample(logits)
-        self.tokens_generated += 1
-        c = seq.constraint
-        if c is not None and not c.accept_token(token):
-            self.finish(seq, "error", c.error or f"token {token} rejected by the constraint")
-            return
-        if token in seq.stop_ids:
-            self.finish(seq, "stop")
-            return
-        sampler.observe(token)
-        seq.generated.append(token)
-        lp = sampler.logprob(raw, token)
-        logprobs: list[TokenLogprob] | None = [lp] if lp is not None else None
-        total = len(seq.request.prompt_ids) + len(seq.generated)
-        if c is not None and c.is_terminated():
-            self.finish(seq, "stop", tokens=[token], logprobs=logprobs)
-        elif len(seq.generated) >= seq.request.sampling.max_tokens or total >= self.max_model_len:
-            self.finish(seq, "length", tokens=[token], logprobs=logprobs)
+        step = pick(
+            raw,
+            seq.sampler,
+            seq.constraint,
+            self.masks,
+            seq.stop_ids,
+            seq.generated,
+            len(seq.request.prompt_ids),
+            self.max_model_len,
+        )
+        self.tokens_generated += step.sampled
+        if step.finish is not None:
+            self.finish(seq, step.finish, step.error, tokens=step.tokens, logprobs=step.logprobs)
         else:
-            seq.emit(GenerationChunk([token], seq.cached_tokens, logprobs=logprobs))
-            seq.pending = token
+            seq.emit(GenerationChunk(step.tokens, seq.cached_tokens, logprobs=step.logprobs))
+            seq.pending = step.token
 
     def finish(
         self,
