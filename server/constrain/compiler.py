@@ -33,17 +33,14 @@ class Compiler:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)  # used when a spec carries none
-        self._vocab: TokenVocab | None = None
         self._custom: CustomCompiler | None = None
         self._envelopes: dict[tuple[str, str], EnvelopeCompiler] = {}
         self._lock = threading.Lock()
 
     @property
     def vocab(self) -> TokenVocab:
-        with self._lock:
-            if self._vocab is None:
-                self._vocab = vocab_of(self.tokenizer, self.vocab_size)
-            return self._vocab
+        """The process's vocabulary of this tokenizer and width (``vocab_of``: built once, shared)."""
+        return vocab_of(self.tokenizer, self.vocab_size)
 
     @property
     def custom(self) -> CustomCompiler:
