@@ -50,10 +50,16 @@ def home(r: RouterThread, key: str, body: dict, tenant: str = "") -> str:
 
 
 def spread_keys(r: RouterThread, body: dict, n: int = 3) -> list[str]:
-    """n keys whose homes differ from the prefix hash's home (so a router that ignored them is caught)."""
+    """n keys whose homes differ from the prefix hash's home (so a router that ignored them is caught),
+    taken in turn from each such home: worker ports are random, so the first n keys by name could
+    all share one home and a router that sent every key to one worker would pass."""
     fallback = home(r, prefix_hash(body), body)
-    keys = [k for k in (f"k-{i}" for i in range(80)) if home(r, k, body) != fallback][:n]
-    assert len(keys) == n
+    by_home: dict[str, list[str]] = {}
+    for k in (f"k-{i}" for i in range(200)):
+        if (h := home(r, k, body)) != fallback:
+            by_home.setdefault(h, []).append(k)
+    keys = [k for group in zip(*by_home.values()) for k in group][:n]
+    assert len(keys) == n and len({home(r, k, body) for k in keys}) == min(n, len(by_home))
     return keys
 
 
