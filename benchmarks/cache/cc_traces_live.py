@@ -21,6 +21,11 @@ Scale (a 64-token trace block is far too big for a CPU box; the output says the 
 
 Each request streams, ``max_tokens`` = min(recorded ``out``, ``--max-tokens``), with the trace's
 name as its session (header ``X-Session-ID``: agentserve's session key; other servers ignore it).
+``--hints on`` (``both``: every arm without, then with) adds a retention hint of ``--hint-s``
+recorded seconds (default 300: Claude Code's 5-minute ``cache_control``) x ``--time-scale``, as
+agentserve's ``cache_retention_s`` (what a ``cache_control`` ttl becomes; other servers ignore
+it). Without a hint or tools, agentserve's vLLM engine holds nothing (its session hold is for
+agent turns: ``server/engines/vllm/startup.py`` ``hold_seconds``), so ``off`` measures vLLM's LRU.
 Per request: prompt tokens and cached tokens from the last chunk's ``usage``
 (``prompt_tokens_details.cached_tokens``; stock vLLM needs ``--enable-prompt-tokens-details``),
 TTFT = the time to the first chunk carrying text. A request is *returning* when its recorded
@@ -42,7 +47,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -97,6 +102,7 @@ class LiveConfig:
     timeout_s: float = 600.0
     kv_tokens: int | None = None
     server_block: int = 0  # > 0: also report the ceiling of a server caching whole blocks of this
+    hint_s: float = 0.0  # > 0: every request asks the KV be kept this long (recorded s) after its reply
 
     def scale(self) -> str:
         return (
@@ -105,6 +111,10 @@ class LiveConfig:
             f" per trace; prompts cut to {self.max_blocks} blocks; pauses x {self.time_scale:g},"
             f" <= {self.max_gap_s:g} s; {self.users} users"
         )
+
+    def retention_s(self) -> float:
+        """The hint as sent: recorded seconds x the time scale (the pauses it covers are scaled)."""
+        return round(self.hint_s * self.time_scale, 3)
 
 
 @dataclass(frozen=True)
@@ -210,6 +220,8 @@ async def send(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if cfg.hint_s > 0:  # agentserve's spelling of a retention hint (what cache_control ttl becomes)
+        body["cache_retention_s"] = cfg.retention_s()
     t0 = time.perf_counter()
     try:
         async with client.stream(
@@ -370,9 +382,12 @@ def main_live(args: argparse.Namespace) -> int:
     if not traces:
         print(f"no trace_NNNN.json in {args.traces} (range {args.range or 'all'})", file=sys.stderr)
         return 2
-    for arm in parse_urls(args.url):
-        out = asyncio.run(run_arm(arm, traces, cfg))
+    hints = {"off": [0.0], "on": [args.hint_s], "both": [0.0, args.hint_s]}[args.hints]
+    for hint_s, arm in ((h, a) for h in hints for a in parse_urls(args.url)):
+        run_cfg = replace(cfg, hint_s=hint_s)
+        out = asyncio.run(run_arm(arm, traces, run_cfg))
         out["range"] = args.range or "all"
+        out["hint_s"], out["retention_s_sent"] = hint_s, run_cfg.retention_s()
         line = json.dumps(out)
         if args.json:
             with open(args.json, "a") as f:

