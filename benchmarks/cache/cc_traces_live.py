@@ -24,8 +24,10 @@ name as its session (header ``X-Session-ID``: agentserve's session key; other se
 ``--hints on`` (``both``: every arm without, then with) adds a retention hint of ``--hint-s``
 recorded seconds (default 300: Claude Code's 5-minute ``cache_control``) x ``--time-scale``, as
 agentserve's ``cache_retention_s`` (what a ``cache_control`` ttl becomes; other servers ignore
-it). Without a hint or tools, agentserve's vLLM engine holds nothing (its session hold is for
-agent turns: ``server/engines/vllm/startup.py`` ``hold_seconds``), so ``off`` measures vLLM's LRU.
+it); the hinted pass has its own block texts (``LiveConfig.salt``), so it finds nothing the
+unhinted pass left cached. Without a hint or tools, agentserve's vLLM engine holds nothing
+(its session hold is for agent turns: ``server/engines/vllm/startup.py`` ``hold_seconds``), so
+``off`` measures vLLM's LRU on both vLLM arms.
 Per request: prompt tokens and cached tokens from the last chunk's ``usage``
 (``prompt_tokens_details.cached_tokens``; stock vLLM needs ``--enable-prompt-tokens-details``),
 TTFT = the time to the first chunk carrying text. A request is *returning* when its recorded
@@ -76,16 +78,18 @@ WORDS = tuple(
 
 
 @lru_cache(maxsize=1 << 20)
-def block_text(unit: int, k: int) -> str:
-    """K words for one trace block (``unit`` = trace index << 32 | hash id): same unit, same text."""
-    digest = hashlib.blake2b(unit.to_bytes(16, "little", signed=False), digest_size=2 * k).digest()
+def block_text(unit: int, k: int, salt: bytes = b"") -> str:
+    """K words for one trace block (``unit`` = trace index << 32 | hash id): same unit, same text.
+    Another ``salt`` gives other texts (a second pass on the same servers shares nothing cached)."""
+    raw = unit.to_bytes(16, "little", signed=False)
+    digest = hashlib.blake2b(raw, digest_size=2 * k, key=salt).digest()
     return "".join(
         " " + WORDS[int.from_bytes(digest[2 * j : 2 * j + 2], "little") % len(WORDS)] for j in range(k)
     )
 
 
-def prompt_text(units: Sequence[int], k: int) -> str:
-    return "".join(block_text(u, k) for u in units)
+def prompt_text(units: Sequence[int], k: int, salt: bytes = b"") -> str:
+    return "".join(block_text(u, k, salt) for u in units)
 
 
 @dataclass
@@ -111,6 +115,11 @@ class LiveConfig:
             f" per trace; prompts cut to {self.max_blocks} blocks; pauses x {self.time_scale:g},"
             f" <= {self.max_gap_s:g} s; {self.users} users"
         )
+
+    def salt(self) -> bytes:
+        """The hinted pass gets its own block texts: after an unhinted pass on the same servers
+        (``--hints both``) it must find none of that pass's KV cached."""
+        return b"hinted" if self.hint_s > 0 else b""
 
     def retention_s(self) -> float:
         """The hint as sent: recorded seconds x the time scale (the pauses it covers are scaled)."""
@@ -214,7 +223,7 @@ async def send(
     rec = Record(trace.name, i, len(req.units), i > 0 and req.pause_s >= cfg.returning_s)
     body = {
         "model": model,
-        "prompt": prompt_text(req.units, cfg.tokens_per_block),
+        "prompt": prompt_text(req.units, cfg.tokens_per_block, cfg.salt()),
         "max_tokens": max(1, min(req.out_tokens, cfg.max_tokens)),
         "temperature": 0.0,
         "stream": True,

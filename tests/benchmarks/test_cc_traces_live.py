@@ -165,6 +165,10 @@ def test_a_retention_hint_is_sent_scaled_only_when_asked(tmp_path: Path) -> None
     _run(app, [_trace("trace_0001", ([1, 2], 0.0))], cfg)
     _run(app, [_trace("trace_0001", ([1, 2], 0.0))], live.LiveConfig(time_scale=0.01, tokens_per_block=2))
     assert [b.get("cache_retention_s") for b in bodies] == [3.0, None]
+    # the hinted pass has its own texts: it cannot hit what an unhinted pass left cached
+    hinted, plain = (b["prompt"] for b in bodies)
+    assert hinted != plain and len(hinted.split()) == len(plain.split()) == 4
+    assert plain == live.prompt_text([NS + 1, NS + 2], 2)
 
 
 def test_hints_both_runs_every_arm_without_then_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
