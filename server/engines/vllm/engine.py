@@ -89,6 +89,7 @@ class VllmEngine(Engine):
         self._lock = asyncio.Lock()
         self.on_cpu = False
         self.session_hold: bool | None = None  # whether the session-hold connector runs (start())
+        self.hold_requests = 0  # requests sent with a hold hint (/metrics: did the hold ever run?)
 
     # -- lifecycle --------------------------------------------------------------------------
     def engine_args(self) -> Any:
@@ -160,6 +161,7 @@ class VllmEngine(Engine):
                 "unfinished_requests": float(unfinished),
                 "preemptions": float(s.preemptions),
                 "start_seconds": self.start_seconds,
+                "session_hold_requests": float(self.hold_requests),
             },
         )
 
@@ -227,6 +229,7 @@ class VllmEngine(Engine):
             from server.engines.vllm.session_hold import hold_hint
 
             hold = {"session_id": request.session_key, "kv_hints": hold_hint(rid, hold_s)}
+            self.hold_requests += 1
         stream = self._llm.generate(prompt, params, rid, **hold)
         try:
             while True:

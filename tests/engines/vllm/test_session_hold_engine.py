@@ -62,7 +62,9 @@ def test_a_held_session_keeps_its_prefix_while_an_unheld_one_loses_it(engine, lo
         back_held = await cached(engine, "held-2", held + prompt(4, 50), "agent", retain_s=600)
         return first_held, first_plain, back_held, back_plain
 
+    asked = engine.stats().extra["session_hold_requests"]
     first_held, first_plain, back_held, back_plain = loop.run(scenario())
+    assert engine.stats().extra["session_hold_requests"] - asked == 2  # the two hinted requests
     full = (PROMPT // engine.block_size) * engine.block_size
     assert (first_held, first_plain) == (0, 0)
     assert back_held == full  # all 3 full blocks of its prompt (vLLM caches whole blocks)
