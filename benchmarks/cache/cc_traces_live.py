@@ -24,10 +24,11 @@ name as its session (header ``X-Session-ID``: agentserve's session key; other se
 ``--hints on`` (``both``: every arm without, then with) adds a retention hint of ``--hint-s``
 recorded seconds (default 300: Claude Code's 5-minute ``cache_control``) x ``--time-scale``, as
 agentserve's ``cache_retention_s`` (what a ``cache_control`` ttl becomes; other servers ignore
-it); the hinted pass has its own block texts (``LiveConfig.salt``), so it finds nothing the
-unhinted pass left cached. Without a hint or tools, agentserve's vLLM engine holds nothing
-(its session hold is for agent turns: ``server/engines/vllm/startup.py`` ``hold_seconds``), so
-``off`` measures vLLM's LRU on both vLLM arms.
+it); the hinted pass has its own block texts and session ids (``LiveConfig.salt``,
+``session``), so it finds nothing the unhinted pass left cached or knew of its sessions.
+Without a hint or tools, agentserve's vLLM engine holds nothing (its session hold is for agent
+turns: ``server/engines/vllm/startup.py`` ``hold_seconds``), so ``off`` measures vLLM's LRU on
+both vLLM arms.
 Per request: prompt tokens and cached tokens from the last chunk's ``usage``
 (``prompt_tokens_details.cached_tokens``; stock vLLM needs ``--enable-prompt-tokens-details``),
 TTFT = the time to the first chunk carrying text. A request is *returning* when its recorded
@@ -120,6 +121,10 @@ class LiveConfig:
         """The hinted pass gets its own block texts: after an unhinted pass on the same servers
         (``--hints both``) it must find none of that pass's KV cached."""
         return b"hinted" if self.hint_s > 0 else b""
+
+    def session(self, trace: str) -> str:
+        """The session id a trace's requests carry (the hinted pass's own: no state carries over)."""
+        return f"{trace}-hinted" if self.hint_s > 0 else trace
 
     def retention_s(self) -> float:
         """The hint as sent: recorded seconds x the time scale (the pauses it covers are scaled)."""
@@ -234,7 +239,7 @@ async def send(
     t0 = time.perf_counter()
     try:
         async with client.stream(
-            "POST", url + "/v1/completions", json=body, headers={"X-Session-ID": trace.name}
+            "POST", url + "/v1/completions", json=body, headers={"X-Session-ID": cfg.session(trace.name)}
         ) as resp:
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"

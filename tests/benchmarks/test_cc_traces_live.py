@@ -152,12 +152,14 @@ def test_a_retention_hint_is_sent_scaled_only_when_asked(tmp_path: Path) -> None
     """``--hints both``: every arm runs without, then with ``cache_retention_s`` = hint x time
     scale (the pauses it must cover are scaled too); the JSON lines say which."""
     bodies: list[dict[str, Any]] = []
+    sessions: list[str] = []
     app = create_fake_worker("w", block_size=2, cache_blocks=64)
 
     @app.middleware("http")
     async def record(request: Any, call_next: Any) -> Any:
         if request.url.path == "/v1/completions":
             bodies.append(json.loads(await request.body()))
+            sessions.append(request.headers["x-session-id"])
         return await call_next(request)
 
     cfg = live.LiveConfig(time_scale=0.01, tokens_per_block=2, hint_s=300.0)
@@ -169,6 +171,7 @@ def test_a_retention_hint_is_sent_scaled_only_when_asked(tmp_path: Path) -> None
     hinted, plain = (b["prompt"] for b in bodies)
     assert hinted != plain and len(hinted.split()) == len(plain.split()) == 4
     assert plain == live.prompt_text([NS + 1, NS + 2], 2)
+    assert sessions == ["trace_0001-hinted", "trace_0001"]  # nor any session state
 
 
 def test_hints_both_runs_every_arm_without_then_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
