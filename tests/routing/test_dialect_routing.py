@@ -58,7 +58,7 @@ def spread_keys(r: RouterThread, body: dict, n: int = 3) -> list[str]:
     for k in (f"k-{i}" for i in range(200)):
         if (h := home(r, k, body)) != fallback:
             by_home.setdefault(h, []).append(k)
-    keys = [k for group in zip(*by_home.values()) for k in group][:n]
+    keys = [k for group in zip(*by_home.values(), strict=False) for k in group][:n]
     assert len(keys) == n and len({home(r, k, body) for k in keys}) == min(n, len(by_home))
     return keys
 
