@@ -1,7 +1,7 @@
 """In process, no HTTP: the llamacpp engine vs llama-cpp-python's own high-level ``Llama`` on one GGUF.
 
     python benchmarks/speed/llamacpp_peer.py [--model FILE.gguf] [--threads 2] [--ctx 8192]
-        [--tokens 64] [--prefill 4000] [--repeat N] [--out PATH]
+        [--tokens 64] [--prefill 4000] [--repeat N] [--rows decode,shared,prefill] [--out PATH]
 
 The peer when llama-server is not built (``benchmarks/speed/llamacpp_bench.py`` runs llama-server over
 HTTP). Each arm runs in its own subprocess (its peak RSS is its own), the same token ids for
@@ -9,7 +9,8 @@ both: one-session decode (tok/s after the first token, on a cached prompt), 8 se
 a ~600-token prefix (aggregate generated tok/s: the engine batches them; ``Llama`` has one
 sequence, so it runs them one after the other, reusing the prefix it still holds), a cold
 ``--prefill``-token prefill (prompt tok/s), peak RSS (and it less the GGUF's size). Greedy,
-``--tokens`` a reply. ``--repeat N`` runs the
+``--tokens`` a reply; ``--rows`` the figures to take (e.g. ``prefill`` alone: the cold prompt after
+a one-token warm-up; its cached tokens are reported). ``--repeat N`` runs the
 arms N times each, alternating (engine, Llama, engine, ...), and reports each figure's median: on
 a shared box the load moves between runs, so compare ratios within one such run. Writes
 ``benchmarks/results/llamacpp_peer.{json,md}``.
@@ -71,7 +72,7 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
-def arm_engine(model: str, threads: int, ctx: int) -> dict[str, float]:
+def arm_engine(model: str, threads: int, ctx: int, rows: set[str]) -> dict[str, float]:
     from server.config import load_settings
     from server.engines.base import GenerationRequest, SamplingParams
     from server.engines.llamacpp.engine import LlamaCppEngine
@@ -81,27 +82,35 @@ def arm_engine(model: str, threads: int, ctx: int) -> dict[str, float]:
     p = prompts(eng.tokenizer)
     greedy = SamplingParams(max_tokens=N, temperature=0.0)
     out: dict[str, float] = {}
+    cached: dict[str, int] = {}
 
     async def stamps(rid: str, ids: list[int], sampling: SamplingParams = greedy) -> list[float]:
         times = []
         async for chunk in eng.generate(GenerationRequest(rid, ids, sampling, session_key=rid)):
             times += [time.perf_counter()] * max(1, len(chunk.token_ids))
+            cached[rid] = chunk.cached_tokens
         return times
 
     async def run() -> None:
         await eng.start()
         one = p["one"][0]
         await stamps("w1", one, SamplingParams(max_tokens=1, temperature=0.0))
-        t = await stamps("one", one)
-        out["decode_1_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
-        await stamps("w8", p["warm"][0], SamplingParams(max_tokens=1, temperature=0.0))
-        t0 = time.perf_counter()
-        res = await asyncio.gather(*(stamps(f"s{i}", ids) for i, ids in enumerate(p["shared"])))
-        out["shared_8_tok_s"] = sum(map(len, res)) / (time.perf_counter() - t0)
+        if "decode" in rows:
+            t = await stamps("one", one)
+            out["decode_1_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
+        if "shared" in rows:
+            await stamps("w8", p["warm"][0], SamplingParams(max_tokens=1, temperature=0.0))
+            t0 = time.perf_counter()
+            res = await asyncio.gather(*(stamps(f"s{i}", ids) for i, ids in enumerate(p["shared"])))
+            out["shared_8_tok_s"] = sum(map(len, res)) / (time.perf_counter() - t0)
+        if "prefill" not in rows:
+            await eng.shutdown()
+            return
         cold = p["cold"][0]
         t0 = time.perf_counter()
         await stamps("cold", cold, SamplingParams(max_tokens=1, temperature=0.0))
         out["prefill_tok_s"] = len(cold) / (time.perf_counter() - t0)
+        out["prefill_cached_tokens"] = cached["cold"]
         out["prefill_tokens"] = len(cold)
         await eng.shutdown()
 
@@ -109,7 +118,7 @@ def arm_engine(model: str, threads: int, ctx: int) -> dict[str, float]:
     return out
 
 
-def arm_llama(model: str, threads: int, ctx: int) -> dict[str, float]:
+def arm_llama(model: str, threads: int, ctx: int, rows: set[str]) -> dict[str, float]:
     import llama_cpp
     from transformers import AutoTokenizer
 
@@ -133,12 +142,16 @@ def arm_llama(model: str, threads: int, ctx: int) -> dict[str, float]:
 
     one = p["one"][0]
     gen(one, 1)
-    t = gen(one)
-    out["decode_1_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
-    gen(p["warm"][0], 1)
-    t0 = time.perf_counter()
-    n = sum(len(gen(ids)) for ids in p["shared"])
-    out["shared_8_tok_s"] = n / (time.perf_counter() - t0)
+    if "decode" in rows:
+        t = gen(one)
+        out["decode_1_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
+    if "shared" in rows:
+        gen(p["warm"][0], 1)
+        t0 = time.perf_counter()
+        n = sum(len(gen(ids)) for ids in p["shared"])
+        out["shared_8_tok_s"] = n / (time.perf_counter() - t0)
+    if "prefill" not in rows:
+        return out
     cold = p["cold"][0]
     llm.reset()
     t0 = time.perf_counter()
@@ -157,13 +170,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=N, help="tokens a reply")
     ap.add_argument("--prefill", type=int, default=PREFILL, help="tokens of the cold prompt")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each arm, alternating (medians)")
+    ap.add_argument("--rows", default="decode,shared,prefill", help="which figures (comma-separated)")
     ap.add_argument("--arm", choices=["engine", "llama"], help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "llamacpp_peer"))
     args = ap.parse_args()
     N, PREFILL = args.tokens, args.prefill
     if args.arm:  # a subprocess: one arm, its figures as JSON on the last line
         fn = arm_engine if args.arm == "engine" else arm_llama
-        res = fn(args.model, args.threads, args.ctx)
+        res = fn(args.model, args.threads, args.ctx, set(args.rows.split(",")))
         res["peak_rss_mb"] = peak_rss_mb()
         res["peak_rss_less_file_mb"] = res["peak_rss_mb"] - gguf_file(args.model).stat().st_size / 2**20
         print(json.dumps(res))
@@ -174,7 +188,7 @@ def main() -> None:
         for arm, label in (("engine", "agentserve llamacpp engine"), ("llama", "llama-cpp-python Llama")):
             cmd = [sys.executable, __file__, "--arm", arm, "--model", args.model]
             cmd += ["--threads", str(args.threads), "--ctx", str(args.ctx)]
-            cmd += ["--tokens", str(N), "--prefill", str(PREFILL)]
+            cmd += ["--tokens", str(N), "--prefill", str(PREFILL), "--rows", args.rows]
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
             if done.returncode != 0:
@@ -224,12 +238,14 @@ def write(
     lines = [f"# llamacpp engine vs llama-cpp-python's Llama, in process: {meta['model']}", ""]
     lines += ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for label, key in rows:
+        if key not in runs[names[0]]:
+            continue
         cells = " | ".join(f"{runs[n].get(key, float('nan')):.1f}" for n in names)
         lines.append(f"| {label} | {cells} |")
     ratio = [
         f"{label}: {runs[names[0]][key] / runs[names[1]][key]:.2f}x"
         for label, key in rows[:3]
-        if len(names) == 2 and runs[names[1]].get(key)
+        if len(names) == 2 and runs[names[1]].get(key) and key in runs[names[0]]
     ]
     lines += ["", "engine / Llama: " + "; ".join(ratio)] if ratio else []
     load = ", ".join(f"{x:.1f}" for x in loads)

@@ -84,6 +84,16 @@ def test_a_turn_is_one_graph(engine):
     assert llama_cpp.llama_n_ubatch(ctx) == llama_cpp.llama_n_batch(ctx)
 
 
+def test_the_context_runs_flash_attention_with_every_thread_on_a_prompt(engine):
+    """The settings the cold prefill was measured with (issue 39): ggml's CPU flash attention (1.25-1.6x
+    the prompt tok/s of the plain path, which also multiplies every idle session's cells) and the
+    prompt's decode on as many threads as a step's."""
+    p = engine.rt.params
+    assert p.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    assert p.n_threads_batch == p.n_threads == 1  # the fixture's threads=1
+    assert p.kv_unified
+
+
 def test_the_tokenizer_is_llama_cpps(engine):
     """/tokenize and usage count with the transformers tokenizer: it must split as llama.cpp does."""
     llm = llama_cpp.Llama(str(embedded_gguf()), n_ctx=64, vocab_only=True, verbose=False)
