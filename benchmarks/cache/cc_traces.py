@@ -58,6 +58,7 @@ from server.kvcache.tier2 import HostStore  # noqa: E402
 
 BLOCK_TOKENS = 64  # tokens per hash id (the trace format's block_size)
 KV_BYTES_PER_TOKEN = 128 * 1024  # an 8B model (32 layers, 8 KV heads x 128, bf16)
+HINT_PASSES = {"off": (False,), "on": (True,), "both": (False, True)}  # --hints: runs without / with
 POLICIES = ("lru", "session", "session+tier2", "lru+tier2")
 TOOL = "tool"  # the traces do not name tools: one name for every tool call
 
@@ -431,9 +432,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--policy", default="session+tier2", help=f"one of {', '.join(POLICIES)} (comma list: each)"
     )
-    ap.add_argument(
-        "--hints", choices=["off", "on", "both"], default="off", help="retention hints (5 min ttl)"
-    )
+    ap.add_argument("--hints", choices=list(HINT_PASSES), default="off", help="retention hints (5 min ttl)")
     ap.add_argument("--hint-s", type=float, default=300.0)
     ap.add_argument("--time-scale", type=float, default=1.0, help="recorded times x this (0.1: 10x faster)")
     ap.add_argument("--block-units", type=int, default=4, help="cache block size in 64-token units")
@@ -472,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     if not traces:
         print(f"no trace_NNNN.json in {args.traces} (range {args.range or 'all'})", file=sys.stderr)
         return 2
-    hints = {"off": [False], "on": [True], "both": [False, True]}[args.hints]
+    hints = HINT_PASSES[args.hints]
     runs = [(p, h, r) for p in args.policy.split(",") for h in hints for r in args.routing.split(",")]
     for policy, h, routing in runs:
         cfg = Config(

@@ -57,7 +57,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.cache.cc_traces import Trace, ceiling_units, load_traces, parse_range
+from benchmarks.cache.cc_traces import HINT_PASSES, Trace, ceiling_units, load_traces, parse_range
 
 # single tokens with their leading space in SmolLM2's (GPT-2 style) tokenizer: checked live by
 # usage.prompt_tokens == blocks x K
@@ -396,7 +396,7 @@ def main_live(args: argparse.Namespace) -> int:
     if not traces:
         print(f"no trace_NNNN.json in {args.traces} (range {args.range or 'all'})", file=sys.stderr)
         return 2
-    hints = {"off": [0.0], "on": [args.hint_s], "both": [0.0, args.hint_s]}[args.hints]
+    hints = [args.hint_s if hinted else 0.0 for hinted in HINT_PASSES[args.hints]]
     for hint_s, arm in ((h, a) for h in hints for a in parse_urls(args.url)):
         run_cfg = replace(cfg, hint_s=hint_s)
         out = asyncio.run(run_arm(arm, traces, run_cfg))
