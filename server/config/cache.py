@@ -10,14 +10,17 @@ from server.config.section import Section
 
 
 class Tier2Settings(Section):
-    """hf engine: where blocks evicted from the prefix cache go (server/kvcache/tier2.py)."""
+    """Where KV evicted from the prefix cache goes (server/kvcache/tier2.py; the llamacpp engine saves
+    an evicted session's whole state there: server/engines/llamacpp/tier2.py)."""
 
     memory_mb: int = Field(0, ge=0, description="Tier-2 budget in MiB (0 = no second tier).")
     path: str | None = Field(
         None, description="A local folder for tier 2 (CPU engines); unset = host RAM (CUDA engines)."
     )
     restore: Literal["auto", "always", "never"] = Field(
-        "auto", description="auto = restore a block only when measured cheaper than recomputing it."
+        "auto",
+        description="auto = restore a block only when measured cheaper than recomputing it (llamacpp: "
+        "whenever tier 2 holds a longer prefix than the pool; never = tier 2 off).",
     )
 
 

@@ -10,7 +10,8 @@ One engine thread owns the context and runs the scheduler's turns (scheduler.py:
 then masks and samples each row that has logits). A request's KV lives in a slot (a llama.cpp
 sequence id, slots.py); when it ends the slot keeps prompt + reply for the next turn, and a new
 prompt starts from the longest prefix any slot holds (``seq_cp``: the unified KV pool shares
-the cells).
+the cells). With ``prefix_cache.tier2`` an evicted idle slot's KV is saved (host RAM or a folder)
+and loaded back when its session returns (tier2.py).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from server.engines.llamacpp.outbox import Outbox
 from server.engines.llamacpp.scheduler import Scheduler
 from server.engines.llamacpp.sequence import SeqState
 from server.engines.llamacpp.slots import SlotTable
+from server.engines.llamacpp.tier2 import SavedSlots
 from server.errors import ContextLengthExceeded, EngineDead, InvalidRequest
 from server.families.model_facts import ModelFacts
+from server.kvcache.tier2 import make_store
 from server.model_store import gguf_path
 
 log = logging.getLogger(__name__)
@@ -82,9 +85,12 @@ class LlamaCppEngine(Engine):
         self.eos_token_ids = facts.end_ids
         self.block_size = 1  # cached_tokens is token-granular
         self.slots = SlotTable(N_SEQ if pc.enabled else 1)
+        t2 = pc.tier2  # "never" restores nothing: then saving would be wasted work
+        store = make_store(t2.memory_mb, t2.path, "cpu") if pc.enabled and t2.restore != "never" else None
+        self.saved = SavedSlots(store)
         self._stats = EngineStats()
         self.scheduler = Scheduler(
-            self.rt, self.slots, self.chunk, self.max_model_len, pc.enabled, self._stats
+            self.rt, self.slots, self.chunk, self.max_model_len, pc.enabled, self._stats, self.saved
         )
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -128,12 +134,30 @@ class LlamaCppEngine(Engine):
                 "kv_cells": float(self.rt.n_ctx),
                 "idle_cached_tokens": float(self.slots.cached_tokens()),
                 "tokens_generated": float(sched.tokens_generated),
+                **self._tier2_stats(),
             },
         )
 
+    def _tier2_stats(self) -> dict[str, float]:
+        store = self.saved.store
+        if store is None:
+            return {}
+        return {
+            "tier2_sessions": float(len(self.saved)),
+            "tier2_used_bytes": float(store.used_bytes),
+            "tier2_saved_tokens": float(self.saved.saved_tokens),
+            "tier2_restored_tokens": float(self.saved.restored_tokens),
+            "tier2_bytes_written": float(store.bytes_written),
+            "tier2_bytes_read": float(store.bytes_read),
+        }
+
     @property
     def cache_tiers(self) -> tuple[str, ...]:
-        return ("llama.cpp KV cells",)
+        store = self.saved.store
+        if store is None:
+            return ("llama.cpp KV cells",)
+        where = getattr(store, "path", None)
+        return ("llama.cpp KV cells", f"tier 2 (disk folder {where})" if where else "tier 2 (host RAM)")
 
     def retention_hints(self) -> str | None:
         return (

@@ -104,6 +104,24 @@ class LlamaRuntime:
         """Drop sequence ``seq``'s positions from ``n`` on (0: all of it)."""
         llama_cpp.llama_memory_seq_rm(self.mem, seq, n, -1)
 
+    def seq_save(self, seq: int) -> torch.Tensor:
+        """The KV state of sequence ``seq`` (its cells, positions and tokens) as bytes: a uint8 tensor."""
+        n = int(llama_cpp.llama_state_seq_get_size(self.ctx, seq))
+        out = torch.empty(n, dtype=torch.uint8)
+        ptr = ctypes.cast(out.data_ptr(), ctypes.POINTER(ctypes.c_uint8))
+        got = int(llama_cpp.llama_state_seq_get_data(self.ctx, ptr, n, seq))
+        return out[:got]
+
+    def seq_load(self, seq: int, state: torch.Tensor) -> bool:
+        """Sequence ``seq`` (emptied first) gets a state ``seq_save`` returned; False: no room in the pool."""
+        self.seq_trim(seq, 0)
+        data = state.contiguous()
+        ptr = ctypes.cast(data.data_ptr(), ctypes.POINTER(ctypes.c_uint8))
+        if int(llama_cpp.llama_state_seq_set_data(self.ctx, ptr, data.numel(), seq)) == 0:
+            self.seq_trim(seq, 0)  # a failed load may leave part of it
+            return False
+        return True
+
     # -- decode ------------------------------------------------------------------------------------------
     def decode(self, rows: list[Row]) -> list[int]:
         """Run ``rows`` (at most ``n_batch``) through the model; the batch indices whose logits are kept."""

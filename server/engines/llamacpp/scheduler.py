@@ -4,7 +4,9 @@ Each turn builds ONE batch: the pending token of every running request (logits w
 to ``chunk`` prompt tokens of the requests being admitted (logits on a prompt's last token),
 decodes it, then masks and samples each row that has logits (``pick``: bias, penalties, the
 mask, then greedy or a seeded draw, as the hf engine does). Admission claims a slot (slots.py)
-and starts the prompt from the longest prefix any slot holds. Runs on the engine thread only;
+and starts the prompt from the longest prefix any slot holds, or tier 2 holds when that is
+longer (tier2.py: an evicted slot's saved state, loaded back). An idle slot's KV leaves the pool
+only through ``evict``, which saves it to tier 2 first. Runs on the engine thread only;
 ``inbox`` is the one thing other threads touch.
 """
 
@@ -20,7 +22,8 @@ from server.engines.base import EngineStats, GenerationChunk, TokenLogprob, drai
 from server.engines.hf.sampler import pick
 from server.engines.llamacpp.batch import KVFull, Row, Runtime
 from server.engines.llamacpp.sequence import SeqState
-from server.engines.llamacpp.slots import SlotTable
+from server.engines.llamacpp.slots import Claim, Evicted, SlotTable
+from server.engines.llamacpp.tier2 import SavedSlots
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +37,14 @@ class Scheduler:
         max_model_len: int,
         keep_kv: bool,
         stats: EngineStats,
+        saved: SavedSlots | None = None,
     ) -> None:
         """``chunk``: prompt tokens per turn; ``keep_kv``: a finished request's slot keeps its
-        KV for the next turn (the prefix cache is on); ``stats``: the prefix counters, updated."""
+        KV for the next turn (the prefix cache is on); ``stats``: the prefix counters, updated;
+        ``saved``: tier 2 (None: off)."""
         self.rt = rt
         self.slots = slots
+        self.saved = saved if saved is not None else SavedSlots(None)
         self.chunk = chunk
         self.max_model_len = max_model_len
         self.keep_kv = keep_kv
@@ -80,18 +86,56 @@ class Scheduler:
                 still.append(seq)
                 continue
             for gone in claim.dropped:
-                self.rt.seq_trim(gone.seq, 0)
-            if claim.source is not None:
-                self.rt.seq_trim(claim.slot.seq, 0)
-                self.rt.seq_copy(claim.source.seq, claim.slot.seq, claim.cached)
-            else:
-                self.rt.seq_trim(claim.slot.seq, claim.cached)
+                self.evict(gone)
             seq.slot = claim.slot
-            seq.cached_tokens = claim.cached
+            seq.cached_tokens = self.place(claim, req.prompt_ids, req.cache_salt)
             self.stats.prefix_queries_tokens += len(req.prompt_ids)
-            self.stats.prefix_hits_tokens += claim.cached
+            self.stats.prefix_hits_tokens += seq.cached_tokens
             self.prefilling.append(seq)
         self.waiting = still
+
+    def place(self, claim: Claim, prompt: list[int], salt: str) -> int:
+        """The claimed slot's starting KV, in the pool; returns how many prompt tokens it holds.
+
+        The longer of: what the claim found in the pool (a copy from ``source``, or the slot's own
+        KV trimmed), and a state tier 2 saved (loaded, then trimmed to the shared prefix)."""
+        slot, tried = claim.slot, False
+        entry, n = self.saved.best(prompt, salt)
+        state = self.saved.take(entry) if entry is not None and n > claim.cached else None
+        if entry is not None and state is not None:
+            tried = True
+            if self.load(slot.seq, state):
+                self.rt.seq_trim(slot.seq, n)
+                slot.tokens = list(prompt[:n])
+                self.saved.restored_tokens += n
+                return n
+            self.saved.save(entry.salt, list(entry.tokens), state)  # no room even with every idle slot gone
+        source = claim.source
+        if source is not None and source.tokens[: claim.cached] == prompt[: claim.cached]:
+            self.rt.seq_trim(slot.seq, 0)
+            self.rt.seq_copy(source.seq, slot.seq, claim.cached)
+            return claim.cached
+        if source is None and not tried:  # the slot's own KV (a failed load cleared it)
+            self.rt.seq_trim(slot.seq, claim.cached)
+            return claim.cached
+        self.rt.seq_trim(slot.seq, 0)  # what the claim counted on was evicted to make room
+        slot.tokens = []
+        return 0
+
+    def load(self, seq: int, state: torch.Tensor) -> bool:
+        """Load a saved state into sequence ``seq``, evicting idle slots while the pool has no room."""
+        while not self.rt.seq_load(seq, state):
+            gone = self.slots.evict_one()
+            if gone is None:
+                return False
+            self.evict(gone)
+        return True
+
+    def evict(self, gone: Evicted) -> None:
+        """An idle slot's KV leaves the pool: saved to tier 2 first (when it is on), then cleared."""
+        if self.saved.enabled and gone.tokens:
+            self.saved.save(gone.salt, gone.tokens, self.rt.seq_save(gone.seq))
+        self.rt.seq_trim(gone.seq, 0)
 
     def turn(self) -> None:
         """One batch: every running request's pending token, then prompt chunks up to the budget."""
@@ -159,7 +203,7 @@ class Scheduler:
                 victim = self.slots.evict_one()
                 if victim is None:
                     raise
-                self.rt.seq_trim(victim.seq, 0)
+                self.evict(victim)
 
     def pick(self, seq: SeqState, raw: torch.Tensor) -> None:
         """Bias, penalties, the mask, then sample; emit the token or finish (as the hf engine does)."""

@@ -38,13 +38,22 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class Evicted:
+    """What an idle slot held when it was taken from it: the engine saves it (tier 2), then clears it."""
+
+    seq: int
+    salt: str
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
 class Claim:
     """Where a new request's KV starts: its slot, and ``cached`` tokens copied from ``source``."""
 
     slot: Slot
     source: Slot | None
     cached: int
-    dropped: tuple[Slot, ...] = ()  # idle slots whose KV the engine must clear (seq_trim 0)
+    dropped: tuple[Evicted, ...] = ()  # idle slots whose KV the engine must clear (seq_trim 0)
 
 
 class SlotTable:
@@ -71,7 +80,7 @@ class SlotTable:
     def claim(self, prompt: list[int], salt: str, session: str) -> Claim | None:
         """A slot for a new request and its cached prefix; None while every slot is busy."""
         source, n = self.best_match(prompt, salt)
-        dropped: list[Slot] = []
+        dropped: list[Evicted] = []
         free = [s for s in self.slots if not s.busy and not s.tokens]
         if source is not None and not source.busy and n == len(source.tokens):
             # the new prompt extends everything the idle slot holds: take that slot itself
@@ -84,7 +93,8 @@ class SlotTable:
             if not idle:
                 return None
             slot = min(idle, key=lambda s: s.used)
-            dropped.append(slot)
+            if slot.tokens:
+                dropped.append(Evicted(slot.seq, slot.salt, slot.tokens))
         slot.busy = True
         slot.salt = salt
         slot.session = session
@@ -100,14 +110,15 @@ class SlotTable:
         slot.tokens = list(tokens)
         slot.used = self._tick()
 
-    def evict_one(self) -> Slot | None:
+    def evict_one(self) -> Evicted | None:
         """The least recently used idle slot with KV, emptied (the engine clears its cells); None: none."""
         idle = [s for s in self.slots if not s.busy and s.tokens]
         if not idle:
             return None
         victim = min(idle, key=lambda s: s.used)
+        gone = Evicted(victim.seq, victim.salt, victim.tokens)
         victim.tokens = []
-        return victim
+        return gone
 
     def cached_tokens(self) -> int:
         """Tokens held by idle slots (what the cache keeps beyond the running requests)."""

@@ -257,3 +257,37 @@ def test_the_app_on_llamacpp_tool_calls_in_three_dialects_and_tokenize_equals_us
         r = c.post("/v1/responses", json=responses)
         assert r.status_code == 200, r.text
         assert any(item["type"] == "function_call" for item in r.json()["output"])
+
+
+@pytest.mark.slow  # ~15 s of prefill; the main suite covers the logic on a fake runtime (test_engine_fake.py)
+def test_a_session_evicted_from_a_full_pool_comes_back_from_tier_2(loop, embedded_model_dir):
+    """A pool of one window (512 cells): a second ~300-token session evicts the first; with
+    tier 2 the first one's next turn loads its saved state (llama_state_seq_*) and decodes what a
+    cold prompt decodes."""
+    from server.engines.llamacpp.engine import LlamaCppEngine
+
+    settings = load_settings(
+        None,
+        engine="llamacpp",
+        model="embedded",
+        max_model_len=512,
+        threads=1,
+        prefix_cache={"memory_mb": 0, "tier2": {"memory_mb": 64}},
+    )
+    eng = LlamaCppEngine(settings.engine_settings(), load_model_facts(settings, "llamacpp"))
+    loop.run(eng.start())
+    try:
+        first = ids_of(eng, "<|im_start|>user\n" + "Which file do I read first? " * 40)
+        a = loop.run(collect(eng, GenerationRequest("a", first, greedy(4), session_key="a")))
+        other = ids_of(eng, "<|im_start|>user\n" + "Where are the tests? " * 50)
+        loop.run(collect(eng, GenerationRequest("b", other, greedy(4), session_key="b")))
+        assert len(first) + len(other) > eng.rt.n_ctx  # the second evicted the first
+        nxt = first + tokens(a) + ids_of(eng, "<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n")
+        back = loop.run(collect(eng, GenerationRequest("a2", nxt, greedy(6), session_key="a")))
+        cold = loop.run(collect(eng, GenerationRequest("cold", nxt, greedy(6), cache_salt="cold")))
+        extra = eng.stats().extra
+    finally:
+        loop.run(eng.shutdown())
+    assert back[-1].cached_tokens >= len(first) + len(tokens(a)) - 1
+    assert extra["tier2_restored_tokens"] == back[-1].cached_tokens and extra["tier2_bytes_read"] > 0
+    assert cold[-1].cached_tokens == 0 and tokens(back) == tokens(cold)

@@ -30,6 +30,8 @@ class FakeRuntime:
         self._rows: list[list[int]] = []
         self.decodes = 0
         self.batch_sizes: list[int] = []
+        self.saves = 0
+        self.refuse_loads = False  # a pool with no room for any saved state
 
     def kv_bytes_per_token(self) -> int:
         return 1000
@@ -44,6 +46,17 @@ class FakeRuntime:
 
     def seq_trim(self, seq: int, n: int) -> None:
         self.kv[seq] = self.kv[seq][:n]
+
+    def seq_save(self, seq: int) -> torch.Tensor:
+        self.saves += 1
+        return torch.tensor(self.kv[seq], dtype=torch.int64)
+
+    def seq_load(self, seq: int, state: torch.Tensor) -> bool:
+        self.kv[seq] = []
+        if self.refuse_loads or sum(map(len, self.kv.values())) + state.numel() > self.n_ctx:
+            return False
+        self.kv[seq] = [int(t) for t in state]
+        return True
 
     def decode(self, rows: list[Row]) -> list[int]:
         if sum(map(len, self.kv.values())) + len(rows) > self.n_ctx:
@@ -72,7 +85,8 @@ class FakeRuntime:
 
 
 def make_engine(tokenizer, **settings):
-    s = load_settings(None, engine="llamacpp", max_model_len=256, prefix_cache={"memory_mb": 0}, **settings)
+    settings.setdefault("prefix_cache", {"memory_mb": 0})
+    s = load_settings(None, engine="llamacpp", max_model_len=256, **settings)
     return LlamaCppEngine(s.engine_settings(), decide(s, tokenizer, None), runtime=FakeRuntime())
 
 
@@ -212,3 +226,69 @@ def test_the_engine_thread_never_wakes_a_clients_event_loop(tokenizer):
     got = run(go())
     assert [len(t) for t in got] == [6] * 8
     assert "llamacpp-outbox" in wakers and "llamacpp-engine" not in wakers
+
+
+def four_sessions_then_the_first_again(engine):
+    """4 sessions of ~105 tokens in a pool of 256 cells (the first two are evicted), then the
+    first session's next turn and the same prompt cold (another namespace)."""
+
+    async def scenario():
+        outs = []
+        for i in range(4):
+            prompt = [700 + i] * 100
+            outs.append(
+                await collect(engine, GenerationRequest(f"s{i}", prompt, greedy(5), session_key=f"s{i}"))
+            )
+        nxt = [700] * 100 + tokens(outs[0]) + [5, 6]
+        back = await collect(engine, GenerationRequest("back", nxt, greedy(6), session_key="s0"))
+        cold = await collect(engine, GenerationRequest("cold", nxt, greedy(6), cache_salt="cold"))
+        return back, cold
+
+    return run(scenario())
+
+
+def test_an_evicted_session_comes_back_from_tier_2_and_decodes_as_cold(tokenizer):
+    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 0, "tier2": {"memory_mb": 1}})
+    try:
+        back, cold = four_sessions_then_the_first_again(eng)
+        stats = eng.stats().extra
+        tiers = eng.cache_tiers
+    finally:
+        run(eng.shutdown())
+    assert back[-1].cached_tokens == 104  # its prompt and the reply tokens that went in the KV, restored
+    assert cold[-1].cached_tokens == 0
+    assert tokens(back) == tokens(cold)  # the restored KV is the session's own, at its positions
+    assert eng.rt.saves >= 2 and stats["tier2_restored_tokens"] == 104
+    assert stats["tier2_saved_tokens"] >= 2 * 104 and stats["tier2_bytes_read"] > 0
+    assert tiers == ("llama.cpp KV cells", "tier 2 (host RAM)")
+
+
+def test_without_tier_2_the_evicted_session_is_recomputed(tokenizer):
+    eng = make_engine(tokenizer)
+    try:
+        back, cold = four_sessions_then_the_first_again(eng)
+    finally:
+        run(eng.shutdown())
+    assert back[-1].cached_tokens == 0 and tokens(back) == tokens(cold)
+    assert eng.rt.saves == 0 and "tier2_restored_tokens" not in eng.stats().extra
+
+
+def test_restore_never_turns_tier_2_off(tokenizer):
+    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 0, "tier2": {"memory_mb": 1, "restore": "never"}})
+    try:
+        back, _ = four_sessions_then_the_first_again(eng)
+    finally:
+        run(eng.shutdown())
+    assert back[-1].cached_tokens == 0 and eng.rt.saves == 0
+
+
+def test_a_state_that_cannot_be_loaded_is_recomputed_and_kept(tokenizer):
+    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 0, "tier2": {"memory_mb": 1}})
+    eng.rt.refuse_loads = True
+    try:
+        back, cold = four_sessions_then_the_first_again(eng)
+        kept = len(eng.saved)
+    finally:
+        run(eng.shutdown())
+    assert back[-1].cached_tokens == 0 and tokens(back) == tokens(cold)  # never a wrong KV
+    assert kept >= 1 and eng.stats().extra["tier2_restored_tokens"] == 0

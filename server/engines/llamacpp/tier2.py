@@ -1,0 +1,91 @@
+"""The llamacpp engine's tier 2: the KV of idle slots evicted from the pool, kept whole, restored on return.
+
+When the pool (cells) or the slot table (sequence ids) is full, the least recently used idle
+slot goes; with tier 2 on, its state first goes to a ``Tier2Store`` (host RAM, or a folder with
+``prefix_cache.tier2.path``: ``server/kvcache/tier2.py``, the hf engine's stores, with their byte
+budget, least recently stored dropped first, and their checks). A saved state is llama.cpp's own
+serialization of one sequence (``llama_state_seq_get_data``: its cells' K and V, positions and
+tokens), keyed by the chained hash of (namespace, the tokens it holds), as the hf engine keys a block.
+
+A new prompt whose longest saved prefix is longer than what any slot in the pool holds gets that
+state loaded into its slot (``llama_state_seq_set_data``) and trimmed to the shared prefix: a copy
+of KV bytes in place of a forward pass over those tokens. An entry taken back leaves the store (it
+is in the pool again; evicted again, it is saved again). An entry whose tokens are a prefix of a
+newer entry's of the same namespace is dropped when the newer one is saved: it holds nothing more.
+
+Pure Python over the store (no llama_cpp): the scheduler calls the runtime's ``seq_save`` /
+``seq_load``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from server.engines.llamacpp.slots import common_length
+from server.kvcache.block_keys import chain_key, root_key
+from server.kvcache.tier2 import Tier2Store
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One saved slot: its key in the store, its namespace and the tokens its KV holds."""
+
+    key: bytes
+    salt: str
+    tokens: tuple[int, ...]
+
+
+class SavedSlots:
+    """The index of the states in a ``Tier2Store`` (None: tier 2 is off and nothing is saved)."""
+
+    def __init__(self, store: Tier2Store | None) -> None:
+        self.store = store
+        self._index: dict[bytes, Saved] = {}
+        self.saved_tokens = 0
+        self.restored_tokens = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None and self.store.enabled
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def save(self, salt: str, tokens: list[int], state: torch.Tensor) -> None:
+        """Keep ``state`` (the KV of ``tokens`` in namespace ``salt``); the store may drop older ones."""
+        if self.store is None or not self.store.enabled or not tokens:
+            return
+        for old in list(self._index.values()):  # superseded: everything it holds, this one holds
+            n = len(old.tokens)
+            if old.salt == salt and n <= len(tokens) and common_length(list(old.tokens), tokens) == n:
+                self.store.discard(old.key)
+                del self._index[old.key]
+        parent = root_key(salt)
+        key = chain_key(parent, tokens)
+        dropped = self.store.put(key, parent, tokens, state)
+        for gone in dropped:
+            self._index.pop(gone, None)
+        if key not in dropped:
+            self._index[key] = Saved(key, salt, tuple(tokens))
+            self.saved_tokens += len(tokens)
+
+    def best(self, prompt: list[int], salt: str) -> tuple[Saved | None, int]:
+        """The saved state sharing the longest prefix with ``prompt`` (at most ``len(prompt) - 1``)."""
+        best, n_best = None, 0
+        limit = len(prompt) - 1  # the last prompt token is always computed: its logits are needed
+        for entry in self._index.values():
+            if entry.salt != salt:
+                continue
+            n = min(common_length(list(entry.tokens), prompt), limit)
+            if n > n_best:
+                best, n_best = entry, n
+        return best, n_best
+
+    def take(self, entry: Saved) -> torch.Tensor | None:
+        """The state of ``entry``, removed from the store; None when the store lost or rejected it."""
+        self._index.pop(entry.key, None)
+        if self.store is None:
+            return None
+        return self.store.get(entry.key, root_key(entry.salt), entry.tokens)

@@ -1,0 +1,73 @@
+"""The llamacpp engine's tier 2 index (tier2.py) over the hf engine's stores, without llama_cpp."""
+
+from __future__ import annotations
+
+import torch
+
+from server.engines.llamacpp.tier2 import SavedSlots
+from server.kvcache.tier2 import DiskStore, HostStore
+
+
+def state(tokens: list[int]) -> torch.Tensor:
+    return torch.tensor(tokens, dtype=torch.int64)  # 8 bytes a token
+
+
+def test_the_longest_saved_prefix_of_the_namespace_is_found_and_taken_once():
+    saved = SavedSlots(HostStore(10_000))
+    saved.save("", [1, 2, 3, 4], state([1, 2, 3, 4]))
+    saved.save("", [1, 2, 9], state([1, 2, 9]))
+    saved.save("t", [1, 2, 3, 4, 5, 6], state([1, 2, 3, 4, 5, 6]))
+    entry, n = saved.best([1, 2, 3, 7], "")
+    assert entry is not None and entry.tokens == (1, 2, 3, 4) and n == 3
+    entry, n = saved.best([1, 2, 3, 4], "")
+    assert entry is not None and n == 3  # the last prompt token is always computed
+    assert saved.best([5, 5], "")[0] is None and saved.best([1, 2, 3, 4], "u")[0] is None
+    got = saved.take(entry)
+    assert got is not None and got.tolist() == [1, 2, 3, 4]
+    assert saved.best([1, 2, 3, 7], "")[1] == 2 and len(saved) == 2  # taken: it is back in the pool
+
+
+def test_a_newer_state_that_holds_an_older_one_replaces_it():
+    store = HostStore(10_000)
+    saved = SavedSlots(store)
+    saved.save("", [1, 2], state([1, 2]))
+    saved.save("x", [1, 2], state([1, 2]))  # another namespace: kept
+    saved.save("", [1, 2, 3], state([1, 2, 3]))
+    assert len(saved) == 2 and len(store) == 2 and store.used_bytes == 8 * 5
+    saved.save("", [1, 2, 3], state([1, 2, 3]))  # the same tokens again: one entry
+    assert len(saved) == 2 and store.used_bytes == 8 * 5
+
+
+def test_the_budget_drops_the_oldest_and_the_index_follows():
+    store = HostStore(8 * 10)
+    saved = SavedSlots(store)
+    saved.save("", [1] * 4, state([1] * 4))
+    saved.save("", [2] * 4, state([2] * 4))
+    saved.save("", [3] * 4, state([3] * 4))  # 12 tokens > 10: the first goes
+    assert len(saved) == 2 and store.used_bytes == 64
+    assert saved.best([1] * 5, "")[0] is None and saved.best([3] * 5, "")[1] == 4
+    saved.save("", [4] * 20, state([4] * 20))  # larger than the whole budget: not kept
+    assert saved.best([4] * 21, "")[0] is None and len(saved) == 2
+
+
+def test_off_saves_nothing():
+    saved = SavedSlots(None)
+    saved.save("", [1, 2], state([1, 2]))
+    assert not saved.enabled and len(saved) == 0 and saved.best([1, 2, 3], "")[0] is None
+
+
+def test_a_damaged_file_on_disk_is_a_miss_never_a_wrong_state(tmp_path):
+    store = DiskStore(10_000, tmp_path)
+    saved = SavedSlots(store)
+    saved.save("", [1, 2, 3], state([1, 2, 3]))
+    saved.save("", [7, 8, 9], state([7, 8, 9]))
+    good, _ = saved.best([1, 2, 3, 4], "")
+    bad, _ = saved.best([7, 8, 9, 4], "")
+    assert good is not None and bad is not None
+    (file,) = [f for f in store.path.iterdir() if f.name.startswith(bad.key.hex())]
+    raw = bytearray(file.read_bytes())
+    raw[-1] ^= 0xFF  # one bit of the KV bytes flipped
+    file.write_bytes(bytes(raw))
+    assert saved.take(bad) is None
+    got = saved.take(good)
+    assert got is not None and got.tolist() == [1, 2, 3]
