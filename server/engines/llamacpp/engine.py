@@ -20,7 +20,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import torch
 
@@ -34,6 +34,7 @@ from server.engines.base import (
 from server.engines.hf.sampler import TokenSampler
 from server.engines.llamacpp.batch import Runtime
 from server.engines.llamacpp.outbox import Outbox
+from server.engines.llamacpp.retention import SlotRetention
 from server.engines.llamacpp.scheduler import Scheduler
 from server.engines.llamacpp.sequence import SeqState
 from server.engines.llamacpp.slots import SlotTable
@@ -84,13 +85,21 @@ class LlamaCppEngine(Engine):
         self.vocab_size = self.rt.n_vocab
         self.eos_token_ids = facts.end_ids
         self.block_size = 1  # cached_tokens is token-granular
-        self.slots = SlotTable(N_SEQ if pc.enabled else 1)
+        self.retention = SlotRetention(pc.policy, pc.session_cap_s)
+        self.slots = SlotTable(N_SEQ if pc.enabled else 1, self.retention.victim)
         t2 = pc.tier2  # "never" restores nothing: then saving would be wasted work
         store = make_store(t2.memory_mb, t2.path, "cpu") if pc.enabled and t2.restore != "never" else None
         self.saved = SavedSlots(store)
         self._stats = EngineStats()
         self.scheduler = Scheduler(
-            self.rt, self.slots, self.chunk, self.max_model_len, pc.enabled, self._stats, self.saved
+            self.rt,
+            self.slots,
+            self.chunk,
+            self.max_model_len,
+            pc.enabled,
+            self._stats,
+            self.saved,
+            self.retention,
         )
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -160,9 +169,24 @@ class LlamaCppEngine(Engine):
         return ("llama.cpp KV cells", f"tier 2 (disk folder {where})" if where else "tier 2 (host RAM)")
 
     def retention_hints(self) -> str | None:
-        return (
-            "the llamacpp engine keeps idle sessions' KV least recently used first (no per-session retention)"
-        )
+        """Used by the ``session`` policy (how long a paused session counts as live); not by ``lru``."""
+        pc = self.settings.prefix_cache
+        if not pc.enabled:
+            return "the prefix cache is off (prefix_cache.enabled: false)"
+        if pc.policy != "session":
+            return (
+                f"prefix_cache.policy is {pc.policy!r}: idle sessions are evicted least recently used "
+                "first whatever the hint (prefix_cache.policy: session uses it)"
+            )
+        return None
+
+    def request_arrived(self, session_key: str) -> None:
+        """The service says a request of the session arrived (it may still wait for a slot)."""
+        self.retention.arrived(session_key)
+
+    def reply_finished(self, session_key: str, tool_names: Sequence[str] = ()) -> None:
+        """The service says what the session's reply ended with: tool calls (named) or text."""
+        self.retention.finished(session_key, tuple(tool_names))
 
     # -- requests -------------------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:

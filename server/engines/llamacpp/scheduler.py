@@ -21,6 +21,7 @@ from server.constrain.bitmask import MaskApplier
 from server.engines.base import EngineStats, GenerationChunk, TokenLogprob, drained, engine_error
 from server.engines.hf.sampler import pick
 from server.engines.llamacpp.batch import KVFull, Row, Runtime
+from server.engines.llamacpp.retention import SlotRetention
 from server.engines.llamacpp.sequence import SeqState
 from server.engines.llamacpp.slots import Claim, Evicted, SlotTable
 from server.engines.llamacpp.tier2 import SavedSlots
@@ -38,13 +39,15 @@ class Scheduler:
         keep_kv: bool,
         stats: EngineStats,
         saved: SavedSlots | None = None,
+        retention: SlotRetention | None = None,
     ) -> None:
         """``chunk``: prompt tokens per turn; ``keep_kv``: a finished request's slot keeps its
         KV for the next turn (the prefix cache is on); ``stats``: the prefix counters, updated;
-        ``saved``: tier 2 (None: off)."""
+        ``saved``: tier 2 (None: off); ``retention``: told when a session's request starts and ends."""
         self.rt = rt
         self.slots = slots
         self.saved = saved if saved is not None else SavedSlots(None)
+        self.retention = retention if retention is not None else SlotRetention("lru", 600.0)
         self.chunk = chunk
         self.max_model_len = max_model_len
         self.keep_kv = keep_kv
@@ -88,6 +91,7 @@ class Scheduler:
             for gone in claim.dropped:
                 self.evict(gone)
             seq.slot = claim.slot
+            self.retention.began(req.session_key, req.retain_s)
             seq.cached_tokens = self.place(claim, req.prompt_ids, req.cache_salt)
             self.stats.prefix_queries_tokens += len(req.prompt_ids)
             self.stats.prefix_hits_tokens += seq.cached_tokens
@@ -247,6 +251,8 @@ class Scheduler:
             if not keep:
                 self.rt.seq_trim(slot.seq, 0)
             self.slots.release(slot, slot.tokens if keep else [])
+            # text unless the chat service says it was tool calls (its word may come first: kept)
+            self.retention.finished(seq.request.session_key, if_running=True)
             seq.slot = None
         if reason is not None:  # after the bookkeeping: a client that reads stats next sees it done
             seq.emit(GenerationChunk(tokens or [], seq.cached_tokens, reason, error, logprobs))

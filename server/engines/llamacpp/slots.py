@@ -6,8 +6,9 @@ starts with those tokens (the session's next turn, another session's same system
 takes the longest match from any slot, running or idle, of the same namespace (cache salt),
 and gets it by ``seq_cp`` into a free slot. The KV pool is unified, so that copy shares the
 cells: eight sessions with one system prompt hold it once. An idle slot whose whole content
-a new prompt extends is dropped (the new slot holds it all); when slots or cells run out the
-least recently used idle slot goes first. Token-granular: ``cached_tokens`` is any count.
+a new prompt extends is dropped (the new slot holds it all); when slots or cells run out an
+idle slot goes: the one ``victim`` picks (retention.py; least recently used by default).
+Token-granular: ``cached_tokens`` is any count.
 
 Pure Python (no llama_cpp here): the engine applies the plan with the runtime's
 ``seq_copy`` / ``seq_trim``.
@@ -15,6 +16,7 @@ Pure Python (no llama_cpp here): the engine applies the plan with the runtime's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -37,6 +39,10 @@ class Slot:
     used: int = 0  # a logical clock: larger = used more recently
 
 
+def least_recently_used(idle: list[Slot]) -> Slot:
+    return min(idle, key=lambda s: s.used)
+
+
 @dataclass(frozen=True)
 class Evicted:
     """What an idle slot held when it was taken from it: the engine saves it (tier 2), then clears it."""
@@ -57,8 +63,10 @@ class Claim:
 
 
 class SlotTable:
-    def __init__(self, n_seq: int) -> None:
+    def __init__(self, n_seq: int, victim: Callable[[list[Slot]], Slot] = least_recently_used) -> None:
+        """``victim``: which idle slot goes when one must (retention.py: the session policy)."""
         self.slots = [Slot(i) for i in range(n_seq)]
+        self.victim = victim
         self._clock = 0
 
     def _tick(self) -> int:
@@ -92,7 +100,7 @@ class SlotTable:
             idle = [s for s in self.slots if not s.busy and s is not source]
             if not idle:
                 return None
-            slot = min(idle, key=lambda s: s.used)
+            slot = self.victim(idle)
             if slot.tokens:
                 dropped.append(Evicted(slot.seq, slot.salt, slot.tokens))
         slot.busy = True
@@ -111,11 +119,11 @@ class SlotTable:
         slot.used = self._tick()
 
     def evict_one(self) -> Evicted | None:
-        """The least recently used idle slot with KV, emptied (the engine clears its cells); None: none."""
+        """The idle slot with KV ``victim`` picks, emptied (the engine clears its cells); None: none."""
         idle = [s for s in self.slots if not s.busy and s.tokens]
         if not idle:
             return None
-        victim = min(idle, key=lambda s: s.used)
+        victim = self.victim(idle)
         gone = Evicted(victim.seq, victim.salt, victim.tokens)
         victim.tokens = []
         return gone

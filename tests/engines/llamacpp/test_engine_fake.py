@@ -85,7 +85,7 @@ class FakeRuntime:
 
 
 def make_engine(tokenizer, **settings):
-    settings.setdefault("prefix_cache", {"memory_mb": 0})
+    settings.setdefault("prefix_cache", {"memory_mb": 0, "policy": "lru"})
     s = load_settings(None, engine="llamacpp", max_model_len=256, **settings)
     return LlamaCppEngine(s.engine_settings(), decide(s, tokenizer, None), runtime=FakeRuntime())
 
@@ -248,7 +248,7 @@ def four_sessions_then_the_first_again(engine):
 
 
 def test_an_evicted_session_comes_back_from_tier_2_and_decodes_as_cold(tokenizer):
-    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 0, "tier2": {"memory_mb": 1}})
+    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 0, "policy": "lru", "tier2": {"memory_mb": 1}})
     try:
         back, cold = four_sessions_then_the_first_again(eng)
         stats = eng.stats().extra
@@ -274,7 +274,10 @@ def test_without_tier_2_the_evicted_session_is_recomputed(tokenizer):
 
 
 def test_restore_never_turns_tier_2_off(tokenizer):
-    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 0, "tier2": {"memory_mb": 1, "restore": "never"}})
+    eng = make_engine(
+        tokenizer,
+        prefix_cache={"memory_mb": 0, "policy": "lru", "tier2": {"memory_mb": 1, "restore": "never"}},
+    )
     try:
         back, _ = four_sessions_then_the_first_again(eng)
     finally:
@@ -283,7 +286,7 @@ def test_restore_never_turns_tier_2_off(tokenizer):
 
 
 def test_a_state_that_cannot_be_loaded_is_recomputed_and_kept(tokenizer):
-    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 0, "tier2": {"memory_mb": 1}})
+    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 0, "policy": "lru", "tier2": {"memory_mb": 1}})
     eng.rt.refuse_loads = True
     try:
         back, cold = four_sessions_then_the_first_again(eng)
@@ -292,3 +295,45 @@ def test_a_state_that_cannot_be_loaded_is_recomputed_and_kept(tokenizer):
         run(eng.shutdown())
     assert back[-1].cached_tokens == 0 and tokens(back) == tokens(cold)  # never a wrong KV
     assert kept >= 1 and eng.stats().extra["tier2_restored_tokens"] == 0
+
+
+def three_sessions(tokenizer, policy: str, between) -> set[str]:
+    """Sessions a and b (100 tokens each), ``between(engine)`` (returns b's session key), then c:
+    315 tokens in 256 cells, so c's prompt evicts a or b. Returns the sessions still in the pool."""
+    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 0, "policy": policy})
+    now = [100.0]
+    eng.retention.clock = lambda: now[0]
+    names = {701: "a", 702: "b", 703: "c"}
+
+    async def scenario():
+        await collect(eng, GenerationRequest("a", [701] * 100, greedy(5), session_key="a"))
+        eng.reply_finished("a", ["shell_exec"])  # the chat service: a's reply was a tool call
+        now[0] += 1.0
+        await collect(eng, GenerationRequest("b", [702] * 100, greedy(5), session_key=between(eng)))
+        now[0] += 1.0
+        await collect(eng, GenerationRequest("c", [703] * 100, greedy(5), session_key="c"))
+        await eng.shutdown()
+
+    run(scenario())
+    assert sum(map(len, eng.rt.kv.values())) <= eng.rt.n_ctx
+    return {names[kv[0]] for kv in eng.rt.kv.values() if kv}
+
+
+def test_the_session_policy_gives_up_a_request_no_session_needs_before_a_paused_session(tokenizer):
+    assert three_sessions(tokenizer, "session", lambda eng: "") == {"a", "c"}  # a waits on its tool
+    assert three_sessions(tokenizer, "lru", lambda eng: "") == {"b", "c"}  # least recently used: a went
+
+
+def test_a_session_whose_next_request_arrived_is_kept(tokenizer):
+    def b_then_a_arrives(eng) -> str:
+        eng.reply_finished("a", [])  # a's reply was text: a person reads it
+        eng.request_arrived("a")  # ... and a's next request arrived (it waits for the engine)
+        return "b"
+
+    def b_only(eng) -> str:
+        eng.reply_finished("a", [])
+        return "b"
+
+    assert three_sessions(tokenizer, "session", b_then_a_arrives) == {"a", "c"}
+    assert three_sessions(tokenizer, "session", b_only) == {"b", "c"}  # without the event a went
+    assert three_sessions(tokenizer, "lru", b_then_a_arrives) == {"b", "c"}
