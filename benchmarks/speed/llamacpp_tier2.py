@@ -1,15 +1,18 @@
 """In process: what the llamacpp engine's tier 2 buys a session that comes back after the pool evicted it.
 
     python benchmarks/speed/llamacpp_tier2.py [--model embedded|FILE.gguf] [--threads 2] [--ctx 4096]
-        [--sessions 4] [--length 1500] [--turns 3] [--tier2-mb 1024] [--repeat 1] [--out PATH]
+        [--sessions 4] [--length 1500] [--turns 3] [--tier2-mb 1024] [--repeat 1] [--policy lru|session]
+        [--out PATH]
 
-``--sessions`` agent sessions of ``--length``-token prompts take turns round robin (each turn: the
-previous prompt + the 8-token greedy reply + a new user line), more than a pool of ``--ctx`` cells
-holds, so each session's KV is evicted before it is back. Two arms on the same engine settings, the
-same token ids, alternating (off, on, off, ...): ``prefix_cache.tier2.memory_mb`` 0 (the returning
-turn recomputes what was evicted) and ``--tier2-mb`` (it is loaded from host RAM). Per arm, over
-the returning turns (every turn after each session's first): TTFT p50 / p90 (time to the first
-token), the share of prompt tokens cached, tokens restored from tier 2, bytes written / read.
+``--sessions`` agent sessions of ``--length``-token prompts take turns round robin (each turn:
+the previous prompt + the 8-token greedy reply + a new user line), more than a pool of ``--ctx``
+cells holds, so each session's KV is evicted before it is back (``--policy lru``, the default:
+round robin is LRU's worst case, each turn evicts the session that comes next). Two arms on the
+same engine settings and token ids, alternating (off, on, off, ...): ``prefix_cache.tier2.memory_mb``
+0 (the returning turn recomputes what was evicted) and ``--tier2-mb`` (it is loaded from host
+RAM). Per arm, over the returning turns (every turn after each session's first): TTFT p50 / p90
+(time to the first token), the share of prompt tokens cached, tokens restored from tier 2, bytes
+written / read.
 Writes ``benchmarks/results/llamacpp_tier2.{json,md}``.
 """
 
@@ -50,7 +53,7 @@ def arm(args: argparse.Namespace, tier2_mb: int) -> dict[str, float]:
         model=args.model,
         max_model_len=args.ctx,
         threads=args.threads,
-        prefix_cache={"memory_mb": 0, "tier2": {"memory_mb": tier2_mb}},
+        prefix_cache={"memory_mb": 0, "policy": args.policy, "tier2": {"memory_mb": tier2_mb}},
     )
     eng = LlamaCppEngine(settings.engine_settings(), load_model_facts(settings, "llamacpp"))
 
@@ -115,6 +118,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--tier2-mb", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--policy", choices=("lru", "session"), default="lru", help="which idle slot goes first")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/llamacpp_tier2")
     args = ap.parse_args()
     if args.sessions * args.length <= args.ctx:
