@@ -49,11 +49,16 @@ class LlamaRuntime:
         llama_cpp.llama_backend_init()
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = int(os.environ.get("AGENTSERVE_LLAMACPP_GPU_LAYERS", "0"))  # docs/llamacpp.md
+        # llama.cpp repacks quantized weights for its CPU GEMM kernels: a second copy in anonymous
+        # memory beside the mmap'd file's pages (clean, reclaimable, but counted as resident).
+        # AGENTSERVE_LLAMACPP_REPACK=0 keeps the file's layout: docs/llamacpp.md "Resident memory"
+        mp.use_extra_bufts = os.environ.get("AGENTSERVE_LLAMACPP_REPACK", "1") != "0"
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not model:
             raise RuntimeError(f"llama.cpp could not load {path}")
         self.path = path
         self.model = model
+        self.model_params = mp
         self.threads = threads or os.cpu_count() or 1
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))

@@ -291,3 +291,16 @@ def test_a_session_evicted_from_a_full_pool_comes_back_from_tier_2(loop, embedde
     assert back[-1].cached_tokens >= len(first) + len(tokens(a)) - 1
     assert extra["tier2_restored_tokens"] == back[-1].cached_tokens and extra["tier2_bytes_read"] > 0
     assert cold[-1].cached_tokens == 0 and tokens(back) == tokens(cold)
+
+
+def test_weight_repacking_follows_the_environment(monkeypatch):
+    """AGENTSERVE_LLAMACPP_REPACK=0 loads the weights in the file's layout (no second copy)."""
+    from server.engines.llamacpp.runtime import LlamaRuntime
+
+    for value, repack in (("0", False), ("1", True)):
+        monkeypatch.setenv("AGENTSERVE_LLAMACPP_REPACK", value)
+        rt = LlamaRuntime(embedded_gguf(), 1)
+        try:
+            assert rt.model_params.use_extra_bufts is repack
+        finally:
+            rt.close()
