@@ -92,9 +92,11 @@ class Scheduler:
                 self.evict(gone)
             seq.slot = claim.slot
             self.retention.began(req.session_key, req.retain_s)
-            seq.cached_tokens = self.place(claim, req.prompt_ids, req.cache_salt)
-            self.stats.prefix_queries_tokens += len(req.prompt_ids)
-            self.stats.prefix_hits_tokens += seq.cached_tokens
+            cached = self.place(claim, req.prompt_ids, req.cache_salt)
+            if not seq.deferred:  # a deferred request keeps what it found at its first admission
+                seq.cached_tokens = cached
+                self.stats.prefix_queries_tokens += len(req.prompt_ids)
+                self.stats.prefix_hits_tokens += cached
             self.prefilling.append(seq)
         self.waiting = still
 
@@ -167,17 +169,7 @@ class Scheduler:
         if not rows:
             return
         try:
-            try:
-                wanted = self.decode(rows)
-            except KVFull:
-                if not chunks:
-                    raise
-                # no idle session left to evict: the prompts being prefilled give way to the running
-                for seq, _ in chunks:
-                    self.finish(seq, "error", "the KV cache is full: retry when fewer requests run")
-                chunks = []
-                rows = rows[: len(decoding)]
-                wanted = self.decode(rows) if rows else []
+            wanted = self.decode_fitting(rows, chunks)
         except Exception as exc:  # the batch failed: end its requests, keep the engine
             log.exception("llama.cpp decode of %d rows failed", len(rows))
             for seq in [*decoding, *(s for s, _ in chunks)]:
@@ -197,6 +189,34 @@ class Scheduler:
                 self.running.append(seq)
                 self.pick(seq, self.rt.logits(next(out)))
         self.running = [s for s in self.running if not s.done]
+
+    def decode_fitting(self, rows: list[Row], chunks: list[tuple[SeqState, list[int]]]) -> list[int]:
+        """Decode ``rows``; while the pool has no room even with every idle slot evicted, the last
+        prompt chunk gives way: its request waits (first in line, its KV so far kept in its slot,
+        idle: it takes it back when admitted again) and the running requests go on. ``chunks``
+        keeps the ones decoded. A prompt that fits nowhere, with nothing else in the batch, ends
+        with an error (never a wait that cannot end)."""
+        while True:
+            try:
+                return self.decode(rows)
+            except KVFull:
+                if not chunks:
+                    raise
+                seq, part = chunks.pop()
+                del rows[len(rows) - len(part) :]
+                if not rows:
+                    self.finish(seq, "error", "the KV cache cannot hold this prompt: shorten it")
+                    return []
+                self.defer(seq)
+
+    def defer(self, seq: SeqState) -> None:
+        """``seq`` leaves prefilling for the front of the line; its slot keeps its KV, idle."""
+        self.prefilling.remove(seq)
+        if seq.slot is not None:
+            self.slots.release(seq.slot, seq.slot.tokens)
+            seq.slot = None
+        seq.deferred = True
+        self.waiting.insert(0, seq)
 
     def decode(self, rows: list[Row]) -> list[int]:
         """``rows`` through the model; on a full KV pool idle sessions are evicted until they fit."""

@@ -27,6 +27,7 @@ class SeqState:
     pending: int | None = None  # sampled, not yet in the KV
     done: bool = False
     cancelled: bool = False
+    deferred: bool = False  # gave way to the running on a full pool: admitted again, counted once
 
     def emit(self, chunk: GenerationChunk) -> None:
         """To the client's queue, through the outbox (outbox.py: the engine thread never wakes a loop)."""

@@ -337,3 +337,27 @@ def test_a_session_whose_next_request_arrived_is_kept(tokenizer):
     assert three_sessions(tokenizer, "session", b_then_a_arrives) == {"a", "c"}
     assert three_sessions(tokenizer, "session", b_only) == {"b", "c"}  # without the event a went
     assert three_sessions(tokenizer, "lru", b_then_a_arrives) == {"b", "c"}
+
+
+def test_prompts_that_do_not_fit_beside_the_running_wait_for_them_and_nothing_fails(tokenizer):
+    """Three 150-token prompts at once in a pool of 256 cells: one runs, the others give way (no
+    'KV cache is full' error) and each decodes what it decodes alone."""
+    prompts = [[800 + i] * 150 for i in range(3)]
+
+    async def go(together: bool):
+        eng = make_engine(tokenizer)
+        reqs = [GenerationRequest(f"r{i}", p, greedy(20), session_key=f"r{i}") for i, p in enumerate(prompts)]
+        if together:
+            out = await asyncio.gather(*(collect(eng, r) for r in reqs))
+        else:
+            out = [await collect(eng, r) for r in reqs]
+        stats = eng.stats()
+        await eng.shutdown()
+        return out, stats
+
+    alone, _ = run(go(False))
+    both, stats = run(go(True))
+    assert [c[-1].finish_reason for c in both] == ["length"] * 3, [c[-1].error for c in both]
+    assert [tokens(c) for c in both] == [tokens(c) for c in alone]
+    assert all(c[-1].cached_tokens == 0 for c in both)  # nothing was cached when they arrived
+    assert stats.prefix_queries_tokens == 3 * 150  # each prompt counted once, though admitted again
