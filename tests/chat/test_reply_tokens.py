@@ -24,6 +24,7 @@ from server.families.family import load_family
 from server.families.render import FamilyRenderer
 from server.families.tokenizers import build_tokenizer
 from server.protocol import ChatMessage
+from tests.tokenizer_cache import tekken
 
 FAMILIES = ["hermes", "llama3_json", "mistral:v3", "mistral:v7", "mistral:v11", "mistral:v13", "qwen3_coder"]
 TOOLS = [
@@ -44,6 +45,8 @@ CALLS = [
 
 @functools.cache
 def _tokenizer(vocab: str) -> Any:
+    if vocab == "tekken":  # converted once, cached on disk by the file's hash (tests/tokenizer_cache.py)
+        return tekken()
     if vocab != "embedded":
         return build_tokenizer(vocab)
     from transformers import AutoTokenizer

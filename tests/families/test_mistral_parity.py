@@ -34,14 +34,15 @@ def _data(name: str):
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
-    from server.families.tokenizers import mistral_spm_tokenizer, tekken_tokenizer, write_tekken
+    from server.families.tokenizers import mistral_spm_tokenizer, write_tekken
+    from tests.tokenizer_cache import tekken  # converted once, cached on disk by the file's hash
 
     folder = tmp_path_factory.mktemp("tekken")
     out = {}
     for v in VERSIONS:
         if v == "v3":
             official = MistralTokenizer.v3(is_tekken=True)
-            ours = tekken_tokenizer()
+            ours = tekken()
         elif v == "v3_spm":  # SentencePiece (Mistral 7B v0.3): mistral-common's bundled .model.v3
             pytest.importorskip("google.protobuf")
             official = MistralTokenizer.v3()
@@ -53,7 +54,7 @@ def tokenizers(tmp_path_factory):
         else:
             path = write_tekken(v, folder / f"tekken_{v}.json")
             official = MistralTokenizer.from_file(str(path))
-            ours = tekken_tokenizer(str(path))
+            ours = tekken(path)
         out[v] = (official, ours)
     return out
 

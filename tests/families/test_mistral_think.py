@@ -106,10 +106,11 @@ CASES: list[tuple[list[dict], list[dict]]] = [
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
-    from server.families.tokenizers import tekken_tokenizer, write_tekken
+    from server.families.tokenizers import write_tekken
+    from tests.tokenizer_cache import tekken  # converted once, cached on disk by the file's hash
 
     path = write_tekken("v13_think", tmp_path_factory.mktemp("tekken") / "tekken.json")
-    return MistralTokenizer.from_file(str(path)), tekken_tokenizer(str(path)), path
+    return MistralTokenizer.from_file(str(path)), tekken(path), path
 
 
 def _official(messages: list[dict], tools: list[dict]) -> ChatCompletionRequest:

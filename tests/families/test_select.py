@@ -111,13 +111,10 @@ def test_real_mistral_vocabularies_are_told_apart_from_a_model_folder(vocab_file
         pytest.importorskip("google.protobuf")
     from transformers import AutoTokenizer
 
-    from server.families.tokenizers import mistral_spm_tokenizer, tekken_file, tekken_tokenizer
+    from server.families.tokenizers import mistral_spm_tokenizer, tekken_file
+    from tests.tokenizer_cache import tekken  # converted once, cached on disk by the file's hash
 
-    built = (
-        mistral_spm_tokenizer(vocab_file)
-        if ".model." in vocab_file
-        else tekken_tokenizer(str(tekken_file(vocab_file)))
-    )
+    built = mistral_spm_tokenizer(vocab_file) if ".model." in vocab_file else tekken(tekken_file(vocab_file))
     built.save_pretrained(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
     found = select_family("auto", tmp_path, tok)
