@@ -120,11 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             settings = _settings(args, workers=args.workers)
-            from server.app import check_settings
             from server.model_store import check_model
 
+            # a missing model is a one-line exit 2 in half a second: before the app's imports (torch, ~5 s)
+            check_model(settings.model)
+            from server.app import check_settings
+
             check_settings(settings)  # before any worker starts
-            check_model(settings.model)  # a missing model is a one-line exit 2, not a failed app startup
             if settings.workers > 1:
                 from server.routing.cluster import ClusterError, serve_cluster
 

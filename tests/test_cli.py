@@ -27,3 +27,16 @@ def test_serve_unknown_model_exits_2_with_one_line(tmp_path, model, needle, work
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and lines[0].startswith("agentserve: ") and needle in lines[0], r.stderr
+
+
+def test_a_missing_model_exits_before_the_app_or_torch_is_imported(tmp_path):
+    """The check comes first: a wrong --model is told in half a second, not after ~5 s of imports."""
+    code = (
+        "import sys; from server.cli import main; "
+        f"rc = main(['serve', '--model', {str(tmp_path / 'nope')!r}]); "
+        "print(rc, 'server.app' in sys.modules, 'torch' in sys.modules)"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-c", code]
+    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False", "False"], r.stderr
