@@ -10,6 +10,7 @@ sessions load them in ~2 s. ``tekken_args`` is the bundled tekken vocabulary wit
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -55,8 +56,10 @@ def _build(name: str) -> Any:
     return _tekken_args() if name == "tekken_args" else builders[name]()
 
 
+@functools.cache
 def load_vocab_tokenizer(name: str) -> Any:
-    """A PreTrainedTokenizerFast over the real vocabulary ``name`` (see module doc)."""
+    """A PreTrainedTokenizerFast over the real vocabulary ``name`` (see module doc); one object per
+    name and process, shared by tests/constrain and tests/chat (~3 s a load): do not mutate it."""
     from transformers import AutoTokenizer
 
     if name not in LOGITS_WIDTH:
