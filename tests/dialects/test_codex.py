@@ -174,8 +174,8 @@ def test_codex_apply_patch_is_written_under_its_lark_grammar_and_applied(patch_s
     assert output["call_id"] == call["call_id"] and "Success" in output["output"], output
     added = added_files(call["input"])
     # Codex applied the patch: the files are on disk (compared by content: Codex may normalise a
-    # random path, e.g. it drops a tab)
-    on_disk = {p.read_text() for p in work.rglob("*") if p.is_file() and p.name != "a.py"}
+    # random path, e.g. it drops a tab), byte for byte: read_text() would turn a written "\r" into "\n"
+    on_disk = {p.read_bytes().decode() for p in work.rglob("*") if p.is_file() and p.name != "a.py"}
     assert added and on_disk == set(added.values()), (added, on_disk)
     assert (work / "a.py").read_text() == "print('hi')\n"
     first, second = turn_usages(home)
