@@ -37,3 +37,15 @@ class PrefixCacheSettings(Section):
         600.0, gt=0, description="session policy: no idle session holds blocks longer than this."
     )
     tier2: Tier2Settings = Tier2Settings()
+
+    def hint_unused(self, evicted: str) -> str | None:
+        """Why a client's retention hint is not used (``Engine.retention_hints``), None when it is:
+        only the ``session`` policy reads it. ``evicted``: what the engine's cache evicts."""
+        if not self.enabled:
+            return "the prefix cache is off (prefix_cache.enabled: false)"
+        if self.policy != "session":
+            return (
+                f"prefix_cache.policy is {self.policy!r}: {evicted} are evicted least recently used "
+                "first whatever the hint (prefix_cache.policy: session uses it)"
+            )
+        return None

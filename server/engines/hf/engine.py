@@ -255,15 +255,7 @@ class HFEngine(Engine):
 
     def retention_hints(self) -> str | None:
         """Used by the ``session`` policy (``SessionRecord.keep_s``); not by ``lru`` or with no cache."""
-        pc = self.settings.prefix_cache
-        if not pc.enabled:
-            return "the prefix cache is off (prefix_cache.enabled: false)"
-        if pc.policy != "session":
-            return (
-                f"prefix_cache.policy is {pc.policy!r}: blocks are evicted least recently used first "
-                "whatever the hint (prefix_cache.policy: session uses it)"
-            )
-        return None
+        return self.settings.prefix_cache.hint_unused("blocks")
 
     @property
     def cache_tiers(self) -> tuple[str, ...]:

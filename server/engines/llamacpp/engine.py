@@ -170,15 +170,7 @@ class LlamaCppEngine(Engine):
 
     def retention_hints(self) -> str | None:
         """Used by the ``session`` policy (how long a paused session counts as live); not by ``lru``."""
-        pc = self.settings.prefix_cache
-        if not pc.enabled:
-            return "the prefix cache is off (prefix_cache.enabled: false)"
-        if pc.policy != "session":
-            return (
-                f"prefix_cache.policy is {pc.policy!r}: idle sessions are evicted least recently used "
-                "first whatever the hint (prefix_cache.policy: session uses it)"
-            )
-        return None
+        return self.settings.prefix_cache.hint_unused("idle sessions")
 
     def request_arrived(self, session_key: str) -> None:
         """The service says a request of the session arrived (it may still wait for a slot)."""
