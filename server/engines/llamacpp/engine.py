@@ -143,6 +143,7 @@ class LlamaCppEngine(Engine):
                 "kv_cells": float(self.rt.n_ctx),
                 "idle_cached_tokens": float(self.slots.cached_tokens()),
                 "tokens_generated": float(sched.tokens_generated),
+                "preemptions": float(sched.preemptions),
                 **self._tier2_stats(),
             },
         )

@@ -54,6 +54,7 @@ class Scheduler:
         self.stats = stats
         self.masks = MaskApplier(rt.n_vocab)
         self.tokens_generated = 0
+        self.preemptions = 0  # running requests that gave way on a full pool
         self.inbox: queue.SimpleQueue[SeqState] = queue.SimpleQueue()
         self.waiting: list[SeqState] = []  # admitted order: no slot yet
         self.prefilling: list[SeqState] = []
@@ -84,7 +85,7 @@ class Scheduler:
             if seq.cancelled:
                 continue
             req = seq.request
-            claim = self.slots.claim(req.prompt_ids, req.cache_salt, req.session_key)
+            claim = self.slots.claim(seq.prompt, req.cache_salt, req.session_key)
             if claim is None:
                 still.append(seq)
                 continue
@@ -92,7 +93,7 @@ class Scheduler:
                 self.evict(gone)
             seq.slot = claim.slot
             self.retention.began(req.session_key, req.retain_s)
-            cached = self.place(claim, req.prompt_ids, req.cache_salt)
+            cached = self.place(claim, seq.prompt, req.cache_salt)
             if not seq.deferred:  # a deferred request keeps what it found at its first admission
                 seq.cached_tokens = cached
                 self.stats.prefix_queries_tokens += len(req.prompt_ids)
@@ -159,9 +160,9 @@ class Scheduler:
             if budget <= 0:
                 break
             assert seq.slot is not None
-            at = len(seq.slot.tokens)
-            part = seq.request.prompt_ids[at : at + budget]
-            last = at + len(part) == len(seq.request.prompt_ids)
+            at, target = len(seq.slot.tokens), seq.prompt
+            part = target[at : at + budget]
+            last = at + len(part) == len(target) and seq.pending is None  # resumed: pending is next
             for i, t in enumerate(part):
                 rows.append(Row(t, at + i, seq.slot.seq, last and i == len(part) - 1))
             chunks.append((seq, part))
@@ -169,7 +170,7 @@ class Scheduler:
         if not rows:
             return
         try:
-            wanted = self.decode_fitting(rows, chunks)
+            wanted = self.decode_fitting(rows, decoding, chunks)
         except Exception as exc:  # the batch failed: end its requests, keep the engine
             log.exception("llama.cpp decode of %d rows failed", len(rows))
             for seq in [*decoding, *(s for s, _ in chunks)]:
@@ -184,24 +185,33 @@ class Scheduler:
         for seq, part in chunks:
             assert seq.slot is not None
             seq.slot.tokens.extend(part)
-            if len(seq.slot.tokens) == len(seq.request.prompt_ids):
+            if len(seq.slot.tokens) == len(seq.prompt):
                 self.prefilling.remove(seq)
                 self.running.append(seq)
-                self.pick(seq, self.rt.logits(next(out)))
+                if seq.pending is None:
+                    self.pick(seq, self.rt.logits(next(out)))
         self.running = [s for s in self.running if not s.done]
 
-    def decode_fitting(self, rows: list[Row], chunks: list[tuple[SeqState, list[int]]]) -> list[int]:
+    def decode_fitting(
+        self, rows: list[Row], decoding: list[SeqState], chunks: list[tuple[SeqState, list[int]]]
+    ) -> list[int]:
         """Decode ``rows``; while the pool has no room even with every idle slot evicted, the last
         prompt chunk gives way: its request waits (first in line, its KV so far kept in its slot,
-        idle: it takes it back when admitted again) and the running requests go on. ``chunks``
-        keeps the ones decoded. A prompt that fits nowhere, with nothing else in the batch, ends
-        with an error (never a wait that cannot end)."""
+        idle: it takes it back when admitted again) and the running requests go on. With no prompt
+        chunk left, the newest running request gives way (``preempt``) while another runs: the
+        oldest always goes on. ``chunks`` and ``decoding`` keep the ones decoded. A prompt that
+        fits nowhere, with nothing else in the batch, ends with an error (never a wait that cannot
+        end)."""
         while True:
             try:
                 return self.decode(rows)
             except KVFull:
                 if not chunks:
-                    raise
+                    if len(decoding) < 2:
+                        raise
+                    self.preempt(decoding.pop())
+                    rows.pop()  # the rows are the decoding requests' own, in order
+                    continue
                 seq, part = chunks.pop()
                 del rows[len(rows) - len(part) :]
                 if not rows:
@@ -209,9 +219,23 @@ class Scheduler:
                     return []
                 self.defer(seq)
 
+    def preempt(self, seq: SeqState) -> None:
+        """A running request gives way on a full pool: its slot goes idle with its KV (the next
+        eviction takes it, saved to tier 2 when that is on) and it waits first in line. Admitted
+        again, it computes what its slot held (prompt and reply so far) from whatever prefix is
+        left, then decodes its pending token: the same tokens as if it had never stopped. The
+        client sees a pause, never an error."""
+        assert seq.slot is not None
+        self.running.remove(seq)
+        seq.resume = list(seq.slot.tokens)
+        self.preemptions += 1
+        log.info("full KV pool: request %s gives way at %d tokens", seq.request.request_id, len(seq.resume))
+        self.defer(seq)
+
     def defer(self, seq: SeqState) -> None:
-        """``seq`` leaves prefilling for the front of the line; its slot keeps its KV, idle."""
-        self.prefilling.remove(seq)
+        """``seq`` leaves prefilling (or running) for the front of the line; its slot keeps its KV, idle."""
+        if seq in self.prefilling:
+            self.prefilling.remove(seq)
         if seq.slot is not None:
             self.slots.release(seq.slot, seq.slot.tokens)
             seq.slot = None

@@ -28,6 +28,13 @@ class SeqState:
     done: bool = False
     cancelled: bool = False
     deferred: bool = False  # gave way to the running on a full pool: admitted again, counted once
+    resume: list[int] | None = None  # preempted while running: the KV's tokens, computed again
+
+    @property
+    def prompt(self) -> list[int]:
+        """What the slot must hold before the next decode: the prompt, or after a preemption the
+        prompt and the reply so far (less the pending token, which is decoded next as before)."""
+        return self.resume if self.resume is not None else self.request.prompt_ids
 
     def emit(self, chunk: GenerationChunk) -> None:
         """To the client's queue, through the outbox (outbox.py: the engine thread never wakes a loop)."""

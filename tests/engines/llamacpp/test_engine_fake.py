@@ -361,3 +361,36 @@ def test_prompts_that_do_not_fit_beside_the_running_wait_for_them_and_nothing_fa
     assert [tokens(c) for c in both] == [tokens(c) for c in alone]
     assert all(c[-1].cached_tokens == 0 for c in both)  # nothing was cached when they arrived
     assert stats.prefix_queries_tokens == 3 * 150  # each prompt counted once, though admitted again
+
+
+@pytest.mark.parametrize("tier2", [False, True])
+def test_running_requests_that_outgrow_the_pool_take_turns_and_decode_what_they_decode_alone(
+    tokenizer, tier2
+):
+    """Two 100-token prompts, 60 tokens each, in a pool of 256 cells: both start, and their replies
+    fill the pool. The newer one gives way (its KV dropped, or saved to tier 2 and loaded back),
+    the older one finishes, then the newer one computes what it had and goes on. Before, every
+    running request of the batch that found no cell ended with an error."""
+    prompts = [[900 + i] * 100 for i in range(2)]
+    cache = {"memory_mb": 0, "policy": "lru", **({"tier2": {"memory_mb": 1}} if tier2 else {})}
+
+    async def go(together: bool):
+        eng = make_engine(tokenizer, prefix_cache=cache)
+        reqs = [GenerationRequest(f"r{i}", p, greedy(60), session_key=f"r{i}") for i, p in enumerate(prompts)]
+        if together:
+            out = await asyncio.gather(*(collect(eng, r) for r in reqs))
+        else:
+            out = [await collect(eng, r) for r in reqs]
+        stats = eng.stats()
+        await eng.shutdown()
+        return out, stats
+
+    alone, quiet = run(go(False))
+    both, stats = run(go(True))
+    assert [c[-1].finish_reason for c in both] == ["length"] * 2, [c[-1].error for c in both]
+    assert [len(tokens(c)) for c in both] == [60, 60]
+    assert [tokens(c) for c in both] == [tokens(c) for c in alone]  # the same tokens, as if never stopped
+    assert quiet.extra["preemptions"] == 0 and stats.extra["preemptions"] >= 1
+    assert stats.prefix_queries_tokens == 2 * 100  # each prompt counted once, though admitted again
+    if tier2:
+        assert stats.extra["tier2_restored_tokens"] >= 100  # the preempted request's KV came back
