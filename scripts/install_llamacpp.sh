@@ -7,7 +7,8 @@
 #   env: AGENTSERVE_CACHE_DIR (~/.cache/agentserve), PYTHON (.venv/bin/python),
 #        LLAMACPP_VERSION (0.3.36), LLAMACPP_CMAKE_ARGS (the portable CPU flags below)
 #
-# The first build compiles ggml + llama.cpp (~10 min on a 2-core box, ~3 more for --tools);
+# The first build compiles ggml + llama.cpp (~10 min on a 2-core box; --tools, a build of its own,
+# ~25 min more);
 # the wheel lands in $CACHE/wheels and every later run (a fresh clone, CI) installs it in
 # seconds. Portable flags (x86-64-v3: AVX2/FMA/F16C, no -march=native) so a cached wheel runs
 # on any machine that reads the cache. Exits non-zero when it cannot build; the llamacpp
@@ -69,10 +70,30 @@ if ! installed; then
   echo "agentserve: installed $(basename "$wheel")" >&2
 fi
 if [ "$TOOLS" = 1 ]; then
-  if [ ! -x "$WORK/build/bin/llama-server" ] || [ ! -x "$WORK/build/bin/llama-quantize" ]; then
-    echo "agentserve: building llama-server and llama-quantize (~3 min; log: $log)" >&2
-    cmake "$WORK/build" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >>"$log" 2>&1
-    cmake --build "$WORK/build" -j "$(nproc)" --target llama-server llama-quantize >>"$log" 2>&1
+  # a build of its own from the same sdist and flags: the wheel's build-dir points at pip's
+  # temporary copy of the source, gone once the wheel is built. No web UI (it would download a
+  # prebuilt one), no HTTPS/curl: the benchmark peer needs neither.
+  tools=$WORK/tools-build
+  if [ ! -x "$tools/bin/llama-server" ] || [ ! -x "$tools/bin/llama-quantize" ]; then
+    echo "agentserve: building llama-server and llama-quantize (first time ~25 min on 2 cores; log: $WORK/tools.log)" >&2
+    t1=$(date +%s)
+    src=$WORK/tools-src/llama_cpp_python-$VER/vendor/llama.cpp
+    if [ ! -f "$src/CMakeLists.txt" ]; then
+      rm -rf "$WORK/tools-src" && mkdir -p "$WORK/tools-src"
+      tar xzf "$WORK/llama_cpp_python-$VER.tar.gz" -C "$WORK/tools-src"
+    fi
+    gen=""
+    command -v ninja >/dev/null && gen="-G Ninja"
+    # shellcheck disable=SC2086  # ARGS and gen are lists of flags
+    if ! { cmake -S "$src" -B "$tools" $gen -DCMAKE_BUILD_TYPE=Release $ARGS -DLLAMA_BUILD_TOOLS=ON \
+      -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+      -DLLAMA_CURL=OFF && cmake --build "$tools" -j "$(nproc)" --target llama-server llama-quantize; } \
+      >>"$WORK/tools.log" 2>&1; then
+      echo "agentserve: llama-server build failed (tail of $WORK/tools.log):" >&2
+      tail -n 20 "$WORK/tools.log" >&2
+      exit 1
+    fi
+    echo "agentserve: built llama-server and llama-quantize in $(( $(date +%s) - t1 )) s" >&2
   fi
-  echo "$WORK/build/bin"
+  echo "$tools/bin"
 fi

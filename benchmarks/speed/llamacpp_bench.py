@@ -1,14 +1,20 @@
 """agentserve's llamacpp engine vs llama.cpp's own llama-server on the same GGUF, side by side.
 
     python benchmarks/speed/llamacpp_bench.py [--model FILE.gguf] [--llama-server PATH] [--hf] [--threads 2]
+        [--ctx 8192] [--repeat N] [--replay-sessions 4] [--replay-context 4096] [--out STEM]
 
 Each server runs as its own process, one after the other, with the same GGUF, threads and
 requests (OpenAI chat completions over HTTP, temperature 0): one-session decode (tok/s between
 a 1-token and a 64-token reply on a cached prompt), 8 concurrent sessions sharing a ~600-token
 system prompt (aggregate generated tok/s, wall clock), a cold ~4k-token prefill (prompt tok/s),
-and the process's peak resident memory (VmHWM). ``--hf`` adds agentserve's hf engine (the GGUF
-converted to fp32). llama-server comes from ``scripts/install_llamacpp.sh --tools`` (the same
-llama.cpp as the wheel). Writes ``benchmarks/results/llamacpp.{json,md}``.
+an agent replay (the seeded synthetic agent sessions of ``benchmarks/harness/trace_gen.py``, with
+their tools, one session after another, every turn's prompt the trace's own history and an
+8-token reply: wall time and the share of prompt tokens the server reports cached), and the
+process's peak resident memory (VmHWM). ``--repeat N`` runs the arms N times, alternating, and
+reports each figure's median (the box is shared: compare ratios within one run). ``--hf`` adds
+agentserve's hf engine (the GGUF converted to fp32). llama-server comes from
+``scripts/install_llamacpp.sh --tools`` (the same llama.cpp and flags as the wheel). Writes
+``benchmarks/results/llamacpp.{json,md}`` (``--out``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import concurrent.futures as cf
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +36,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness.trace_gen import Session, generate_sessions  # noqa: E402
 from server.model_store import embedded_gguf  # noqa: E402
 from server.ports import free_port, wait_for_health  # noqa: E402
 
@@ -50,15 +58,42 @@ def peak_rss_mb(pid: int) -> float:
 MODEL = {"name": "m"}  # the served model's id (/v1/models)
 
 
-def chat(url: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, dict[str, Any]]:
-    body = {"model": MODEL["name"], "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+def chat(
+    url: str, messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None = None
+) -> tuple[float, dict[str, Any]]:
+    body: dict[str, Any] = {
+        "model": MODEL["name"],
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
+    if tools:
+        body["tools"] = tools
     t0 = time.perf_counter()
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
     r.raise_for_status()
     return time.perf_counter() - t0, r.json()["usage"]
 
 
-def measure(url: str, nonce: str) -> dict[str, float]:
+def replay(url: str, sessions: list[Session]) -> dict[str, float]:
+    """The agent sessions one after another, each turn's prompt the trace's history: wall, hit."""
+    prompt = cached = turns = 0
+    t0 = time.perf_counter()
+    for s in sessions:
+        for turn in s.turns:
+            _, usage = chat(url, s.messages[: turn.end], 8, s.tools)
+            prompt += usage["prompt_tokens"]
+            cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            turns += 1
+    return {
+        "replay_wall_s": time.perf_counter() - t0,
+        "replay_hit_pct": 100.0 * cached / max(prompt, 1),
+        "replay_turns": turns,
+        "replay_prompt_tokens": prompt,
+    }
+
+
+def measure(url: str, nonce: str, sessions: list[Session]) -> dict[str, float]:
     out: dict[str, float] = {}
     MODEL["name"] = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
     # one session: decode rate on a cached prompt, a 1-token reply subtracted
@@ -84,17 +119,22 @@ def measure(url: str, nonce: str) -> dict[str, float]:
     dt, usage = chat(url, [{"role": "user", "content": f"cold {nonce} {time.time()} {words}"}], 1)
     out["prefill_tokens"] = usage["prompt_tokens"]
     out["prefill_tok_s"] = usage["prompt_tokens"] / dt
+    if sessions:
+        out.update(replay(url, sessions))
     return out
 
 
-def run_server(name: str, cmd: list[str], env: dict[str, str], port: int) -> dict[str, float]:
+def run_server(
+    name: str, cmd: list[str], env: dict[str, str], port: int, sessions: list[Session]
+) -> dict[str, float]:
     print(f"== {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         t0 = time.perf_counter()
         wait_for_health(url, 600, proc)
-        res = {"start_s": time.perf_counter() - t0, **measure(url, f"[{name} {time.time():.0f}]")}
+        res = {"start_s": time.perf_counter() - t0, **measure(url, f"[{name} {time.time():.0f}]", sessions)}
+        res["load_1min"] = os.getloadavg()[0]
         res["peak_rss_mb"] = peak_rss_mb(proc.pid)
     finally:
         proc.terminate()
@@ -108,38 +148,52 @@ def run_server(name: str, cmd: list[str], env: dict[str, str], port: int) -> dic
 
 def main() -> None:
     cache = Path(os.environ.get("AGENTSERVE_CACHE_DIR", Path.home() / ".cache" / "agentserve"))
-    default_server = cache / "llamacpp-0.3.36" / "build" / "bin" / "llama-server"
+    default_server = cache / "llamacpp-0.3.36" / "tools-build" / "bin" / "llama-server"
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(embedded_gguf()))
     ap.add_argument("--llama-server", default=str(default_server))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--ctx", type=int, default=8192, help="context window of both servers")
     ap.add_argument("--hf", action="store_true", help="also agentserve's hf engine (fp32)")
+    ap.add_argument("--no-llama-server", action="store_true", help="leave llama-server out")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each arm, alternating (medians)")
+    ap.add_argument("--replay-sessions", type=int, default=4, help="agent sessions replayed (0: no replay)")
+    ap.add_argument("--replay-context", type=int, default=4096, help="the replay's sessions fit this window")
+    ap.add_argument("--replay-steps", type=int, default=50, help="tool steps a replayed session at most")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "llamacpp"))
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     model = "embedded" if args.model == str(embedded_gguf()) else args.model
-    runs: dict[str, dict[str, float]] = {}
-    arms: list[tuple[str, str]] = [("agentserve llamacpp", "llamacpp")] + (
-        [("agentserve hf", "hf")] if args.hf else []
+    sessions = generate_sessions(
+        7, args.replay_sessions, context=args.replay_context, steps=args.replay_steps
     )
-    for name, engine in arms:
-        port = free_port()
+    arms: list[tuple[str, list[str], dict[str, str]]] = []
+    for name, engine in [("agentserve llamacpp", "llamacpp")] + (
+        [("agentserve hf", "hf")] if args.hf else []
+    ):
         cmd = [sys.executable, "-m", "server.cli", "serve", "--model", model, "--engine", engine]
-        cmd += ["--port", str(port)]
         arm_env = {**env, "AGENTSERVE_MAX_MODEL_LEN": str(args.ctx), "AGENTSERVE_THREADS": str(args.threads)}
-        runs[name] = run_server(name, cmd, arm_env, port)
-    if Path(args.llama_server).is_file():
-        port = free_port()
-        cmd = [args.llama_server, "-m", args.model, "--port", str(port), "-t", str(args.threads)]
-        cmd += ["-tb", str(args.threads), "-np", "8", "-c", str(2 * args.ctx), "--kv-unified", "--no-webui"]
-        runs["llama-server"] = run_server("llama-server", cmd, env, port)
+        arms.append((name, cmd + ["--port"], arm_env))
+    if args.no_llama_server:
+        pass
+    elif Path(args.llama_server).is_file():
+        cmd = [args.llama_server, "-m", args.model, "-t", str(args.threads), "-tb", str(args.threads)]
+        cmd += ["-np", "8", "-c", str(2 * args.ctx), "--kv-unified", "--no-webui", "--jinja", "--port"]
+        arms.append(("llama-server", cmd, env))
     else:
         print(f"no llama-server at {args.llama_server}: scripts/install_llamacpp.sh --tools", file=sys.stderr)
-    write(args, runs)
+    each: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in arms}
+    for _ in range(args.repeat):
+        for name, cmd, arm_env in arms:
+            port = free_port()
+            each[name].append(run_server(name, cmd + [str(port)], arm_env, port, sessions))
+    runs = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in each.items()}
+    write(args, runs, each)
 
 
-def write(args: argparse.Namespace, runs: dict[str, dict[str, float]]) -> None:
+def write(
+    args: argparse.Namespace, runs: dict[str, dict[str, float]], each: dict[str, list[dict[str, float]]]
+) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     meta = {
         "model": Path(args.model).name,
@@ -148,13 +202,19 @@ def write(args: argparse.Namespace, runs: dict[str, dict[str, float]]) -> None:
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "commit": commit.stdout.strip(),
         "command": " ".join(sys.argv),
+        "repeat": args.repeat,
     }
-    Path(args.out + ".json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
+    doc = {"meta": meta, "runs": runs, "each": each}
+    Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
     rows = [
         ("1 session decode (tok/s)", "decode_1_tok_s"),
         ("8 sessions, shared ~600-token prefix (aggregate tok/s)", "shared_8_tok_s"),
         ("cold prefill (prompt tok/s)", "prefill_tok_s"),
         ("cold prefill prompt (tokens)", "prefill_tokens"),
+        ("agent replay wall time (s)", "replay_wall_s"),
+        ("agent replay prompt tokens cached (%)", "replay_hit_pct"),
+        ("agent replay turns", "replay_turns"),
+        ("agent replay prompt tokens", "replay_prompt_tokens"),
         ("peak resident memory (MB)", "peak_rss_mb"),
         ("start (s)", "start_s"),
     ]
@@ -165,7 +225,18 @@ def write(args: argparse.Namespace, runs: dict[str, dict[str, float]]) -> None:
         lines.append(
             f"| {label} | " + " | ".join(f"{runs[n].get(key, float('nan')):.1f}" for n in names) + " |"
         )
-    lines += ["", f"`{meta['command']}` at {meta['commit']}, {meta['machine']}, {args.threads} threads."]
+    if "llama-server" in runs:  # each figure over llama-server's (wall time and memory: lower is better)
+        lines += ["", "Against llama-server (ours / theirs):", ""]
+        for label, key in rows[:3] + [rows[4], rows[-2]]:
+            peer = runs["llama-server"].get(key, float("nan"))
+            ours = [n for n in names if n != "llama-server"]
+            lines.append(f"- {label}: " + ", ".join(f"{n} {runs[n].get(key, 0) / peer:.2f}x" for n in ours))
+    loads = [round(r["load_1min"], 1) for rs in each.values() for r in rs]
+    lines += [
+        "",
+        f"`{meta['command']}` at {meta['commit']}, {meta['machine']}, {args.threads} threads; "
+        f"medians of {args.repeat} alternating run(s) per arm; 1-min load average at each run's end {loads}.",
+    ]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
