@@ -8,7 +8,7 @@
 #        LLAMACPP_VERSION (0.3.36), LLAMACPP_CMAKE_ARGS (the portable CPU flags below)
 #
 # The first build compiles ggml + llama.cpp (~10 min on a 2-core box; --tools, a build of its own,
-# ~25 min more);
+# 13 min more, measured 2026-11-27);
 # the wheel lands in $CACHE/wheels and every later run (a fresh clone, CI) installs it in
 # seconds. Portable flags (x86-64-v3: AVX2/FMA/F16C, no -march=native) so a cached wheel runs
 # on any machine that reads the cache. Exits non-zero when it cannot build; the llamacpp
@@ -75,7 +75,7 @@ if [ "$TOOLS" = 1 ]; then
   # prebuilt one), no HTTPS/curl: the benchmark peer needs neither.
   tools=$WORK/tools-build
   if [ ! -x "$tools/bin/llama-server" ] || [ ! -x "$tools/bin/llama-quantize" ]; then
-    echo "agentserve: building llama-server and llama-quantize (first time ~25 min on 2 cores; log: $WORK/tools.log)" >&2
+    echo "agentserve: building llama-server and llama-quantize (first time ~13 min on 2 cores; log: $WORK/tools.log)" >&2
     t1=$(date +%s)
     src=$WORK/tools-src/llama_cpp_python-$VER/vendor/llama.cpp
     if [ ! -f "$src/CMakeLists.txt" ]; then

@@ -7,9 +7,10 @@ Each server runs as its own process, one after the other, with the same GGUF, th
 requests (OpenAI chat completions over HTTP, temperature 0): one-session decode (tok/s between
 a 1-token and a 64-token reply on a cached prompt), 8 concurrent sessions sharing a ~600-token
 system prompt (aggregate generated tok/s, wall clock), a cold ~4k-token prefill (prompt tok/s),
-an agent replay (the seeded synthetic agent sessions of ``benchmarks/harness/trace_gen.py``, with
-their tools, one session after another, every turn's prompt the trace's own history and an
-8-token reply: wall time and the share of prompt tokens the server reports cached), and the
+an agent replay (the seeded synthetic agent sessions of ``benchmarks/harness/trace_gen.py``, one
+session after another, every turn's prompt the trace's own history with its tools, rendered once
+by agentserve's ``/tokenize`` and sent to every server as the same token ids, an 8-token reply:
+wall time and the share of prompt tokens the server reports cached), and the
 process's peak resident memory (VmHWM). ``--repeat N`` runs the arms N times, alternating, and
 reports each figure's median (the box is shared: compare ratios within one run). ``--hf`` adds
 agentserve's hf engine (the GGUF converted to fp32). llama-server comes from
@@ -58,37 +59,43 @@ def peak_rss_mb(pid: int) -> float:
 MODEL = {"name": "m"}  # the served model's id (/v1/models)
 
 
-def chat(
-    url: str, messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None = None
-) -> tuple[float, dict[str, Any]]:
-    body: dict[str, Any] = {
-        "model": MODEL["name"],
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-    }
-    if tools:
-        body["tools"] = tools
+def chat(url: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, dict[str, Any]]:
+    body = {"model": MODEL["name"], "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
     t0 = time.perf_counter()
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
     r.raise_for_status()
     return time.perf_counter() - t0, r.json()["usage"]
 
 
+PROMPTS: list[list[int]] = []  # the replay's prompts as token ids: agentserve's /tokenize, once
+
+
 def replay(url: str, sessions: list[Session]) -> dict[str, float]:
-    """The agent sessions one after another, each turn's prompt the trace's history: wall, hit."""
-    prompt = cached = turns = 0
+    """The agent sessions one after another, each turn's prompt the trace's history: wall, hit.
+
+    Every server gets the same token ids (``/v1/completions``): the first arm's ``/tokenize``
+    renders each turn with its tools once (a GGUF's own template may leave the tools out)."""
+    if not PROMPTS:
+        for s in sessions:
+            for turn in s.turns:
+                body: dict[str, Any] = {"model": MODEL["name"], "messages": s.messages[: turn.end]}
+                body["tools"] = s.tools
+                r = httpx.post(url + "/tokenize", json=body, timeout=600)
+                r.raise_for_status()
+                PROMPTS.append(r.json()["tokens"])
+    prompt = cached = 0
     t0 = time.perf_counter()
-    for s in sessions:
-        for turn in s.turns:
-            _, usage = chat(url, s.messages[: turn.end], 8, s.tools)
-            prompt += usage["prompt_tokens"]
-            cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            turns += 1
+    for ids in PROMPTS:
+        body = {"model": MODEL["name"], "prompt": ids, "max_tokens": 8, "temperature": 0.0}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=600)
+        r.raise_for_status()
+        usage = r.json()["usage"]
+        prompt += usage["prompt_tokens"]
+        cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return {
         "replay_wall_s": time.perf_counter() - t0,
         "replay_hit_pct": 100.0 * cached / max(prompt, 1),
-        "replay_turns": turns,
+        "replay_turns": len(PROMPTS),
         "replay_prompt_tokens": prompt,
     }
 

@@ -293,6 +293,47 @@ def test_a_session_evicted_from_a_full_pool_comes_back_from_tier_2(loop, embedde
     assert cold[-1].cached_tokens == 0 and tokens(back) == tokens(cold)
 
 
+@pytest.mark.slow  # ~20 s of one thread; the main suite covers the logic on a fake runtime
+def test_requests_that_outgrow_a_full_pool_take_turns_without_an_error(loop, embedded_model_dir):
+    """A pool of one window (512 cells), two ~185-token prompts with 90-token replies at once:
+    their replies fill the pool, the newer one gives way and resumes after the older one (its
+    prompt and reply so far computed again), and both end as asked, with no error. That the tokens
+    equal a lone run's is checked on the fake runtime (test_engine_fake.py): on llama.cpp a 2-row
+    decode and a recomputed prefill round differently from a lone 1-row decode, and greedy
+    decoding of this small model amplifies the last bit (measured: the older request, never
+    preempted, differed from its lone run too)."""
+    from server.engines.llamacpp.engine import LlamaCppEngine
+
+    settings = load_settings(
+        None, engine="llamacpp", model="embedded", max_model_len=512, threads=1, prefix_cache={"memory_mb": 0}
+    )
+    eng = LlamaCppEngine(settings.engine_settings(), load_model_facts(settings, "llamacpp"))
+    loop.run(eng.start())
+    ask = "Count from 1 to 300, separated by commas.<|im_end|>\n<|im_start|>assistant\n"
+    prompts = [ids_of(eng, f"<|im_start|>user\n{word * 80}{ask}") for word in ("Please. ", "Kindly. ")]
+    try:
+        alone = [  # each cold (its own cache namespace), as in the run together
+            tokens(loop.run(collect(eng, GenerationRequest(f"a{i}", p, greedy(90), cache_salt=f"a{i}"))))
+            for i, p in enumerate(prompts)
+        ]
+
+        async def together():
+            reqs = [
+                GenerationRequest(f"t{i}", p, greedy(90), cache_salt=f"t{i}") for i, p in enumerate(prompts)
+            ]
+            return await asyncio.gather(*(collect(eng, r) for r in reqs))
+
+        both = loop.run(together())
+        extra = eng.stats().extra
+    finally:
+        loop.run(eng.shutdown())
+    assert [len(t) for t in alone] == [90, 90]  # no early end: together they outgrow the pool
+    assert sum(map(len, prompts)) + 2 * 90 > eng.rt.n_ctx
+    assert [c[-1].finish_reason for c in both] == ["length", "length"], [c[-1].error for c in both]
+    assert extra["preemptions"] >= 1
+    assert [len(tokens(c)) for c in both] == [90, 90]
+
+
 def test_weight_repacking_follows_the_environment(monkeypatch):
     """AGENTSERVE_LLAMACPP_REPACK=0 loads the weights in the file's layout (no second copy)."""
     from server.engines.llamacpp.runtime import LlamaRuntime
