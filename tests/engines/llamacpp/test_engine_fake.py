@@ -339,14 +339,13 @@ def test_a_session_whose_next_request_arrived_is_kept(tokenizer):
     assert three_sessions(tokenizer, "lru", b_then_a_arrives) == {"b", "c"}
 
 
-def test_prompts_that_do_not_fit_beside_the_running_wait_for_them_and_nothing_fails(tokenizer):
-    """Three 150-token prompts at once in a pool of 256 cells: one runs, the others give way (no
-    'KV cache is full' error) and each decodes what it decodes alone."""
-    prompts = [[800 + i] * 150 for i in range(3)]
+def alone_then_together(tokenizer, prompts: list[list[int]], n: int, together: bool = False, **settings):
+    """``prompts`` (``n`` greedy tokens each) on a new engine, one after another or all at once:
+    each request's chunks, and the engine's stats at the end."""
 
-    async def go(together: bool):
-        eng = make_engine(tokenizer)
-        reqs = [GenerationRequest(f"r{i}", p, greedy(20), session_key=f"r{i}") for i, p in enumerate(prompts)]
+    async def go():
+        eng = make_engine(tokenizer, **settings)
+        reqs = [GenerationRequest(f"r{i}", p, greedy(n), session_key=f"r{i}") for i, p in enumerate(prompts)]
         if together:
             out = await asyncio.gather(*(collect(eng, r) for r in reqs))
         else:
@@ -355,8 +354,16 @@ def test_prompts_that_do_not_fit_beside_the_running_wait_for_them_and_nothing_fa
         await eng.shutdown()
         return out, stats
 
-    alone, _ = run(go(False))
-    both, stats = run(go(True))
+    return run(go())
+
+
+def test_prompts_that_do_not_fit_beside_the_running_wait_for_them_and_nothing_fails(tokenizer):
+    """Three 150-token prompts at once in a pool of 256 cells: one runs, the others give way (no
+    'KV cache is full' error) and each decodes what it decodes alone."""
+    prompts = [[800 + i] * 150 for i in range(3)]
+
+    alone, _ = alone_then_together(tokenizer, prompts, 20)
+    both, stats = alone_then_together(tokenizer, prompts, 20, together=True)
     assert [c[-1].finish_reason for c in both] == ["length"] * 3, [c[-1].error for c in both]
     assert [tokens(c) for c in both] == [tokens(c) for c in alone]
     assert all(c[-1].cached_tokens == 0 for c in both)  # nothing was cached when they arrived
@@ -374,19 +381,8 @@ def test_running_requests_that_outgrow_the_pool_take_turns_and_decode_what_they_
     prompts = [[900 + i] * 100 for i in range(2)]
     cache = {"memory_mb": 0, "policy": "lru", **({"tier2": {"memory_mb": 1}} if tier2 else {})}
 
-    async def go(together: bool):
-        eng = make_engine(tokenizer, prefix_cache=cache)
-        reqs = [GenerationRequest(f"r{i}", p, greedy(60), session_key=f"r{i}") for i, p in enumerate(prompts)]
-        if together:
-            out = await asyncio.gather(*(collect(eng, r) for r in reqs))
-        else:
-            out = [await collect(eng, r) for r in reqs]
-        stats = eng.stats()
-        await eng.shutdown()
-        return out, stats
-
-    alone, quiet = run(go(False))
-    both, stats = run(go(True))
+    alone, quiet = alone_then_together(tokenizer, prompts, 60, prefix_cache=cache)
+    both, stats = alone_then_together(tokenizer, prompts, 60, together=True, prefix_cache=cache)
     assert [c[-1].finish_reason for c in both] == ["length"] * 2, [c[-1].error for c in both]
     assert [len(tokens(c)) for c in both] == [60, 60]
     assert [tokens(c) for c in both] == [tokens(c) for c in alone]  # the same tokens, as if never stopped
