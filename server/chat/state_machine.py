@@ -22,7 +22,7 @@ from server.constrain.plan import MODES, Mode
 from server.families.envelope import GRAMMARS_DIR
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-CONDITIONS = ("last_role", "last_call")
+CONDITIONS = ("last_role", "tool_results", "last_call")
 
 
 class StateMachineError(ValueError):
@@ -54,13 +54,17 @@ class State:
 class Rule:
     state: str
     last_role: frozenset[str] | None
+    tool_results: bool | None
     last_call_names: frozenset[str]
     last_call_prefixes: tuple[str, ...]
     has_last_call: bool
 
-    def matches(self, last_role: str | None, last_call: str | None) -> bool:
-        if self.last_role is not None and last_role not in self.last_role:
+    def matches(self, turn: Turn) -> bool:
+        if self.last_role is not None and turn.last_role not in self.last_role:
             return False
+        if self.tool_results is not None and turn.tool_results != self.tool_results:
+            return False
+        last_call = turn.last_call
         if self.has_last_call:
             if last_call is None:
                 return False
@@ -78,23 +82,52 @@ class StateMachine:
     default: str
 
     def decide(self, messages: list[dict[str, Any]], tool_names: tuple[str, ...] | list[str]) -> Decision:
-        last_role = messages[-1].get("role") if messages else None
-        state = self.states[
-            next((r.state for r in self.rules if r.matches(last_role, last_call(messages))), self.default)
-        ]
+        turn = Turn.of(messages)
+        state = self.states[next((r.state for r in self.rules if r.matches(turn)), self.default)]
         return Decision(state.name, state.mode, tuple(n for n in tool_names if state.allows(n)))
 
 
-def last_call(messages: list[dict[str, Any]]) -> str | None:
-    """The function name of the assistant's most recent tool call since the last user message."""
+class Turn(NamedTuple):
+    """What the rules look at: the conversation's end, seen as the client's latest turn.
+
+    ``tool_results``: the messages after the assistant's last message hold a tool result. A
+    client may send text beside its tool results in the same turn (Claude Code appends a
+    ``<system-reminder>`` block to a ``tool_result`` message; the Messages dialect makes
+    that a ``user`` message after the ``tool`` ones), so ``last_role`` alone cannot say
+    whether the tools answered. ``last_call``: the assistant's most recent tool call,
+    looking past user text that came in a turn with tool results; a user message in a
+    turn without tool results (a new request) ends the search.
+    """
+
+    last_role: str | None
+    tool_results: bool
+    last_call: str | None
+
+    @classmethod
+    def of(cls, messages: list[dict[str, Any]]) -> Turn:
+        results = False
+        for msg in reversed(messages):
+            role = msg.get("role")
+            if role == "assistant":
+                break
+            results = results or role == "tool"
+        return cls(messages[-1].get("role") if messages else None, results, last_call(messages, results))
+
+
+def last_call(messages: list[dict[str, Any]], tool_results: bool) -> str | None:
+    """The function name of the assistant's most recent tool call (``Turn.last_call``)."""
+    in_last_turn = True
     for msg in reversed(messages):
-        if msg.get("role") == "user":
+        role = msg.get("role")
+        if role == "user" and not (in_last_turn and tool_results):
             return None
-        calls = msg.get("tool_calls") if msg.get("role") == "assistant" else None
-        if calls:
-            fn = calls[-1].get("function") or {}
-            name = fn.get("name")
-            return name if isinstance(name, str) else None
+        if role == "assistant":
+            in_last_turn = False
+            calls = msg.get("tool_calls")
+            if calls:
+                fn = calls[-1].get("function") or {}
+                name = fn.get("name")
+                return name if isinstance(name, str) else None
     return None
 
 
@@ -186,7 +219,7 @@ def _state(name: str, spec: Any, fail: Fail) -> State:
 def _rule(i: int, spec: Any, states: dict[str, State], fail: Fail) -> Rule:
     where = f"rule {i + 1}"
     if not isinstance(spec, dict) or set(spec) != {"if", "then"} or not isinstance(spec["if"], dict):
-        raise fail(where, "expected {if: {last_role: ..., last_call: ...}, then: STATE}")
+        raise fail(where, "expected {if: {last_role: ..., tool_results: ..., last_call: ...}, then: STATE}")
     if spec["then"] not in states:
         raise fail(where, f"then: {spec['then']!r} is not a state; use one of {sorted(states)}")
     cond = spec["if"]
@@ -200,6 +233,9 @@ def _rule(i: int, spec: Any, states: dict[str, State], fail: Fail) -> Rule:
         bad = [r for r in roles if r not in ROLES]
         if bad:
             raise fail(where, f"last_role {raw!r}: use one or a list of {list(ROLES)}")
+    results = cond.get("tool_results")
+    if results is not None and not isinstance(results, bool):
+        raise fail(where, f"tool_results {results!r}: use true or false")
     names: frozenset[str] = frozenset()
     prefixes: tuple[str, ...] = ()
     if "last_call" in cond:
@@ -215,4 +251,4 @@ def _rule(i: int, spec: Any, states: dict[str, State], fail: Fail) -> Rule:
             return tuple(vals)
 
         names, prefixes = frozenset(strings("name")), strings("prefix")
-    return Rule(spec["then"], roles, names, prefixes, "last_call" in cond)
+    return Rule(spec["then"], roles, results, names, prefixes, "last_call" in cond)

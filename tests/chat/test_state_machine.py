@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from server.chat.state_machine import StateMachineError, load_state_machine, parse_state_machine
+from server.dialects.messages.blocks import chat_messages
 from tests.constrain.conftest import load_tools
 
 
@@ -34,6 +35,9 @@ def test_shipped_machines_over_a_scripted_conversation(name):
         ({"role": "tool", "content": "ok"}, "shell", "auto", ("shell_exec",)),
         (call("file_open"), "act", "auto", names),
         ({"role": "tool", "content": "file"}, "act", "auto", names),
+        # user text in the turn that brought tool results (Claude Code's reminders): not a new request
+        ({"role": "user", "content": "note"}, "act", "auto", names),
+        ({"role": "assistant", "content": "Done."}, "act", "auto", names),
         ({"role": "user", "content": "stop"}, *on_user),
     ]
     for message, state, mode, allowed in script:
@@ -56,6 +60,58 @@ def test_calls_before_the_last_user_message_do_not_count():
     convo = [{"role": "user", "content": "a"}, call("browser_x"), {"role": "tool", "content": "r"},
              {"role": "user", "content": "b"}, {"role": "assistant", "content": "sure"}]  # fmt: skip
     assert machine.decide(convo, ["browser_x", "shell_y"]).state == "act"
+
+
+def claude_code_turn(text_after_results: bool) -> list[dict]:
+    """A Messages request as Claude Code sends it after a Read, converted by the Messages dialect:
+    the tool_result, and (sometimes) a <system-reminder> text block beside it in the same turn."""
+    result = [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "1\tprint('hi')"}]
+    if text_after_results:
+        result.append({"type": "text", "text": "<system-reminder>The file is short.</system-reminder>"})
+    return chat_messages(
+        "You are Claude Code.",
+        [
+            {"role": "user", "content": [{"type": "text", "text": "what is in a.py?"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "browser_read",
+                                               "input": {"file_path": "a.py"}}]},
+            {"role": "user", "content": result},
+        ],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("text_after_results", [False, True])
+def test_tool_results_with_client_text_beside_them_are_still_tool_results(text_after_results):
+    """Claude Code's reminder after a tool_result made the last role 'user': read_then_answer asked for
+    another Read (a chance CI failure) and reply_first forbade tools mid-loop. ``tool_results`` and
+    ``last_call`` look at the whole turn."""
+    convo = claude_code_turn(text_after_results)
+    assert convo[-1]["role"] == ("user" if text_after_results else "tool")
+    names = ("browser_read", "shell_exec", "Read")
+    assert load_state_machine("read_then_answer").decide(convo, names).state == "answer"
+    assert tuple(load_state_machine("reply_first").decide(convo, names)) == (
+        "browsing",
+        "auto",
+        ("browser_read",),
+    )
+    # the default's first rule is literal (any last user message opens every tool): never narrower than auto
+    assert load_state_machine("agent").decide(convo, names).state == (
+        "act" if text_after_results else "browsing"
+    )
+    # a new request (a user turn without tool results) is still a new request
+    convo += [{"role": "assistant", "content": "It prints hi."}, {"role": "user", "content": "thanks"}]
+    assert load_state_machine("read_then_answer").decide(convo, names).state == "look"
+    assert load_state_machine("reply_first").decide(convo, names).state == "reply"
+
+
+def test_tool_results_condition_is_checked():
+    machine = parse_state_machine(
+        {"states": {"a": {"mode": "auto"}, "b": {"mode": "none"}}, "default": "a",
+         "rules": [{"if": {"tool_results": False, "last_role": "user"}, "then": "b"}]}
+    )  # fmt: skip
+    assert machine.decide([{"role": "user", "content": "x"}], []).state == "b"
+    assert (
+        machine.decide([{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}], []).state == "a"
+    )
 
 
 def test_rules_with_names_lists_and_required(tmp_path):
@@ -111,6 +167,7 @@ def rule(cond, then="a"):
         (rule({"when": 1}), "unknown conditions"),
         (rule({"last_role": "bot"}), "last_role 'bot'"),
         (rule({"last_call": "x"}), "last_call must be"),
+        (rule({"tool_results": "yes"}), "tool_results 'yes': use true or false"),
         (one_state(extra=1), "unknown keys"),
     ],
 )
