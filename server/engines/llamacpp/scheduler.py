@@ -294,7 +294,7 @@ class Scheduler:
             keep = keep and reason != "error" and self.keep_kv
             if not keep:
                 self.rt.seq_trim(slot.seq, 0)
-            self.slots.release(slot, slot.tokens if keep else [])
+            self.slots.release(slot, slot.tokens if keep else [], len(seq.request.prompt_ids))
             # text unless the chat service says it was tool calls (its word may come first: kept)
             self.retention.finished(seq.request.session_key, if_running=True)
             seq.slot = None

@@ -6,7 +6,11 @@ starts with those tokens (the session's next turn, another session's same system
 takes the longest match from any slot, running or idle, of the same namespace (cache salt),
 and gets it by ``seq_cp`` into a free slot. The KV pool is unified, so that copy shares the
 cells: eight sessions with one system prompt hold it once. An idle slot whose whole content
-a new prompt extends is dropped (the new slot holds it all); when slots or cells run out an
+a new prompt extends is taken by it (the new request's slot holds it all), and so is an idle slot
+of the same session whose whole *prompt* the new one holds: what it held beyond was its own reply,
+which the session's next turn sends back in the client's rendering (a dead branch kept would hold
+cells that every later decode attends over: llama.cpp attends up to the highest cell in use).
+When slots or cells run out an
 idle slot goes: the one ``victim`` picks (retention.py; least recently used by default).
 Token-granular: ``cached_tokens`` is any count.
 
@@ -37,10 +41,20 @@ class Slot:
     session: str = ""
     busy: bool = False
     used: int = 0  # a logical clock: larger = used more recently
+    prompt_len: int = 0  # of ``tokens``, how many were the prompt (the rest: the reply)
 
 
 def least_recently_used(idle: list[Slot]) -> Slot:
     return min(idle, key=lambda s: s.used)
+
+
+def superseded(slot: Slot, prompt: list[int], session: str) -> bool:
+    """A new ``prompt`` of ``session`` starts with all of idle ``slot``'s prompt: the slot's only other
+    KV is the reply it wrote, which this turn replaces (the same prompt again, or the next turn)."""
+    n = slot.prompt_len
+    return (
+        slot.session == session and n > 0 and len(prompt) >= n and common_length(slot.tokens[:n], prompt) == n
+    )
 
 
 @dataclass(frozen=True)
@@ -90,8 +104,13 @@ class SlotTable:
         source, n = self.best_match(prompt, salt)
         dropped: list[Evicted] = []
         free = [s for s in self.slots if not s.busy and not s.tokens]
-        if source is not None and not source.busy and n == len(source.tokens):
-            # the new prompt extends everything the idle slot holds: take that slot itself
+        if (
+            source is not None
+            and not source.busy
+            and (n == len(source.tokens) or superseded(source, prompt, session))
+        ):
+            # the new prompt extends everything the idle slot holds, or all but the reply it wrote
+            # (the session's next turn): take that slot itself, trimmed to the shared prefix
             slot = source
             source = None
         elif free:
@@ -112,10 +131,12 @@ class SlotTable:
         slot.tokens = list(prompt[:n])  # the engine trims / copies the slot's KV to exactly these
         return Claim(slot, source, n, tuple(dropped))
 
-    def release(self, slot: Slot, tokens: list[int]) -> None:
-        """A request ended: its slot keeps the KV of ``tokens`` (an empty list: keeps nothing)."""
+    def release(self, slot: Slot, tokens: list[int], prompt_len: int | None = None) -> None:
+        """A request ended: its slot keeps the KV of ``tokens`` (an empty list: keeps nothing), of
+        which ``prompt_len`` were the prompt (None: all of them)."""
         slot.busy = False
         slot.tokens = list(tokens)
+        slot.prompt_len = len(tokens) if prompt_len is None else min(prompt_len, len(tokens))
         slot.used = self._tick()
 
     def evict_one(self) -> Evicted | None:

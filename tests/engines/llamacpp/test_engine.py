@@ -116,11 +116,30 @@ def test_greedy_tokens_equal_llama_cpps_own(engine, loop):
     assert ours == ref
 
 
+NEAR_TIE = 0.05  # nats between the lone run's two most likely tokens
+
+
+def agree_until_a_near_tie(alone: list, batched: list[int]) -> bool:
+    """``batched`` tokens equal the lone run's, or part only after a step where the lone run's two
+    best tokens were within ``NEAR_TIE``: a 4-row decode, and where the cells sit in the pool, round
+    differently from a lone one (ggml's flash attention accumulates by blocks of cells), and greedy
+    decoding follows a near tie either way. A row mixed up with another parts at once."""
+    for lp, token in zip(alone, batched, strict=False):
+        if token != lp.token_id:
+            return len(lp.top) > 1 and lp.top[0][1] - lp.top[1][1] < NEAR_TIE
+    return len(batched) == len(alone)
+
+
 def test_a_batch_of_requests_gives_each_its_own_greedy_tokens(engine, loop):
     questions = ["Name three colors.", "What is 2+2?", "Say hello in French.", "List two fruits."]
     prompts = [ids_of(engine, chat(q)) for q in questions]
+    scored = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2)
     alone = [
-        tokens(loop.run(collect(engine, GenerationRequest(f"a{i}", p, greedy(12)))))
+        [
+            lp
+            for c in loop.run(collect(engine, GenerationRequest(f"a{i}", p, scored)))
+            for lp in c.logprobs or []
+        ]
         for i, p in enumerate(prompts)
     ]
 
@@ -129,7 +148,11 @@ def test_a_batch_of_requests_gives_each_its_own_greedy_tokens(engine, loop):
             *(collect(engine, GenerationRequest(f"b{i}", p, greedy(12))) for i, p in enumerate(prompts))
         )
 
-    assert [tokens(c) for c in loop.run(together())] == alone
+    batched = [tokens(c) for c in loop.run(together())]
+    assert all(len(lps) >= 4 for lps in alone)  # 12, or up to the end of the reply
+    assert all(agree_until_a_near_tie(a, b) for a, b in zip(alone, batched, strict=True)), (alone, batched)
+    # and a row does not take another's tokens: the four questions are answered differently
+    assert len({tuple(b[:4]) for b in batched}) == 4
 
 
 def test_a_shared_prefix_and_the_next_turn_come_from_cache(engine, loop):

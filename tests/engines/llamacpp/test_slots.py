@@ -78,3 +78,39 @@ def test_without_a_free_slot_the_least_recently_used_idle_one_is_dropped():
     victim = table.evict_one()
     assert victim == Evicted(b.slot.seq, "", [2, 2, 5]) and table.cached_tokens() == 0
     assert table.evict_one() is None
+
+
+def test_the_next_turn_that_sends_the_reply_back_in_other_tokens_takes_the_old_slot():
+    """An agent's next turn holds the previous prompt, then the reply as the client renders it (not
+    the tokens the model wrote): the old slot's only other KV is that reply. The turn takes the slot
+    trimmed to the prompt, not a copy beside a dead branch that later decodes would attend over."""
+    table = SlotTable(4)
+    first = table.claim(SYSTEM + [1, 2], "", "s1")
+    assert first is not None
+    table.release(first.slot, SYSTEM + [1, 2, 7, 8], prompt_len=len(SYSTEM) + 2)
+    nxt = table.claim(SYSTEM + [1, 2, 70, 80, 9], "", "s1")
+    assert nxt is not None and nxt.slot is first.slot and nxt.source is None
+    assert nxt.cached == len(SYSTEM) + 2 and nxt.slot.tokens == SYSTEM + [1, 2]
+    assert [s for s in table.slots if s.tokens] == [first.slot]  # no second copy of the prefix
+
+
+def test_another_session_or_a_prompt_that_parts_inside_the_old_prompt_copies_and_keeps_the_source():
+    table = SlotTable(4)
+    first = table.claim(SYSTEM + [1, 2], "", "s1")
+    assert first is not None
+    table.release(first.slot, SYSTEM + [1, 2, 7, 8], prompt_len=len(SYSTEM) + 2)
+    other = table.claim(SYSTEM + [1, 2, 70], "", "s2")  # another session's prompt
+    assert other is not None and other.source is first.slot and other.slot is not first.slot
+    table.release(other.slot, SYSTEM + [1, 2, 70, 5], prompt_len=len(SYSTEM) + 3)
+    branch = table.claim(SYSTEM + [1, 3], "", "s1")  # parts inside the old prompt: a real branch
+    assert branch is not None and branch.source is not None and branch.slot is not branch.source
+    assert first.slot.tokens == SYSTEM + [1, 2, 7, 8]
+
+
+def test_the_same_prompt_again_takes_its_old_slot():
+    table = SlotTable(2)
+    a = table.claim([1, 2, 3], "", "")
+    assert a is not None
+    table.release(a.slot, [1, 2, 3, 9], prompt_len=3)
+    again = table.claim([1, 2, 3], "", "")
+    assert again is not None and again.slot is a.slot and again.cached == 2 and a.slot.tokens == [1, 2]
