@@ -165,6 +165,24 @@ def test_the_next_turn_and_another_session_reuse_the_kv_and_decode_as_cold(engin
     assert stats.running == 0 and stats.extra["idle_cached_tokens"] > 0
 
 
+def test_the_next_turn_with_the_reply_in_other_tokens_reuses_the_slot_and_leaves_no_dead_branch(engine):
+    """The client renders the model's reply its own way: the next turn holds the whole prompt, not the
+    reply's tokens. Its slot is the old one, trimmed: the pool holds one sequence, not two."""
+    first = list(range(300, 360))
+
+    async def scenario():
+        a = await collect(engine, GenerationRequest("t1", first, greedy(5), session_key="s1"))
+        nxt = first + [7, 7, 7, 1002]  # the reply as the client rendered it
+        b = await collect(engine, GenerationRequest("t2", nxt, greedy(5), session_key="s1"))
+        return a, b, nxt
+
+    a, b, nxt = run(scenario())
+    held = [kv for kv in engine.rt.kv.values() if kv]
+    assert b[-1].cached_tokens == len(first)
+    assert held == [nxt + tokens(b)[:-1]]  # the reply's last token never went into the KV
+    assert engine.stats().extra["idle_cached_tokens"] == len(held[0])
+
+
 def test_a_full_pool_evicts_idle_sessions_least_recently_used_first(engine):
     async def scenario():
         outs = []
