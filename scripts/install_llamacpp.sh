@@ -5,14 +5,18 @@
 #
 #   scripts/install_llamacpp.sh [--tools]
 #   env: AGENTSERVE_CACHE_DIR (~/.cache/agentserve), PYTHON (.venv/bin/python),
-#        LLAMACPP_VERSION (0.3.36), LLAMACPP_CMAKE_ARGS (the portable CPU flags below)
+#        LLAMACPP_VERSION (0.3.36), LLAMACPP_CMAKE_ARGS (default: this CPU's vector extensions, below)
 #
-# The first build compiles ggml + llama.cpp (~10 min on a 2-core box; --tools, a build of its own,
-# 13 min more, measured 2026-11-27);
-# the wheel lands in $CACHE/wheels and every later run (a fresh clone, CI) installs it in
-# seconds. Portable flags (x86-64-v3: AVX2/FMA/F16C, no -march=native) so a cached wheel runs
-# on any machine that reads the cache. Exits non-zero when it cannot build; the llamacpp
-# tests then skip (nothing else depends on llama_cpp).
+# The first build compiles ggml + llama.cpp (~6-10 min on a 2-core box; --tools, a build of its own,
+# 13 min more, measured 2026-11-27); the wheel lands in $CACHE/wheels/<key>/ and every later run
+# (a fresh clone, CI) installs it in seconds. Built for the vector extensions this CPU has
+# (AVX/AVX2/FMA/F16C/BMI2 on any x86-64, then AVX-512 and VNNI where /proc/cpuinfo lists them): on
+# this box's Xeon a 2k-token prefill of a 1B Q4_K_M ran 1.47x and its decode 1.12x the AVX2-only
+# build's; SmolLM2's Q4_1 about equal (benchmarks/speed/llamacpp_builds.py, docs/llamacpp.md). Not AMX: its tile kernels died
+# with SIGILL in this box's VM although the CPU lists AMX (LLAMACPP_CMAKE_ARGS="-DGGML_NATIVE=ON"
+# turns it on). The flags are the cache key: each kind of CPU that reads the cache gets a wheel of
+# its own. Exits non-zero when it cannot build; the llamacpp tests then skip (nothing else depends
+# on llama_cpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -25,16 +29,27 @@ TOOLS=0
 [ "${1:-}" = "--tools" ] && TOOLS=1
 if [ "$(uname -m)" = x86_64 ]; then
   default_args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true) "
+  has() { case "$flags" in *" $1 "*) return 0 ;; esac; return 1; }
+  if has avx512f && has avx512bw && has avx512vl && has avx512dq && has avx512cd; then
+    default_args="$default_args -DGGML_AVX512=ON"
+    has avx512vbmi && default_args="$default_args -DGGML_AVX512_VBMI=ON"
+    has avx512_vnni && default_args="$default_args -DGGML_AVX512_VNNI=ON"
+    has avx512_bf16 && default_args="$default_args -DGGML_AVX512_BF16=ON"
+  fi
+  if has avx_vnni; then default_args="$default_args -DGGML_AVX_VNNI=ON"; fi
 else
   default_args="-DGGML_NATIVE=OFF"
 fi
 ARGS="${LLAMACPP_CMAKE_ARGS:-$default_args} -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
 tag=$(echo "$VER $ARGS" | sha256sum | cut -c1-12)
+WHEELS=$WHEELS/$tag  # a wheel per (version, flags): the flags follow the CPU
 mkdir -p "$WHEELS" "$WORK"
 log=$WORK/build.log
 
+mark=$("$PY" -c 'import sys; print(sys.prefix)')/llama_cpp_python.tag  # which wheel the venv holds
 installed() {
-  "$PY" - "$VER" <<'PY' 2>/dev/null
+  [ "$(cat "$mark" 2>/dev/null)" = "$tag" ] && "$PY" - "$VER" <<'PY' 2>/dev/null
 import sys, llama_cpp
 sys.exit(0 if llama_cpp.__version__ == sys.argv[1] else 1)
 PY
@@ -55,7 +70,7 @@ if [ -z "$wheel" ]; then
   rm -rf "$WORK/src" && mkdir -p "$WORK/src" && tar xzf "$WORK/llama_cpp_python-$VER.tar.gz" -C "$WORK/src"
   if ! CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
     "$PY" -m pip wheel --no-deps -w "$WHEELS" \
-    --config-settings=build-dir="$WORK/build" "$WORK/src/llama_cpp_python-$VER" >>"$log" 2>&1; then
+    --config-settings=build-dir="$WORK/build-$tag" "$WORK/src/llama_cpp_python-$VER" >>"$log" 2>&1; then
     echo "agentserve: llama-cpp-python build failed (tail of $log):" >&2
     tail -n 20 "$log" >&2
     exit 1
@@ -67,6 +82,7 @@ fi
 if ! installed; then
   "$PY" -m pip install -q --no-deps --force-reinstall "$wheel" >>"$log" 2>&1
   "$PY" -m pip install -q "diskcache>=5.6.1" >>"$log" 2>&1
+  echo "$tag" >"$mark"
   echo "agentserve: installed $(basename "$wheel")" >&2
 fi
 if [ "$TOOLS" = 1 ]; then
@@ -74,6 +90,9 @@ if [ "$TOOLS" = 1 ]; then
   # temporary copy of the source, gone once the wheel is built. No web UI (it would download a
   # prebuilt one), no HTTPS/curl: the benchmark peer needs neither.
   tools=$WORK/tools-build
+  if [ "$(cat "$tools/agentserve.tag" 2>/dev/null)" != "$tag" ]; then
+    rm -rf "$tools"  # none yet, or built with other flags
+  fi
   if [ ! -x "$tools/bin/llama-server" ] || [ ! -x "$tools/bin/llama-quantize" ]; then
     echo "agentserve: building llama-server and llama-quantize (first time ~13 min on 2 cores; log: $WORK/tools.log)" >&2
     t1=$(date +%s)
@@ -93,6 +112,7 @@ if [ "$TOOLS" = 1 ]; then
       tail -n 20 "$WORK/tools.log" >&2
       exit 1
     fi
+    echo "$tag" >"$tools/agentserve.tag"
     echo "agentserve: built llama-server and llama-quantize in $(( $(date +%s) - t1 )) s" >&2
   fi
   echo "$tools/bin"

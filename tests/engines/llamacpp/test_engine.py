@@ -116,17 +116,18 @@ def test_greedy_tokens_equal_llama_cpps_own(engine, loop):
     assert ours == ref
 
 
-NEAR_TIE = 0.05  # nats between the lone run's two most likely tokens
+NEAR_TIE = 0.5  # nats between the lone run's two most likely tokens
 
 
 def agree_until_a_near_tie(alone: list, batched: list[int]) -> bool:
-    """``batched`` tokens equal the lone run's, or part only after a step where the lone run's two
-    best tokens were within ``NEAR_TIE``: a 4-row decode, and where the cells sit in the pool, round
-    differently from a lone one (ggml's flash attention accumulates by blocks of cells), and greedy
-    decoding follows a near tie either way. A row mixed up with another parts at once."""
+    """``batched`` tokens equal the lone run's, or part only by taking the lone run's runner-up where
+    the two best were within ``NEAR_TIE``: a 4-row decode runs other ggml kernels than a 1-row one
+    (a matrix product, not a vector one: measured 0.14 nats apart on the AVX-512 build), and where
+    the cells sit in the pool changes flash attention's rounding. A row mixed up with another parts
+    with a token the lone run did not rank second."""
     for lp, token in zip(alone, batched, strict=False):
         if token != lp.token_id:
-            return len(lp.top) > 1 and lp.top[0][1] - lp.top[1][1] < NEAR_TIE
+            return len(lp.top) > 1 and token == lp.top[1][0] and lp.top[0][1] - lp.top[1][1] < NEAR_TIE
     return len(batched) == len(alone)
 
 
@@ -334,16 +335,18 @@ def test_requests_that_outgrow_a_full_pool_take_turns_without_an_error(loop, emb
     loop.run(eng.start())
     ask = "Count from 1 to 300, separated by commas.<|im_end|>\n<|im_start|>assistant\n"
     prompts = [ids_of(eng, f"<|im_start|>user\n{word * 80}{ask}") for word in ("Please. ", "Kindly. ")]
+    # no end of reply before 90 tokens however this ggml build rounds (an early end leaves the pool room)
+    no_end = SamplingParams(
+        max_tokens=90, temperature=0.0, logit_bias=tuple((t, -100.0) for t in eng.eos_token_ids)
+    )
     try:
         alone = [  # each cold (its own cache namespace), as in the run together
-            tokens(loop.run(collect(eng, GenerationRequest(f"a{i}", p, greedy(90), cache_salt=f"a{i}"))))
+            tokens(loop.run(collect(eng, GenerationRequest(f"a{i}", p, no_end, cache_salt=f"a{i}"))))
             for i, p in enumerate(prompts)
         ]
 
         async def together():
-            reqs = [
-                GenerationRequest(f"t{i}", p, greedy(90), cache_salt=f"t{i}") for i, p in enumerate(prompts)
-            ]
+            reqs = [GenerationRequest(f"t{i}", p, no_end, cache_salt=f"t{i}") for i, p in enumerate(prompts)]
             return await asyncio.gather(*(collect(eng, r) for r in reqs))
 
         both = loop.run(together())
