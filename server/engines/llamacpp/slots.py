@@ -7,7 +7,7 @@ takes the longest match from any slot, running or idle, of the same namespace (c
 and gets it by ``seq_cp`` into a free slot. The KV pool is unified, so that copy shares the
 cells: eight sessions with one system prompt hold it once. An idle slot whose whole content
 a new prompt extends is taken by it (the new request's slot holds it all), and so is an idle slot
-of the same session whose whole *prompt* the new one holds: what it held beyond was its own reply,
+whose whole *prompt* the new one holds: what it held beyond was its own reply,
 which the session's next turn sends back in the client's rendering (a dead branch kept would hold
 cells that every later decode attends over: llama.cpp attends up to the highest cell in use).
 When slots or cells run out an
@@ -48,13 +48,12 @@ def least_recently_used(idle: list[Slot]) -> Slot:
     return min(idle, key=lambda s: s.used)
 
 
-def superseded(slot: Slot, prompt: list[int], session: str) -> bool:
-    """A new ``prompt`` of ``session`` starts with all of idle ``slot``'s prompt: the slot's only other
-    KV is the reply it wrote, which this turn replaces (the same prompt again, or the next turn)."""
+def superseded(slot: Slot, prompt: list[int]) -> bool:
+    """A new ``prompt`` starts with all of idle ``slot``'s prompt: the slot's only other KV is the reply
+    it wrote, which this turn replaces (the same prompt again, or the conversation's next turn; by
+    content, as the slot-extends rule: ``/v1/completions`` has no session beyond its prompt)."""
     n = slot.prompt_len
-    return (
-        slot.session == session and n > 0 and len(prompt) >= n and common_length(slot.tokens[:n], prompt) == n
-    )
+    return n > 0 and len(prompt) >= n and common_length(slot.tokens[:n], prompt) == n
 
 
 @dataclass(frozen=True)
@@ -104,11 +103,7 @@ class SlotTable:
         source, n = self.best_match(prompt, salt)
         dropped: list[Evicted] = []
         free = [s for s in self.slots if not s.busy and not s.tokens]
-        if (
-            source is not None
-            and not source.busy
-            and (n == len(source.tokens) or superseded(source, prompt, session))
-        ):
+        if source is not None and not source.busy and (n == len(source.tokens) or superseded(source, prompt)):
             # the new prompt extends everything the idle slot holds, or all but the reply it wrote
             # (the session's next turn): take that slot itself, trimmed to the shared prefix
             slot = source

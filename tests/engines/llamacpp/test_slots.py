@@ -94,17 +94,26 @@ def test_the_next_turn_that_sends_the_reply_back_in_other_tokens_takes_the_old_s
     assert [s for s in table.slots if s.tokens] == [first.slot]  # no second copy of the prefix
 
 
-def test_another_session_or_a_prompt_that_parts_inside_the_old_prompt_copies_and_keeps_the_source():
+def test_a_prompt_that_parts_inside_the_old_prompt_copies_and_keeps_the_source():
     table = SlotTable(4)
     first = table.claim(SYSTEM + [1, 2], "", "s1")
     assert first is not None
     table.release(first.slot, SYSTEM + [1, 2, 7, 8], prompt_len=len(SYSTEM) + 2)
-    other = table.claim(SYSTEM + [1, 2, 70], "", "s2")  # another session's prompt
-    assert other is not None and other.source is first.slot and other.slot is not first.slot
-    table.release(other.slot, SYSTEM + [1, 2, 70, 5], prompt_len=len(SYSTEM) + 3)
     branch = table.claim(SYSTEM + [1, 3], "", "s1")  # parts inside the old prompt: a real branch
-    assert branch is not None and branch.source is not None and branch.slot is not branch.source
+    assert branch is not None and branch.source is first.slot and branch.slot is not first.slot
     assert first.slot.tokens == SYSTEM + [1, 2, 7, 8]
+    other = table.claim(SYSTEM + [1, 2, 70], "other", "s1")  # another namespace (cache salt)
+    assert other is not None and other.source is None and other.cached == 0
+
+
+def test_a_sessionless_prompt_that_holds_the_old_prompt_takes_the_slot_too():
+    """``/v1/completions`` keys its session by the whole prompt: each turn is "another session"."""
+    table = SlotTable(4)
+    first = table.claim(SYSTEM + [1, 2], "", "h:aaa")
+    assert first is not None
+    table.release(first.slot, SYSTEM + [1, 2, 7, 8], prompt_len=len(SYSTEM) + 2)
+    nxt = table.claim(SYSTEM + [1, 2, 70, 80], "", "h:bbb")
+    assert nxt is not None and nxt.slot is first.slot and nxt.source is None
 
 
 def test_the_same_prompt_again_takes_its_old_slot():
