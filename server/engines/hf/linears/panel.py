@@ -111,7 +111,9 @@ def check_kernel(fn: Any) -> None:
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(2 * PANEL, 70, generator=gen)
     x = torch.randn(11, 70, generator=gen)
-    got = run(fn, x, pack(weight), 2 * PANEL)
+    # NaN first: an empty buffer can hold the right numbers from an earlier check (a CI run saw a
+    # kernel that writes nothing pass), so only a kernel that writes every output can pass
+    got = run(fn, x, pack(weight), 2 * PANEL, out=torch.full((11, 2 * PANEL), float("nan")))
     want = torch.nn.functional.linear(x, weight)
     if not torch.allclose(got, want, atol=1e-4, rtol=1e-4):
         raise RuntimeError(f"self-check failed (max error {float((got - want).abs().max()):.3g})")
@@ -123,11 +125,15 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
 
 
-def run(fn: Any, rows: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
+def run(
+    fn: Any, rows: torch.Tensor, panels: torch.Tensor, n: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``rows`` [M, K] times the packed weight: [M, n], into ``out`` if given (contiguous float32)."""
     if rows.dtype != torch.float32 or rows.device.type != "cpu":
         raise TypeError(f"panel_gemm takes CPU float32 rows, got {rows.dtype} on {rows.device}")
     rows = rows.contiguous()
-    out = rows.new_empty((rows.shape[0], n))
+    if out is None:
+        out = rows.new_empty((rows.shape[0], n))
     fn(
         rows.data_ptr(),
         rows.shape[0],

@@ -213,3 +213,23 @@ def test_the_kernel_source_ships_as_package_data():
     pyproject = tomllib.loads((panel.SOURCE.parents[4] / "pyproject.toml").read_text())
     package_data = pyproject["tool"]["setuptools"]["package-data"]
     assert panel.SOURCE.name in package_data["server.engines.hf.linears"]
+
+
+def test_a_kernel_that_writes_nothing_fails_its_self_check_even_right_after_a_good_one():
+    """An output buffer left empty can hold the numbers a check just computed (freed and handed out
+    again): a kernel that writes nothing then passed (a CI run). The check fills it with NaN first."""
+
+    def right(x_ptr, m, k, w_ptr, n, y_ptr, threads):  # F.linear, through the kernel's pointers
+        x = torch.frombuffer((ctypes.c_float * (m * k)).from_address(x_ptr), dtype=torch.float32)
+        w = torch.frombuffer((ctypes.c_float * (n * k)).from_address(w_ptr), dtype=torch.float32)
+        weight = w.reshape(n // panel.PANEL, k, panel.PANEL).transpose(1, 2).reshape(n, k)
+        y = torch.nn.functional.linear(x.reshape(m, k), weight).contiguous()
+        ctypes.memmove(y_ptr, y.data_ptr(), m * n * 4)
+
+    def nothing(x_ptr, m, k, w_ptr, n, y_ptr, threads):
+        return None
+
+    for _ in range(3):
+        panel.check_kernel(right)
+        with pytest.raises(RuntimeError, match="self-check failed"):
+            panel.check_kernel(nothing)
