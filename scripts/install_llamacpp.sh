@@ -11,8 +11,8 @@
 # 13 min more, measured 2026-11-27); the wheel lands in $CACHE/wheels/<key>/ and every later run
 # (a fresh clone, CI) installs it in seconds. Built for the vector extensions this CPU has
 # (AVX/AVX2/FMA/F16C/BMI2 on any x86-64, then AVX-512 and VNNI where /proc/cpuinfo lists them): on
-# this box's Xeon a 2k-token prefill of a 1B Q4_K_M ran 1.47x and its decode 1.12x the AVX2-only
-# build's; SmolLM2's Q4_1 about equal (benchmarks/speed/llamacpp_builds.py, docs/llamacpp.md). Not AMX: its tile kernels died
+# this box's Xeon a 2k-token prefill of a 1B Q4_K_M ran 1.56x the AVX2-only build's, decode equal;
+# SmolLM2's Q4_1 1.10x and 0.89x (benchmarks/speed/llamacpp_builds.py, docs/llamacpp.md). Not AMX: its tile kernels died
 # with SIGILL in this box's VM although the CPU lists AMX (LLAMACPP_CMAKE_ARGS="-DGGML_NATIVE=ON"
 # turns it on). The flags are the cache key: each kind of CPU that reads the cache gets a wheel of
 # its own. Exits non-zero when it cannot build; the llamacpp tests then skip (nothing else depends
@@ -55,14 +55,10 @@ sys.exit(0 if llama_cpp.__version__ == sys.argv[1] else 1)
 PY
 }
 
-wheel=$(ls "$WHEELS"/llama_cpp_python-"$VER"-*.whl 2>/dev/null | head -n1 || true)
-if [ -n "$wheel" ] && [ "$(cat "$WHEELS/llama_cpp_python-$VER.tag" 2>/dev/null)" != "$tag" ]; then
-  wheel=""  # built with other flags
-fi
+wheel=$(ls "$WHEELS"/llama_cpp_python-"$VER"-*.whl 2>/dev/null | head -n1 || true)  # the folder is the key
 t0=$(date +%s)
 if [ -z "$wheel" ]; then
   echo "agentserve: building llama-cpp-python $VER from source (first time ~10 min; log: $log)" >&2
-  rm -f "$WHEELS"/llama_cpp_python-"$VER"-*.whl
   (cd "$WORK" && [ -f "llama_cpp_python-$VER.tar.gz" ] ||
     "$PY" -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VER" -d .) >>"$log" 2>&1
   # an extracted source tree and a kept build-dir (pip builds a local folder in place): --tools then
@@ -75,7 +71,6 @@ if [ -z "$wheel" ]; then
     tail -n 20 "$log" >&2
     exit 1
   fi
-  echo "$tag" >"$WHEELS/llama_cpp_python-$VER.tag"
   wheel=$(ls "$WHEELS"/llama_cpp_python-"$VER"-*.whl | head -n1)
   echo "agentserve: built $(basename "$wheel") in $(( $(date +%s) - t0 )) s" >&2
 fi
