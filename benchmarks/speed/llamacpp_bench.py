@@ -3,7 +3,7 @@
     python benchmarks/speed/llamacpp_bench.py [--model FILE.gguf] [--llama-server PATH] [--hf] [--threads 2]
         [--ctx 8192] [--repeat N] [--replay-sessions 4] [--replay-context 4096] [--out STEM]
 
-Each server runs as its own process, one after the other, with the same GGUF, threads and
+Every server runs as its own process, all of them up at once, with the same GGUF, threads and
 requests (OpenAI chat completions over HTTP, temperature 0): one-session decode (tok/s between
 a 1-token and a 64-token reply on a cached prompt), 8 concurrent sessions sharing a ~600-token
 system prompt (aggregate generated tok/s, wall clock), a cold ~4k-token prefill (prompt tok/s),
@@ -11,8 +11,10 @@ an agent replay (the seeded synthetic agent sessions of ``benchmarks/harness/tra
 session after another, every turn's prompt the trace's own history with its tools, rendered once
 by agentserve's ``/tokenize`` and sent to every server as the same token ids, an 8-token reply:
 wall time and the share of prompt tokens the server reports cached), and the
-process's peak resident memory (VmHWM). ``--repeat N`` runs the arms N times, alternating, and
-reports each figure's median (the box is shared: compare ratios within one run). ``--hf`` adds
+process's peak resident memory (VmHWM). Each row's sample goes to every server back to back,
+the order alternating from one sample to the next (``--repeat N`` samples of the decode, 8-session
+and prefill rows; one replay), so the two arms of a pair see the same moment of the box's load:
+a rate's ratio is the median of its pairs' ratios (the box is shared: compare within one run). ``--hf`` adds
 agentserve's hf engine (the GGUF converted to fp32). llama-server comes from
 ``scripts/install_llamacpp.sh --tools`` (the same llama.cpp and flags as the wheel). Writes
 ``benchmarks/results/llamacpp.{json,md}`` (``--out``).
@@ -28,7 +30,9 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,17 +104,15 @@ def replay(url: str, sessions: list[Session]) -> dict[str, float]:
     }
 
 
-def measure(url: str, nonce: str, sessions: list[Session]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    MODEL["name"] = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-    # one session: decode rate on a cached prompt, a 1-token reply subtracted
-    msgs = [{"role": "user", "content": f"{nonce} {COUNT}"}]
-    chat(url, msgs, 1)  # warm: the prompt is cached after this
+def decode_tok_s(url: str, msgs: list[dict[str, str]]) -> float:
+    """Decode rate on a cached prompt: the time of a 64-token reply less a 1-token one."""
     t1, _ = chat(url, msgs, 1)
     tn, usage = chat(url, msgs, 64)
-    out["decode_1_tok_s"] = (usage["completion_tokens"] - 1) / max(tn - t1, 1e-9)
-    out["decode_1_tokens"] = usage["completion_tokens"]
-    # 8 sessions sharing a system prompt: the prefix computed once (warm), then 8 at once
+    return float((usage["completion_tokens"] - 1) / max(tn - t1, 1e-9))
+
+
+def shared_8(url: str, nonce: str) -> dict[str, float]:
+    """8 sessions sharing a system prompt: the prefix computed once (warm), then 8 at once."""
     system = {"role": "system", "content": f"{nonce} {SYSTEM}"}
     chat(url, [system, {"role": "user", "content": "hi"}], 1)
     t0 = time.perf_counter()
@@ -118,39 +120,71 @@ def measure(url: str, nonce: str, sessions: list[Session]) -> dict[str, float]:
         jobs = [pool.submit(chat, url, [system, {"role": "user", "content": q}], 64) for q in QUESTIONS]
         usages = [j.result()[1] for j in jobs]
     wall = time.perf_counter() - t0
-    out["shared_8_tok_s"] = sum(u["completion_tokens"] for u in usages) / wall
-    out["shared_8_prompt_tokens"] = usages[0]["prompt_tokens"]
-    out["shared_8_wall_s"] = wall
-    # cold prefill of ~4k tokens (a nonce first: nothing cached)
+    return {
+        "shared_8_tok_s": sum(u["completion_tokens"] for u in usages) / wall,
+        "shared_8_prompt_tokens": usages[0]["prompt_tokens"],
+        "shared_8_wall_s": wall,
+    }
+
+
+def prefill(url: str, nonce: str) -> dict[str, float]:
+    """A cold ~4k-token prompt (the nonce first: nothing cached), a 1-token reply."""
     words = " ".join(f"line {i}: the job wrote {i * 7 % 97} records to shard {i % 13}." for i in range(280))
-    dt, usage = chat(url, [{"role": "user", "content": f"cold {nonce} {time.time()} {words}"}], 1)
-    out["prefill_tokens"] = usage["prompt_tokens"]
-    out["prefill_tok_s"] = usage["prompt_tokens"] / dt
-    if sessions:
-        out.update(replay(url, sessions))
-    return out
+    dt, usage = chat(url, [{"role": "user", "content": f"cold {nonce} {words}"}], 1)
+    return {"prefill_tokens": usage["prompt_tokens"], "prefill_tok_s": usage["prompt_tokens"] / dt}
 
 
-def run_server(
-    name: str, cmd: list[str], env: dict[str, str], port: int, sessions: list[Session]
-) -> dict[str, float]:
-    print(f"== {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
+class Server:
+    """One arm's server process, up for the whole run."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        port = free_port()
+        # the server's log to a file: a pipe nobody reads fills and stalls a chatty server
+        self.log = tempfile.NamedTemporaryFile(prefix=f"llamacpp_bench_{port}_", suffix=".log", delete=False)
+        print(f"== {name} (log {self.log.name}): {' '.join(cmd)} {port}", file=sys.stderr, flush=True)
+        self.proc = subprocess.Popen(cmd + [str(port)], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        self.samples: dict[str, list[float]] = {}
         t0 = time.perf_counter()
-        wait_for_health(url, 600, proc)
-        res = {"start_s": time.perf_counter() - t0, **measure(url, f"[{name} {time.time():.0f}]", sessions)}
-        res["load_1min"] = os.getloadavg()[0]
-        res["peak_rss_mb"] = peak_rss_mb(proc.pid)
-    finally:
-        proc.terminate()
+        wait_for_health(self.url, 600, self.proc)
+        self.add({"start_s": time.perf_counter() - t0})
+        self.model = httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+    def add(self, figures: dict[str, float]) -> None:
+        for key, value in figures.items():
+            self.samples.setdefault(key, []).append(value)
+
+    def stop(self) -> None:
+        self.add({"peak_rss_mb": peak_rss_mb(self.proc.pid)})
+        self.proc.terminate()
         try:
-            proc.wait(30)
+            self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-    print(f"   {json.dumps({k: round(v, 1) for k, v in res.items()})}", file=sys.stderr, flush=True)
-    return res
+            self.proc.kill()
+
+
+def measure(servers: list[Server], repeat: int, sessions: list[Session]) -> None:
+    """Every row in turn, each sample sent to every server back to back (the order alternating
+    from one sample to the next), so the arms of a pair see the same moment of the box's load."""
+
+    def each(figures: Callable[[Server, int], dict[str, float]], samples: int) -> None:
+        for k in range(samples):
+            for server in servers if k % 2 == 0 else servers[::-1]:
+                MODEL["name"] = server.model
+                server.add({**figures(server, k), "load_1min": os.getloadavg()[0]})
+                time.sleep(0.5)  # the last arm's threads go idle before the next one starts
+
+    nonce = f"[{time.time():.0f}]"  # one per run: both arms of a pair get the same prompt
+    count = [{"role": "user", "content": f"{nonce} {COUNT}"}]
+    for server in servers:  # warm: the prompt is cached after this
+        MODEL["name"] = server.model
+        chat(server.url, count, 1)
+    each(lambda s, k: {"decode_1_tok_s": decode_tok_s(s.url, count)}, repeat)
+    each(lambda s, k: shared_8(s.url, f"{nonce[:-1]} {k}]"), repeat)
+    each(lambda s, k: prefill(s.url, f"{nonce[:-1]} {k}]"), repeat)
+    if sessions:
+        each(lambda s, k: replay(s.url, sessions), 1)
 
 
 def main() -> None:
@@ -163,7 +197,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=8192, help="context window of both servers")
     ap.add_argument("--hf", action="store_true", help="also agentserve's hf engine (fp32)")
     ap.add_argument("--no-llama-server", action="store_true", help="leave llama-server out")
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each arm, alternating (medians)")
+    ap.add_argument("--repeat", type=int, default=1, help="samples of each rate, arms back to back")
     ap.add_argument("--replay-sessions", type=int, default=4, help="agent sessions replayed (0: no replay)")
     ap.add_argument("--replay-context", type=int, default=4096, help="the replay's sessions fit this window")
     ap.add_argument("--replay-steps", type=int, default=50, help="tool steps a replayed session at most")
@@ -189,18 +223,21 @@ def main() -> None:
         arms.append(("llama-server", cmd, env))
     else:
         print(f"no llama-server at {args.llama_server}: scripts/install_llamacpp.sh --tools", file=sys.stderr)
-    each: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in arms}
-    for _ in range(args.repeat):
+    servers: list[Server] = []
+    try:
         for name, cmd, arm_env in arms:
-            port = free_port()
-            each[name].append(run_server(name, cmd + [str(port)], arm_env, port, sessions))
-    runs = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in each.items()}
-    write(args, runs, each)
+            servers.append(Server(name, cmd, arm_env))
+        measure(servers, args.repeat, sessions)
+    finally:
+        for server in servers:
+            server.stop()
+    write(args, servers)
 
 
-def write(
-    args: argparse.Namespace, runs: dict[str, dict[str, float]], each: dict[str, list[dict[str, float]]]
-) -> None:
+PAIRED = ("decode_1_tok_s", "shared_8_tok_s", "prefill_tok_s")  # a sample of each arm back to back
+
+
+def write(args: argparse.Namespace, servers: list[Server]) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     meta = {
         "model": Path(args.model).name,
@@ -211,7 +248,22 @@ def write(
         "command": " ".join(sys.argv),
         "repeat": args.repeat,
     }
-    doc = {"meta": meta, "runs": runs, "each": each}
+    runs = {s.name: {k: statistics.median(v) for k, v in s.samples.items()} for s in servers}
+    peer = next((s for s in servers if s.name == "llama-server"), None)
+    ratios = {  # per pair, then the median: each pair saw one moment of the box's load
+        s.name: {
+            k: statistics.median(a / b for a, b in zip(s.samples[k], peer.samples[k], strict=True))
+            for k in PAIRED
+        }
+        for s in servers
+        if peer is not None and s is not peer
+    }
+    doc = {
+        "meta": meta,
+        "runs": runs,
+        "paired_ratios": ratios,
+        "samples": {s.name: s.samples for s in servers},
+    }
     Path(args.out + ".json").write_text(json.dumps(doc, indent=2) + "\n")
     rows = [
         ("1 session decode (tok/s)", "decode_1_tok_s"),
@@ -232,17 +284,28 @@ def write(
         lines.append(
             f"| {label} | " + " | ".join(f"{runs[n].get(key, float('nan')):.1f}" for n in names) + " |"
         )
-    if "llama-server" in runs:  # each figure over llama-server's (wall time and memory: lower is better)
-        lines += ["", "Against llama-server (ours / theirs):", ""]
+    if peer is not None:  # each figure over llama-server's (wall time and memory: lower is better)
+        lines += ["", "Against llama-server (ours / theirs; a rate: the median of its pairs' ratios):", ""]
         for label, key in rows[:3] + [rows[4], rows[-2]]:
-            peer = runs["llama-server"].get(key, float("nan"))
-            ours = [n for n in names if n != "llama-server"]
-            lines.append(f"- {label}: " + ", ".join(f"{n} {runs[n].get(key, 0) / peer:.2f}x" for n in ours))
-    loads = [round(r["load_1min"], 1) for rs in each.values() for r in rs]
+            parts = []
+            for s in servers:
+                if s is peer:
+                    continue
+                if key in PAIRED:
+                    pairs = ", ".join(
+                        f"{a / b:.2f}" for a, b in zip(s.samples[key], peer.samples[key], strict=True)
+                    )
+                    parts.append(f"{s.name} {ratios[s.name][key]:.2f}x (pairs {pairs})")
+                else:
+                    parts.append(f"{s.name} {runs[s.name].get(key, 0) / runs[peer.name][key]:.2f}x")
+            lines.append(f"- {label}: " + ", ".join(parts))
+    loads = sorted({round(x, 1) for s in servers for x in s.samples.get("load_1min", [])})
     lines += [
         "",
         f"`{meta['command']}` at {meta['commit']}, {meta['machine']}, {args.threads} threads; "
-        f"medians of {args.repeat} alternating run(s) per arm; 1-min load average at each run's end {loads}.",
+        f"every server up at once, each row's {args.repeat} sample(s) sent to the arms back to back, "
+        "the order alternating; "
+        f"medians; 1-min load averages seen {loads[0] if loads else '?'}-{loads[-1] if loads else '?'}.",
     ]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -13,7 +13,12 @@ class Tier2Settings(Section):
     """Where KV evicted from the prefix cache goes (server/kvcache/tier2.py; the llamacpp engine saves
     an evicted session's whole state there: server/engines/llamacpp/tier2.py)."""
 
-    memory_mb: int = Field(0, ge=0, description="Tier-2 budget in MiB (0 = no second tier).")
+    memory_mb: int = Field(
+        0,
+        ge=0,
+        description="Tier-2 budget in MiB (0 = no second tier). Unset: 0, except on the llamacpp engine: "
+        "host RAM, min(8 GiB, a quarter of physical memory) (docs/llamacpp.md).",
+    )
     path: str | None = Field(
         None, description="A local folder for tier 2 (CPU engines); unset = host RAM (CUDA engines)."
     )
@@ -22,6 +27,10 @@ class Tier2Settings(Section):
         description="auto = restore a block only when measured cheaper than recomputing it (llamacpp: "
         "whenever tier 2 holds a longer prefix than the pool; never = tier 2 off).",
     )
+
+    def budget_mb(self, engine_default_mb: int) -> int:
+        """``memory_mb`` as the deployment set it (0: off), else the engine's own default."""
+        return self.memory_mb if "memory_mb" in self.model_fields_set else engine_default_mb
 
 
 class PrefixCacheSettings(Section):

@@ -66,8 +66,12 @@ class Tier2Store:
         """The stored blocks' keys, least recently used first."""
         return list(self._sizes)
 
-    def put(self, key: bytes, parent: bytes, tokens: Sequence[int], payload: torch.Tensor) -> list[bytes]:
-        """Store a block; returns the keys dropped (the LRU ones, or ``key`` itself when it cannot fit)."""
+    def put(
+        self, key: bytes, parent: bytes, tokens: Sequence[int], payload: torch.Tensor, owned: bool = False
+    ) -> list[bytes]:
+        """Store a block; returns the keys dropped (the LRU ones, or ``key`` itself when it cannot fit).
+        ``owned``: the caller hands ``payload`` over (a CPU tensor nobody else writes): host RAM keeps
+        it as it is, without a copy (a llamacpp session's state: hundreds of MB, twice at once)."""
         nbytes = payload.numel() * payload.element_size()
         if not self.enabled or nbytes > self.capacity_bytes:
             return [key]
@@ -78,7 +82,7 @@ class Tier2Store:
             self._delete(old)
             self.used_bytes -= size
             dropped.append(old)
-        if not self._write(key, parent, tokens, payload):
+        if not self._write(key, parent, tokens, payload, owned):
             return [*dropped, key]
         self._sizes[key] = nbytes
         self._devices[key] = payload.device
@@ -117,7 +121,9 @@ class Tier2Store:
             self.discard(key)
 
     # -- storage (subclasses) --------------------------------------------------------
-    def _write(self, key: bytes, parent: bytes, tokens: Sequence[int], payload: torch.Tensor) -> bool:
+    def _write(
+        self, key: bytes, parent: bytes, tokens: Sequence[int], payload: torch.Tensor, owned: bool
+    ) -> bool:
         raise NotImplementedError
 
     def _read(self, key: bytes, parent: bytes, tokens: Sequence[int]) -> torch.Tensor | None:
@@ -135,8 +141,11 @@ class HostStore(Tier2Store):
         self.pin = pin
         self._data: dict[bytes, torch.Tensor] = {}
 
-    def _write(self, key: bytes, parent: bytes, tokens: Sequence[int], payload: torch.Tensor) -> bool:
-        host = payload.detach().to("cpu", copy=True)
+    def _write(
+        self, key: bytes, parent: bytes, tokens: Sequence[int], payload: torch.Tensor, owned: bool
+    ) -> bool:
+        keep = owned and payload.device.type == "cpu" and not self.pin
+        host = payload.detach() if keep else payload.detach().to("cpu", copy=True)
         self._data[key] = host.pin_memory() if self.pin else host
         return True
 
@@ -173,7 +182,9 @@ class DiskStore(Tier2Store):
     def _file(self, key: bytes) -> Path:
         return self.path / f"{key.hex()}.kv"
 
-    def _write(self, key: bytes, parent: bytes, tokens: Sequence[int], payload: torch.Tensor) -> bool:
+    def _write(
+        self, key: bytes, parent: bytes, tokens: Sequence[int], payload: torch.Tensor, owned: bool
+    ) -> bool:
         t = payload.detach().to("cpu").contiguous()
         data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         header = json.dumps(

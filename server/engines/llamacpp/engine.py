@@ -38,7 +38,7 @@ from server.engines.llamacpp.retention import SlotRetention
 from server.engines.llamacpp.scheduler import Scheduler
 from server.engines.llamacpp.sequence import SeqState
 from server.engines.llamacpp.slots import SlotTable
-from server.engines.llamacpp.tier2 import SavedSlots
+from server.engines.llamacpp.tier2 import SavedSlots, default_budget_mb
 from server.errors import ContextLengthExceeded, EngineDead, InvalidRequest
 from server.families.model_facts import ModelFacts
 from server.kvcache.tier2 import make_store
@@ -88,7 +88,8 @@ class LlamaCppEngine(Engine):
         self.retention = SlotRetention(pc.policy, pc.session_cap_s)
         self.slots = SlotTable(N_SEQ if pc.enabled else 1, self.retention.victim)
         t2 = pc.tier2  # "never" restores nothing: then saving would be wasted work
-        store = make_store(t2.memory_mb, t2.path, "cpu") if pc.enabled and t2.restore != "never" else None
+        on = pc.enabled and t2.restore != "never"
+        store = make_store(t2.budget_mb(default_budget_mb()), t2.path, "cpu") if on else None
         self.saved = SavedSlots(store)
         self._stats = EngineStats()
         self.scheduler = Scheduler(

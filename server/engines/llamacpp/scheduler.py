@@ -5,8 +5,9 @@ to ``chunk`` prompt tokens of the requests being admitted (logits on a prompt's 
 decodes it, then masks and samples each row that has logits (``pick``: bias, penalties, the
 mask, then greedy or a seeded draw, as the hf engine does). Admission claims a slot (slots.py)
 and starts the prompt from the longest prefix any slot holds, or tier 2 holds when that is
-longer (tier2.py: an evicted slot's saved state, loaded back). An idle slot's KV leaves the pool
-only through ``evict``, which saves it to tier 2 first. Runs on the engine thread only;
+longer (placement.py, tier2.py). An idle slot's KV leaves the pool only through
+``KVPlacement.evict``, which saves it to tier 2 first; with tier 2 on, every idle slot goes
+there once a request is admitted (``spill_idle``). Runs on the engine thread only;
 ``inbox`` is the one thing other threads touch.
 """
 
@@ -21,9 +22,10 @@ from server.constrain.bitmask import MaskApplier
 from server.engines.base import EngineStats, GenerationChunk, TokenLogprob, drained, engine_error
 from server.engines.hf.sampler import pick
 from server.engines.llamacpp.batch import KVFull, Row, Runtime
+from server.engines.llamacpp.placement import KVPlacement
 from server.engines.llamacpp.retention import SlotRetention
 from server.engines.llamacpp.sequence import SeqState
-from server.engines.llamacpp.slots import Claim, Evicted, SlotTable
+from server.engines.llamacpp.slots import SlotTable
 from server.engines.llamacpp.tier2 import SavedSlots
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class Scheduler:
         self.rt = rt
         self.slots = slots
         self.saved = saved if saved is not None else SavedSlots(None)
+        self.kv = KVPlacement(rt, slots, self.saved)
         self.retention = retention if retention is not None else SlotRetention("lru", 600.0)
         self.chunk = chunk
         self.max_model_len = max_model_len
@@ -81,6 +84,7 @@ class Scheduler:
         while not self.inbox.empty():
             self.waiting.append(self.inbox.get())
         still: list[SeqState] = []
+        admitted = False
         for seq in self.waiting:
             if seq.cancelled:
                 continue
@@ -90,59 +94,19 @@ class Scheduler:
                 still.append(seq)
                 continue
             for gone in claim.dropped:
-                self.evict(gone)
+                self.kv.evict(gone)
             seq.slot = claim.slot
             self.retention.began(req.session_key, req.retain_s)
-            cached = self.place(claim, seq.prompt, req.cache_salt)
+            cached = self.kv.place(claim, seq.prompt, req.cache_salt)
             if not seq.deferred:  # a deferred request keeps what it found at its first admission
                 seq.cached_tokens = cached
                 self.stats.prefix_queries_tokens += len(req.prompt_ids)
                 self.stats.prefix_hits_tokens += cached
             self.prefilling.append(seq)
+            admitted = True
         self.waiting = still
-
-    def place(self, claim: Claim, prompt: list[int], salt: str) -> int:
-        """The claimed slot's starting KV, in the pool; returns how many prompt tokens it holds.
-
-        The longer of: what the claim found in the pool (a copy from ``source``, or the slot's own
-        KV trimmed), and a state tier 2 saved (loaded, then trimmed to the shared prefix)."""
-        slot, tried = claim.slot, False
-        entry, n = self.saved.best(prompt, salt)
-        state = self.saved.take(entry) if entry is not None and n > claim.cached else None
-        if entry is not None and state is not None:
-            tried = True
-            if self.load(slot.seq, state):
-                self.rt.seq_trim(slot.seq, n)
-                slot.tokens = list(prompt[:n])
-                self.saved.restored_tokens += n
-                return n
-            self.saved.save(entry.salt, list(entry.tokens), state)  # no room even with every idle slot gone
-        source = claim.source
-        if source is not None and source.tokens[: claim.cached] == prompt[: claim.cached]:
-            self.rt.seq_trim(slot.seq, 0)
-            self.rt.seq_copy(source.seq, slot.seq, claim.cached)
-            return claim.cached
-        if source is None and not tried:  # the slot's own KV (a failed load cleared it)
-            self.rt.seq_trim(slot.seq, claim.cached)
-            return claim.cached
-        self.rt.seq_trim(slot.seq, 0)  # what the claim counted on was evicted to make room
-        slot.tokens = []
-        return 0
-
-    def load(self, seq: int, state: torch.Tensor) -> bool:
-        """Load a saved state into sequence ``seq``, evicting idle slots while the pool has no room."""
-        while not self.rt.seq_load(seq, state):
-            gone = self.slots.evict_one()
-            if gone is None:
-                return False
-            self.evict(gone)
-        return True
-
-    def evict(self, gone: Evicted) -> None:
-        """An idle slot's KV leaves the pool: saved to tier 2 first (when it is on), then cleared."""
-        if self.saved.enabled and gone.tokens:
-            self.saved.save(gone.salt, gone.tokens, self.rt.seq_save(gone.seq))
-        self.rt.seq_trim(gone.seq, 0)
+        if admitted:  # once the new requests hold their slots: idle KV to tier 2 (when it is on)
+            self.kv.spill_idle()
 
     def turn(self) -> None:
         """One batch: every running request's pending token, then prompt chunks up to the budget."""
@@ -251,7 +215,7 @@ class Scheduler:
                 victim = self.slots.evict_one()
                 if victim is None:
                     raise
-                self.evict(victim)
+                self.kv.evict(victim)
 
     def pick(self, seq: SeqState, raw: torch.Tensor) -> None:
         """Bias, penalties, the mask, then sample; emit the token or finish (as the hf engine does)."""

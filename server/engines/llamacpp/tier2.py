@@ -19,6 +19,7 @@ Pure Python over the store (no llama_cpp): the scheduler calls the runtime's ``s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,16 @@ import torch
 from server.engines.llamacpp.slots import common_length
 from server.kvcache.block_keys import chain_key, root_key
 from server.kvcache.tier2 import Tier2Store
+
+
+def default_budget_mb() -> int:
+    """Tier 2 when ``prefix_cache.tier2.memory_mb`` is unset: host RAM, llama-server's default
+    prompt cache (``--cache-ram 8192``) or a quarter of physical memory, the smaller."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        physical = 0
+    return min(8192, physical // 4 // 2**20) if physical > 0 else 8192
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,7 @@ class SavedSlots:
                 del self._index[old.key]
         parent = root_key(salt)
         key = chain_key(parent, tokens)
-        dropped = self.store.put(key, parent, tokens, state)
+        dropped = self.store.put(key, parent, tokens, state, owned=True)  # seq_save's own buffer
         for gone in dropped:
             self._index.pop(gone, None)
         if key not in dropped:

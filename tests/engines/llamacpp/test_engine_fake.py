@@ -85,7 +85,9 @@ class FakeRuntime:
 
 
 def make_engine(tokenizer, **settings):
+    """The pool alone unless a test asks for tier 2 (the engine's default turns it on)."""
     settings.setdefault("prefix_cache", {"memory_mb": 0, "policy": "lru"})
+    settings["prefix_cache"].setdefault("tier2", {"memory_mb": 0})
     s = load_settings(None, engine="llamacpp", max_model_len=256, **settings)
     return LlamaCppEngine(s.engine_settings(), decide(s, tokenizer, None), runtime=FakeRuntime())
 
@@ -279,6 +281,48 @@ def test_an_evicted_session_comes_back_from_tier_2_and_decodes_as_cold(tokenizer
     assert eng.rt.saves >= 2 and stats["tier2_restored_tokens"] == 104
     assert stats["tier2_saved_tokens"] >= 2 * 104 and stats["tier2_bytes_read"] > 0
     assert tiers == ("llama.cpp KV cells", "tier 2 (host RAM)")
+
+
+def test_tier_2_is_on_by_default_in_host_ram_and_zero_turns_it_off(tokenizer):
+    default = make_engine(tokenizer, prefix_cache={"policy": "lru", "tier2": {}})
+    off = make_engine(tokenizer, prefix_cache={"policy": "lru", "tier2": {"memory_mb": 0}})
+    assert default.saved.enabled and default.cache_tiers == ("llama.cpp KV cells", "tier 2 (host RAM)")
+    assert default.saved.store is not None and 0 < default.saved.store.capacity_bytes <= 8192 * 2**20
+    assert not off.saved.enabled and off.cache_tiers == ("llama.cpp KV cells",)
+    for eng in (default, off):
+        run(eng.shutdown())
+
+
+def test_with_tier_2_idle_sessions_leave_the_pool_when_a_request_is_admitted_and_come_back(tokenizer):
+    """Idle cells in the pool cost every later batch (it attends over the used range): with tier 2
+    on, another session's admission moves them to host RAM; a session's own next turn, arriving
+    first, takes its slot where it is (nothing saved)."""
+    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 4, "policy": "lru", "tier2": {"memory_mb": 1}})
+    a_prompt, b_prompt = [701] * 80, [702] * 60
+
+    async def scenario():
+        a = await collect(eng, GenerationRequest("a", a_prompt, greedy(5), session_key="a"))
+        a2_prompt = a_prompt + tokens(a) + [9]
+        a2 = await collect(eng, GenerationRequest("a2", a2_prompt, greedy(5), session_key="a"))
+        saves_before_b = eng.rt.saves
+        b = await collect(eng, GenerationRequest("b", b_prompt, greedy(5), session_key="b"))
+        held_after_b = [kv for kv in eng.rt.kv.values() if kv]
+        a3_prompt = a2_prompt + tokens(a2) + [9]
+        a3 = await collect(eng, GenerationRequest("a3", a3_prompt, greedy(5), session_key="a"))
+        held_after_a3 = [kv for kv in eng.rt.kv.values() if kv]
+        cold = await collect(eng, GenerationRequest("cold", a3_prompt, greedy(5), cache_salt="cold"))
+        return a2, saves_before_b, b, held_after_b, a3, held_after_a3, cold, a2_prompt, a3_prompt
+
+    try:
+        a2, saves_before_b, b, held_after_b, a3, held_after_a3, cold, a2_prompt, a3_prompt = run(scenario())
+        extra = eng.stats().extra
+    finally:
+        run(eng.shutdown())
+    assert saves_before_b == 0 and a2[-1].cached_tokens == len(a_prompt) + 4  # its own slot, in place
+    assert held_after_b == [b_prompt + tokens(b)[:-1]]  # a's slot went to tier 2 when b was admitted
+    assert a3[-1].cached_tokens == len(a2_prompt) + 4  # restored from tier 2, prompt and reply
+    assert tokens(a3) == tokens(cold) and extra["tier2_restored_tokens"] == len(a2_prompt) + 4
+    assert held_after_a3 == [a3_prompt + tokens(a3)[:-1]]  # and b's when a3 was
 
 
 def test_without_tier_2_the_evicted_session_is_recomputed(tokenizer):

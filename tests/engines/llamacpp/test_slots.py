@@ -11,6 +11,17 @@ def test_common_length():
     assert common_length([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_length([], [1]) == 0
     assert common_length([1, 2], [1, 2]) == 2
+    assert common_length([1, 2], [1, 2, 3]) == 2 and common_length([5], [6]) == 0
+
+
+def test_common_length_finds_the_first_difference_wherever_it_is():
+    """The bisection over slices against a token-by-token loop, every split point of a long prompt."""
+    a = [(i * 7919) % 1000 for i in range(1000)]
+    for at in [*range(0, 40), *range(480, 530), 998, 999]:
+        b = a[:at] + [a[at] + 1] + a[at + 1 :]
+        assert common_length(a, b) == at
+        assert common_length(b[: at + 5], a) == at
+    assert common_length(a, a[:777]) == 777 and common_length(a[:777], a) == 777
 
 
 def test_a_cold_prompt_claims_a_free_slot_with_nothing_cached():

@@ -71,3 +71,22 @@ def test_a_damaged_file_on_disk_is_a_miss_never_a_wrong_state(tmp_path):
     assert saved.take(bad) is None
     got = saved.take(good)
     assert got is not None and got.tolist() == [1, 2, 3]
+
+
+def test_a_saved_state_is_kept_without_a_copy_and_a_borrowed_block_is_copied():
+    """A session's state is hundreds of MB: host RAM keeps the buffer ``seq_save`` made (a copy
+    held both at once, and the peak resident memory showed it); a block the caller still writes
+    (the hf engine's) is copied."""
+    saved = SavedSlots(HostStore(10_000))
+    mine = state([1, 2, 3])
+    saved.save("", [1, 2, 3], mine)
+    entry, _ = saved.best([1, 2, 3, 4], "")
+    assert entry is not None
+    got = saved.take(entry)
+    assert got is not None and got.data_ptr() == mine.data_ptr()
+    store = HostStore(10_000)
+    borrowed = state([4, 5])
+    store.put(b"k", b"p", [4, 5], borrowed)
+    borrowed.fill_(0)  # the caller reuses its buffer
+    back = store.get(b"k", b"p", [4, 5])
+    assert back is not None and back.tolist() == [4, 5]
