@@ -61,8 +61,8 @@ if [ -z "$wheel" ]; then
   echo "agentserve: building llama-cpp-python $VER from source (first time ~10 min; log: $log)" >&2
   (cd "$WORK" && [ -f "llama_cpp_python-$VER.tar.gz" ] ||
     "$PY" -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VER" -d .) >>"$log" 2>&1
-  # an extracted source tree and a kept build-dir (pip builds a local folder in place): --tools then
-  # builds llama-server/llama-quantize from the same objects (a pip temp copy would be gone by then)
+  # an extracted source tree and a build-dir per flags key, kept: a wheel rebuilt with the same
+  # flags (its cached file deleted) recompiles only what changed. --tools builds apart (below).
   rm -rf "$WORK/src" && mkdir -p "$WORK/src" && tar xzf "$WORK/llama_cpp_python-$VER.tar.gz" -C "$WORK/src"
   if ! CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
     "$PY" -m pip wheel --no-deps -w "$WHEELS" \

@@ -36,6 +36,8 @@ class KVPlacement:
                 self.rt.seq_trim(slot.seq, n)
                 slot.tokens = list(prompt[:n])
                 self.saved.restored_tokens += n
+                if n < len(entry.tokens):  # the prompt parts from it: the rest stays saved (no copy)
+                    self.saved.save(entry.salt, list(entry.tokens), state)
                 return n
             self.saved.save(entry.salt, list(entry.tokens), state)  # no room even with every idle slot gone
         source = claim.source

@@ -325,6 +325,30 @@ def test_with_tier_2_idle_sessions_leave_the_pool_when_a_request_is_admitted_and
     assert held_after_a3 == [a3_prompt + tokens(a3)[:-1]]  # and b's when a3 was
 
 
+def test_a_prompt_that_shares_part_of_a_saved_session_leaves_the_session_saved(tokenizer):
+    """b shares a's system prompt: its admission loads a's state and keeps the shared part, and a's
+    state stays in tier 2, so a's next turn finds its whole history (it was taken and lost)."""
+    eng = make_engine(tokenizer, prefix_cache={"memory_mb": 4, "policy": "lru", "tier2": {"memory_mb": 1}})
+    system = list(range(300, 340))
+    a_prompt, b_prompt = system + [701] * 50, system + [702] * 30
+
+    async def scenario():
+        a = await collect(eng, GenerationRequest("a", a_prompt, greedy(5), session_key="a"))
+        await collect(eng, GenerationRequest("x", [900] * 20, greedy(2), session_key="x"))  # a to tier 2
+        b = await collect(eng, GenerationRequest("b", b_prompt, greedy(5), session_key="b"))
+        a2_prompt = a_prompt + tokens(a) + [9]
+        a2 = await collect(eng, GenerationRequest("a2", a2_prompt, greedy(5), session_key="a"))
+        cold = await collect(eng, GenerationRequest("cold", a2_prompt, greedy(5), cache_salt="cold"))
+        return b, a2, cold
+
+    try:
+        b, a2, cold = run(scenario())
+    finally:
+        run(eng.shutdown())
+    assert b[-1].cached_tokens == len(system)
+    assert a2[-1].cached_tokens == len(a_prompt) + 4 and tokens(a2) == tokens(cold)
+
+
 def test_without_tier_2_the_evicted_session_is_recomputed(tokenizer):
     eng = make_engine(tokenizer)
     try:
