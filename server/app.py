@@ -32,6 +32,7 @@ from server.engines.base import Engine
 from server.errors import AgentServeError, internal_error_body
 from server.families.model_facts import load_model_facts
 from server.front_door import FrontDoor, route_paths
+from server.heap import release_free_heap
 from server.metrics import Metrics
 from server.ws_gate import uvicorn_ws_options
 
@@ -101,6 +102,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         eng = engine if engine is not None else build_engine(settings)
         await eng.start()
         app.state.service = ChatService(eng, settings, metrics)
+        release_free_heap()  # what loading the tokenizer and the weights freed (heap.py)
         try:
             yield
         finally:

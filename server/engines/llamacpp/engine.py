@@ -41,6 +41,7 @@ from server.engines.llamacpp.slots import SlotTable
 from server.engines.llamacpp.tier2 import SavedSlots, default_budget_mb
 from server.errors import ContextLengthExceeded, EngineDead, InvalidRequest
 from server.families.model_facts import ModelFacts
+from server.heap import release_free_heap
 from server.kvcache.tier2 import make_store
 from server.model_store import gguf_path
 
@@ -231,11 +232,16 @@ class LlamaCppEngine(Engine):
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
         try:
+            worked = False
             while not self._stop.is_set():
                 self.scheduler.admit()
                 if self.scheduler.busy:
                     self.scheduler.turn()
+                    worked = True
                 elif self.scheduler.inbox.empty():
+                    if worked:  # just went idle: what the requests' buffers freed goes back (heap.py)
+                        release_free_heap()
+                        worked = False
                     self._wake.wait(0.5)
                     self._wake.clear()
         except Exception as exc:  # a bug outside one batch: the engine cannot go on

@@ -32,14 +32,15 @@ class KVPlacement:
         state = self.saved.take(entry) if entry is not None and n > claim.cached else None
         if entry is not None and state is not None:
             tried = True
-            if self.load(slot.seq, state):
+            loaded = self.load(slot.seq, state)
+            # no room even with every idle slot gone, or the prompt parts from it: it stays saved (no copy)
+            if not loaded or n < len(entry.tokens):
+                self.saved.put_back(entry, state)
+            if loaded:
                 self.rt.seq_trim(slot.seq, n)
                 slot.tokens = list(prompt[:n])
                 self.saved.restored_tokens += n
-                if n < len(entry.tokens):  # the prompt parts from it: the rest stays saved (no copy)
-                    self.saved.save(entry.salt, list(entry.tokens), state)
                 return n
-            self.saved.save(entry.salt, list(entry.tokens), state)  # no room even with every idle slot gone
         source = claim.source
         if source is not None and source.tokens[: claim.cached] == prompt[: claim.cached]:
             self.rt.seq_trim(slot.seq, 0)

@@ -20,13 +20,14 @@ Pure Python (no llama_cpp here): the engine applies the plan with the runtime's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
-def common_length(a: list[int], b: list[int]) -> int:
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens ``a`` and ``b`` share (slices compared in C: a 5k-token prompt
-    against every slot and saved state on each admission, a Python loop took ~0.3 ms each)."""
+    against every slot and saved state on each admission, a Python loop took ~0.3 ms each).
+    Both lists or both tuples: a list slice never equals a tuple slice."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n

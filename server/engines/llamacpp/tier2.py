@@ -68,28 +68,41 @@ class SavedSlots:
         """Keep ``state`` (the KV of ``tokens`` in namespace ``salt``); the store may drop older ones."""
         if self.store is None or not self.store.enabled or not tokens:
             return
+        held = tuple(tokens)
         for old in list(self._index.values()):  # superseded: everything it holds, this one holds
             n = len(old.tokens)
-            if old.salt == salt and n <= len(tokens) and common_length(list(old.tokens), tokens) == n:
+            if old.salt == salt and n <= len(held) and common_length(old.tokens, held) == n:
                 self.store.discard(old.key)
                 del self._index[old.key]
         parent = root_key(salt)
-        key = chain_key(parent, tokens)
-        dropped = self.store.put(key, parent, tokens, state, owned=True)  # seq_save's own buffer
-        for gone in dropped:
+        if self._keep(Saved(chain_key(parent, held), salt, held), state):
+            self.saved_tokens += len(held)
+
+    def put_back(self, entry: Saved, state: torch.Tensor) -> None:
+        """A state ``take`` returned goes back as it was (its load failed, or the prompt used only
+        part of it): the same key, not counted as a new save."""
+        if self.store is not None and self.store.enabled:
+            self._keep(entry, state)
+
+    def _keep(self, entry: Saved, state: torch.Tensor) -> bool:
+        assert self.store is not None
+        dropped = self.store.put(entry.key, root_key(entry.salt), entry.tokens, state, owned=True)
+        for gone in dropped:  # the store made room (or could not fit this one)
             self._index.pop(gone, None)
-        if key not in dropped:
-            self._index[key] = Saved(key, salt, tuple(tokens))
-            self.saved_tokens += len(tokens)
+        if entry.key in dropped:
+            return False
+        self._index[entry.key] = entry
+        return True
 
     def best(self, prompt: list[int], salt: str) -> tuple[Saved | None, int]:
         """The saved state sharing the longest prefix with ``prompt`` (at most ``len(prompt) - 1``)."""
         best, n_best = None, 0
         limit = len(prompt) - 1  # the last prompt token is always computed: its logits are needed
+        held = tuple(prompt)  # tuples both sides: slices compare in C (common_length)
         for entry in self._index.values():
             if entry.salt != salt:
                 continue
-            n = min(common_length(list(entry.tokens), prompt), limit)
+            n = min(common_length(entry.tokens, held), limit)
             if n > n_best:
                 best, n_best = entry, n
         return best, n_best

@@ -339,14 +339,18 @@ def test_a_prompt_that_shares_part_of_a_saved_session_leaves_the_session_saved(t
         a2_prompt = a_prompt + tokens(a) + [9]
         a2 = await collect(eng, GenerationRequest("a2", a2_prompt, greedy(5), session_key="a"))
         cold = await collect(eng, GenerationRequest("cold", a2_prompt, greedy(5), cache_salt="cold"))
-        return b, a2, cold
+        return b, a2, cold, a2_prompt
 
     try:
-        b, a2, cold = run(scenario())
+        b, a2, cold, a2_prompt = run(scenario())
+        extra = eng.stats().extra
     finally:
         run(eng.shutdown())
     assert b[-1].cached_tokens == len(system)
     assert a2[-1].cached_tokens == len(a_prompt) + 4 and tokens(a2) == tokens(cold)
+    # a went when x came, x when b did, b when a2 did, a2 when cold did; a's put-back is no save
+    saved = (len(a_prompt) + 4) + 21 + (len(b_prompt) + 4) + (len(a2_prompt) + 4)
+    assert extra["tier2_saved_tokens"] == saved
 
 
 def test_without_tier_2_the_evicted_session_is_recomputed(tokenizer):
@@ -476,3 +480,30 @@ def test_running_requests_that_outgrow_the_pool_take_turns_and_decode_what_they_
     assert stats.prefix_queries_tokens == 2 * 100  # each prompt counted once, though admitted again
     if tier2:
         assert stats.extra["tier2_restored_tokens"] >= 100  # the preempted request's KV came back
+
+
+def test_the_engine_releases_freed_heap_once_it_goes_idle_not_while_it_works(tokenizer, monkeypatch):
+    calls: list[bool] = []
+    eng = make_engine(tokenizer)
+    monkeypatch.setattr(
+        "server.engines.llamacpp.engine.release_free_heap", lambda: calls.append(eng.scheduler.busy)
+    )
+
+    async def idle(n: int) -> None:
+        for _ in range(500):  # the engine thread notices it is idle within a loop turn
+            if len(calls) >= n:
+                return
+            await asyncio.sleep(0.01)
+
+    async def scenario():
+        await collect(eng, GenerationRequest("a", [701] * 40, greedy(8)))
+        await idle(1)
+        await collect(eng, GenerationRequest("b", [702] * 40, greedy(8)))
+        await idle(2)
+        await asyncio.sleep(0.1)  # and no more while nothing runs
+
+    try:
+        run(scenario())
+    finally:
+        run(eng.shutdown())
+    assert calls == [False, False]  # once after each request, never with one running

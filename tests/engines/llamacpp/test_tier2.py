@@ -27,6 +27,22 @@ def test_the_longest_saved_prefix_of_the_namespace_is_found_and_taken_once():
     assert saved.best([1, 2, 3, 7], "")[1] == 2 and len(saved) == 2  # taken: it is back in the pool
 
 
+def test_a_state_put_back_is_found_again_under_its_key_and_not_counted_as_a_save():
+    store = HostStore(10_000)
+    saved = SavedSlots(store)
+    saved.save("s", [1, 2, 3, 4], state([1, 2, 3, 4]))
+    entry, n = saved.best([1, 2, 9], "s")
+    got = saved.take(entry) if entry is not None else None
+    assert got is not None and n == 2 and len(saved) == 0
+    written = store.bytes_written
+    saved.put_back(entry, got)
+    again, m = saved.best([1, 2, 3, 4, 5], "s")
+    assert again == entry and m == 4 and saved.saved_tokens == 4  # one save, however often it comes back
+    assert store.used_bytes == 8 * 4 and store.bytes_written == written + 8 * 4
+    back = saved.take(entry)
+    assert back is not None and back.tolist() == [1, 2, 3, 4]
+
+
 def test_a_newer_state_that_holds_an_older_one_replaces_it():
     store = HostStore(10_000)
     saved = SavedSlots(store)
