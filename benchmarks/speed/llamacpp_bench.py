@@ -13,8 +13,9 @@ by agentserve's ``/tokenize`` and sent to every server as the same token ids, an
 wall time and the share of prompt tokens the server reports cached), and the
 process's peak resident memory (VmHWM). Each row's sample goes to every server back to back,
 the order alternating from one sample to the next (``--repeat N`` samples of the decode, 8-session
-and prefill rows; one replay), so the two arms of a pair see the same moment of the box's load:
-a rate's ratio is the median of its pairs' ratios (the box is shared: compare within one run). ``--hf`` adds
+and prefill rows; the replay turn by turn), so the two arms of a pair see the same moment of the
+box's load: a rate's ratio is the median of its pairs' ratios, the replay's the ratio of its walls
+(each turn's ratio listed beside it; the box is shared: compare within one run). ``--hf`` adds
 agentserve's hf engine (the GGUF converted to fp32). llama-server comes from
 ``scripts/install_llamacpp.sh --tools`` (the same llama.cpp and flags as the wheel). Writes
 ``benchmarks/results/llamacpp.{json,md}`` (``--out``).
@@ -74,34 +75,59 @@ def chat(url: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[flo
 PROMPTS: list[list[int]] = []  # the replay's prompts as token ids: agentserve's /tokenize, once
 
 
-def replay(url: str, sessions: list[Session]) -> dict[str, float]:
-    """The agent sessions one after another, each turn's prompt the trace's history: wall, hit.
+def tokenize_turns(url: str, sessions: list[Session]) -> None:
+    """Every turn's prompt as token ids (``PROMPTS``), from the first arm's ``/tokenize``, once: every
+    server then gets the same ids (a GGUF's own template may leave the tools out)."""
+    if PROMPTS:
+        return
+    for s in sessions:
+        for turn in s.turns:
+            body: dict[str, Any] = {"model": MODEL["name"], "messages": s.messages[: turn.end]}
+            body["tools"] = s.tools
+            r = httpx.post(url + "/tokenize", json=body, timeout=600)
+            r.raise_for_status()
+            PROMPTS.append(r.json()["tokens"])
 
-    Every server gets the same token ids (``/v1/completions``): the first arm's ``/tokenize``
-    renders each turn with its tools once (a GGUF's own template may leave the tools out)."""
-    if not PROMPTS:
-        for s in sessions:
-            for turn in s.turns:
-                body: dict[str, Any] = {"model": MODEL["name"], "messages": s.messages[: turn.end]}
-                body["tools"] = s.tools
-                r = httpx.post(url + "/tokenize", json=body, timeout=600)
-                r.raise_for_status()
-                PROMPTS.append(r.json()["tokens"])
-    prompt = cached = 0
+
+def replay_turn(url: str, ids: list[int]) -> tuple[float, int, int]:
+    """One turn (``/v1/completions`` on the token ids): its wall time, prompt tokens, cached tokens."""
+    body = {"model": MODEL["name"], "prompt": ids, "max_tokens": 8, "temperature": 0.0}
     t0 = time.perf_counter()
-    for ids in PROMPTS:
-        body = {"model": MODEL["name"], "prompt": ids, "max_tokens": 8, "temperature": 0.0}
-        r = httpx.post(url + "/v1/completions", json=body, timeout=600)
-        r.raise_for_status()
-        usage = r.json()["usage"]
-        prompt += usage["prompt_tokens"]
-        cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return {
-        "replay_wall_s": time.perf_counter() - t0,
-        "replay_hit_pct": 100.0 * cached / max(prompt, 1),
-        "replay_turns": len(PROMPTS),
-        "replay_prompt_tokens": prompt,
-    }
+    r = httpx.post(url + "/v1/completions", json=body, timeout=600)
+    r.raise_for_status()
+    usage = r.json()["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return time.perf_counter() - t0, usage["prompt_tokens"], cached
+
+
+def replay(servers: list[Server], sessions: list[Session]) -> None:
+    """The agent sessions one after another, each turn's prompt the trace's history; each turn sent
+    to every server back to back (the order alternating from turn to turn), so a turn's arms see one
+    moment of the box's load. An arm's wall time: the sum of its turns."""
+    MODEL["name"] = servers[0].model
+    tokenize_turns(servers[0].url, sessions)
+    wall = dict.fromkeys((s.name for s in servers), 0.0)
+    prompt = dict.fromkeys((s.name for s in servers), 0)
+    cached = dict.fromkeys((s.name for s in servers), 0)
+    for i, ids in enumerate(PROMPTS):
+        for server in servers if i % 2 == 0 else servers[::-1]:
+            MODEL["name"] = server.model
+            dt, n, hit = replay_turn(server.url, ids)
+            server.add({"replay_turn_s": dt})
+            wall[server.name] += dt
+            prompt[server.name] += n
+            cached[server.name] += hit
+            time.sleep(0.5)  # the last arm's threads go idle before the next one starts
+    for server in servers:
+        server.add(
+            {
+                "replay_wall_s": wall[server.name],
+                "replay_hit_pct": 100.0 * cached[server.name] / max(prompt[server.name], 1),
+                "replay_turns": len(PROMPTS),
+                "replay_prompt_tokens": prompt[server.name],
+                "load_1min": os.getloadavg()[0],
+            }
+        )
 
 
 def decode_tok_s(url: str, msgs: list[dict[str, str]]) -> float:
@@ -184,7 +210,7 @@ def measure(servers: list[Server], repeat: int, sessions: list[Session]) -> None
     each(lambda s, k: shared_8(s.url, f"{nonce[:-1]} {k}]"), repeat)
     each(lambda s, k: prefill(s.url, f"{nonce[:-1]} {k}]"), repeat)
     if sessions:
-        each(lambda s, k: replay(s.url, sessions), 1)
+        replay(servers, sessions)
 
 
 def main() -> None:
@@ -296,6 +322,11 @@ def write(args: argparse.Namespace, servers: list[Server]) -> None:
                         f"{a / b:.2f}" for a, b in zip(s.samples[key], peer.samples[key], strict=True)
                     )
                     parts.append(f"{s.name} {ratios[s.name][key]:.2f}x (pairs {pairs})")
+                elif key == "replay_wall_s" and "replay_turn_s" in s.samples:
+                    turns = zip(s.samples["replay_turn_s"], peer.samples["replay_turn_s"], strict=True)
+                    each_turn = ", ".join(f"{a / b:.2f}" for a, b in turns)
+                    ratio = runs[s.name][key] / runs[peer.name][key]
+                    parts.append(f"{s.name} {ratio:.2f}x (turns paired: {each_turn})")
                 else:
                     parts.append(f"{s.name} {runs[s.name].get(key, 0) / runs[peer.name][key]:.2f}x")
             lines.append(f"- {label}: " + ", ".join(parts))
@@ -303,8 +334,8 @@ def write(args: argparse.Namespace, servers: list[Server]) -> None:
     lines += [
         "",
         f"`{meta['command']}` at {meta['commit']}, {meta['machine']}, {args.threads} threads; "
-        f"every server up at once, each row's {args.repeat} sample(s) sent to the arms back to back, "
-        "the order alternating; "
+        f"every server up at once, each row's {args.repeat} sample(s) and each replay turn sent to the "
+        "arms back to back, the order alternating; "
         f"medians; 1-min load averages seen {loads[0] if loads else '?'}-{loads[-1] if loads else '?'}.",
     ]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")

@@ -507,3 +507,17 @@ def test_the_engine_releases_freed_heap_once_it_goes_idle_not_while_it_works(tok
     finally:
         run(eng.shutdown())
     assert calls == [False, False]  # once after each request, never with one running
+
+
+def test_a_running_engine_keeps_torch_to_one_thread_and_gives_the_setting_back(tokenizer):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    eng = make_engine(tokenizer)
+    try:
+        run(collect(eng, GenerationRequest("a", [701] * 10, greedy(2))))
+        during = torch.get_num_threads()
+    finally:
+        run(eng.shutdown())
+        after = torch.get_num_threads()
+        torch.set_num_threads(before)
+    assert during == 1 and after == 2  # torch's team no longer competes with llama.cpp's for cores
