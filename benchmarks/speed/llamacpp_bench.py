@@ -313,6 +313,8 @@ def write(args: argparse.Namespace, servers: list[Server]) -> None:
     if peer is not None:  # each figure over llama-server's (wall time and memory: lower is better)
         lines += ["", "Against llama-server (ours / theirs; a rate: the median of its pairs' ratios):", ""]
         for label, key in rows[:3] + [rows[4], rows[-2]]:
+            if key not in runs[peer.name]:  # a row this run left out (--replay-sessions 0)
+                continue
             parts = []
             for s in servers:
                 if s is peer:
