@@ -29,6 +29,11 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return fn
 
 
+def can_release() -> bool:
+    """Whether this C library has ``malloc_trim`` (glibc)."""
+    return _malloc_trim() is not None
+
+
 def release_free_heap() -> bool:
     """Return freed heap pages to the OS; True when some were returned."""
     trim = _malloc_trim()

@@ -131,7 +131,7 @@ def gguf_path(model: str) -> Path:
     return path
 
 
-def _gguf_architecture(gguf: Path) -> str:
+def gguf_architecture(gguf: Path) -> str:
     from gguf import GGUFReader
 
     field = GGUFReader(str(gguf)).fields.get("general.architecture")
@@ -169,6 +169,6 @@ def tokenizer_folder(model: str, progress: bool = True) -> Path:
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-        (tmp / "config.json").write_text(json.dumps({"model_type": _gguf_architecture(gguf)}) + "\n")
+        (tmp / "config.json").write_text(json.dumps({"model_type": gguf_architecture(gguf)}) + "\n")
         tmp.rename(out)
         return out

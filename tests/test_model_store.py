@@ -34,7 +34,7 @@ def reads(tmp_path, monkeypatch):
         return Reader(Path(folder) / gguf_file)
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
-    monkeypatch.setattr(model_store, "_gguf_architecture", lambda gguf: "llama")
+    monkeypatch.setattr(model_store, "gguf_architecture", lambda gguf: "llama")
     return seen
 
 
