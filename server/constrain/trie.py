@@ -104,7 +104,7 @@ class NameTrie:
         self.trans: list[dict[int, Step]] = [{} for _ in self.children]
         # lead positions from which no token reaches the name: the same for every name, done once
         shared = [
-            not all(lead[p:end] in vocab.prefixes for end in range(p + 1, len(lead) + 1))
+            not all(vocab.is_prefix(lead[p:end]) for end in range(p + 1, len(lead) + 1))
             for p in range(len(lead))
         ]
         by_token = term_token is not None  # the name ends with a special token ([ARGS]), not a byte

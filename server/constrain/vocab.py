@@ -41,13 +41,10 @@ class TokenVocab:
             b"" if i in self.special_ids else bytes(token_bytes[i]) for i in range(len(token_bytes))
         ] + [b""] * (vocab_size - len(token_bytes))
         by_bytes: dict[bytes, list[int]] = {}
-        prefixes: set[bytes] = set()
         for tid, tb in enumerate(self.token_bytes):
             if tb:
                 by_bytes.setdefault(tb, []).append(tid)
-                prefixes.update(tb[:k] for k in range(1, len(tb) + 1))
         self.by_bytes: dict[bytes, tuple[int, ...]] = {k: tuple(v) for k, v in by_bytes.items()}
-        self.prefixes = frozenset(prefixes)  # every non-empty prefix of some token
         self.max_len = max((len(b) for b in self.by_bytes), default=0)
         self._sorted = sorted(self.by_bytes)
         first: dict[int, list[int]] = {}
@@ -112,12 +109,20 @@ class TokenVocab:
             i += 1
         return out
 
+    def is_prefix(self, piece: bytes) -> bool:
+        """Whether some token's bytes start with ``piece`` (a bisect over the sorted tokens: a set
+        of every prefix of every token held ~20 MB on a 128k vocabulary)."""
+        i = bisect_left(self._sorted, piece)
+        return i < len(self._sorted) and self._sorted[i].startswith(piece)
+
     def prefixes_of(self, text: bytes) -> list[tuple[int, int]]:
         """(length, id) of the tokens that are non-empty prefixes of ``text``."""
         out: list[tuple[int, int]] = []
+        at = 0  # text[:n] grows, so its place in the sorted tokens only moves right
         for n in range(1, min(len(text), self.max_len) + 1):
             piece = text[:n]
-            if piece not in self.prefixes:
+            at = bisect_left(self._sorted, piece, at)
+            if at == len(self._sorted) or not self._sorted[at].startswith(piece):
                 break
             for tid in self.by_bytes.get(piece, ()):
                 out.append((n, tid))

@@ -112,3 +112,46 @@ def test_transitions_land_where_the_text_says(vocab, brute):
             else:
                 done = LEAD + trie.names[st.name].encode() + b'"'
                 assert full == done + st.overflow and CLOSE_REST.startswith(st.overflow)
+
+
+def test_prefix_lookups_match_a_scan_of_every_token(vocab, brute, swe_tools):
+    """``prefixes_of`` and ``is_prefix`` (bisects over the sorted tokens) against a scan."""
+    texts = [LEAD + t["function"]["name"].encode() + CLOSE_REST for t in swe_tools]
+    texts += [b" the", b"\xe2\x80", b"zzzzzzzz", b"\n\n\n\n", b'{"a": 1}', b"\xff"]
+
+    def matching(piece: bytes, whole: bool) -> np.ndarray:
+        """Ids of the tokens that start with ``piece`` (``whole``: that equal ``piece[:len]``)."""
+        ids = brute.rows[piece[0]]
+        n = min(len(piece), brute.mat.shape[1])
+        want = np.frombuffer(piece[:n], dtype=np.uint8)
+        if whole:  # the token is a prefix of piece: its own length decides how much must match
+            ids = ids[brute.lens[ids] <= n]
+            eq = np.logical_and.accumulate(brute.mat[ids, :n] == want, axis=1)
+            return ids[eq[np.arange(len(ids)), brute.lens[ids] - 1]]
+        ids = ids[brute.lens[ids] >= len(piece)]
+        return ids[(brute.mat[ids, : len(piece)] == want).all(axis=1)]
+
+    for text in texts:
+        for p in range(len(text)):
+            rest = text[p:]
+            expected = sorted((int(brute.lens[t]), int(t)) for t in matching(rest, whole=True))
+            assert sorted(vocab.prefixes_of(rest)) == expected, rest
+            for end in range(p + 1, min(len(text), p + 12) + 1):
+                piece = text[p:end]
+                assert vocab.is_prefix(piece) == bool(len(matching(piece, whole=False))), piece
+
+
+def test_the_vocabulary_holds_no_table_of_every_prefix(tokenizer):
+    """A set of every prefix of every token (the early exit of ``prefixes_of``, now a bisect over
+    the sorted tokens) held ~6.5 of this 49k vocabulary's ~25 MB (23 of 59 MB on Llama 3's 128k)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        built = TokenVocab.from_tokenizer(tokenizer, len(tokenizer))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert built.vocab_size == len(tokenizer)
+    assert held < 22_000_000, f"the vocabulary holds {held / 1e6:.1f} MB"
