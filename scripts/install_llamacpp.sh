@@ -3,9 +3,11 @@
 # wheel built once from the PyPI sdist and cached; optionally build llama-server and
 # llama-quantize from the same llama.cpp (benchmarks/speed/llamacpp_bench.py's peer). Idempotent.
 #
-#   scripts/install_llamacpp.sh [--tools]
+#   scripts/install_llamacpp.sh [--tools | --print-args]
 #   env: AGENTSERVE_CACHE_DIR (~/.cache/agentserve), PYTHON (.venv/bin/python),
-#        LLAMACPP_VERSION (0.3.36), LLAMACPP_CMAKE_ARGS (default: this CPU's vector extensions, below)
+#        LLAMACPP_VERSION (0.3.36), LLAMACPP_CMAKE_ARGS (default: this CPU's vector extensions, below),
+#        AGENTSERVE_CPUINFO (/proc/cpuinfo: where those extensions are read)
+#   --print-args: print the cmake flags and the wheel's cache key, build nothing
 #
 # The first build compiles ggml + llama.cpp (~6-10 min on a 2-core box; --tools, a build of its own,
 # 13 min more, measured 2026-11-27); the wheel lands in $CACHE/wheels/<key>/ and every later run
@@ -27,9 +29,10 @@ WHEELS=$CACHE/wheels
 WORK=$CACHE/llamacpp-$VER
 TOOLS=0
 [ "${1:-}" = "--tools" ] && TOOLS=1
+CPUINFO=${AGENTSERVE_CPUINFO:-/proc/cpuinfo}
 if [ "$(uname -m)" = x86_64 ]; then
   default_args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
-  flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true) "
+  flags=" $(grep -m1 '^flags' "$CPUINFO" 2>/dev/null || true) "
   has() { case "$flags" in *" $1 "*) return 0 ;; esac; return 1; }
   if has avx512f && has avx512bw && has avx512vl && has avx512dq && has avx512cd; then
     default_args="$default_args -DGGML_AVX512=ON"
@@ -43,6 +46,11 @@ else
 fi
 ARGS="${LLAMACPP_CMAKE_ARGS:-$default_args} -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
 tag=$(echo "$VER $ARGS" | sha256sum | cut -c1-12)
+if [ "${1:-}" = "--print-args" ]; then
+  echo "$ARGS"
+  echo "$tag"
+  exit 0
+fi
 WHEELS=$WHEELS/$tag  # a wheel per (version, flags): the flags follow the CPU
 mkdir -p "$WHEELS" "$WORK"
 log=$WORK/build.log
