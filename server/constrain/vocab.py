@@ -103,8 +103,8 @@ class TokenVocab:
     def starting_with(self, prefix: bytes) -> list[int]:
         """Ids of the tokens whose bytes start with ``prefix`` (including equal)."""
         out: list[int] = []
-        i = bisect_left(self._sorted, prefix)
-        while i < len(self._sorted) and self._sorted[i].startswith(prefix):
+        i = self._first_starting(prefix)
+        while 0 <= i < len(self._sorted) and self._sorted[i].startswith(prefix):
             out.extend(self.by_bytes[self._sorted[i]])
             i += 1
         return out
@@ -112,8 +112,7 @@ class TokenVocab:
     def is_prefix(self, piece: bytes) -> bool:
         """Whether some token's bytes start with ``piece`` (a bisect over the sorted tokens: a set
         of every prefix of every token held ~20 MB on a 128k vocabulary)."""
-        i = bisect_left(self._sorted, piece)
-        return i < len(self._sorted) and self._sorted[i].startswith(piece)
+        return self._first_starting(piece) >= 0
 
     def prefixes_of(self, text: bytes) -> list[tuple[int, int]]:
         """(length, id) of the tokens that are non-empty prefixes of ``text``."""
@@ -121,12 +120,17 @@ class TokenVocab:
         at = 0  # text[:n] grows, so its place in the sorted tokens only moves right
         for n in range(1, min(len(text), self.max_len) + 1):
             piece = text[:n]
-            at = bisect_left(self._sorted, piece, at)
-            if at == len(self._sorted) or not self._sorted[at].startswith(piece):
+            at = self._first_starting(piece, at)
+            if at < 0:
                 break
             for tid in self.by_bytes.get(piece, ()):
                 out.append((n, tid))
         return out
+
+    def _first_starting(self, piece: bytes, lo: int = 0) -> int:
+        """The index of the first sorted token (from ``lo``) that starts with ``piece``, or -1."""
+        i = bisect_left(self._sorted, piece, lo)
+        return i if i < len(self._sorted) and self._sorted[i].startswith(piece) else -1
 
     def describe(self, token_id: int) -> str:
         """A token for error messages: its text, or <special N>."""
