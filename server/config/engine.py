@@ -42,5 +42,6 @@ class EngineSettings(Section):
     prefill_chunk_tokens: int | None
     threads: int | None
     cpu_linears: Literal["auto", "panel", "onednn"]
+    prefill_dtype: Literal["auto", "bfloat16"]
     prefix_cache: PrefixCacheSettings
     vllm: VllmSettings

@@ -45,6 +45,7 @@ from server.engines.hf.kv.blocks import cache_from_settings
 from server.engines.hf.kv.slots import KVSlots
 from server.engines.hf.linears.fused import fuse_projections
 from server.engines.hf.linears.install import install_linears
+from server.engines.hf.linears.prefill_dtype import bf16_prefill_supported, install_bf16_prefill
 from server.engines.hf.runner import Runner
 from server.engines.hf.scheduler import Scheduler
 from server.engines.hf.sequence import SequenceState
@@ -225,6 +226,7 @@ class HFEngine(Engine):
             # second team alive (the loading thread's) libgomp counts more threads than cores and stops
             # spinning between parallel regions: a decode step took 54 ms instead of 42 (linears/onednn.py)
             fuse_projections(self.model)  # q/k/v and gate/up: one matmul each (linears/fused.py)
+            self._prefill_dtype()  # bfloat16 copies first: the kernels then replace their float32 inner
             install_linears(self.model, self.device, self.dtype, self.settings.cpu_linears)
         except Exception as exc:  # start() raises it: the engine does not serve
             self._start_error = exc
@@ -243,6 +245,19 @@ class HFEngine(Engine):
             self._crash = exc  # first: generate() refuses new requests from now on
             log.critical("the hf engine's decode thread died; every request it held fails", exc_info=exc)
             self.scheduler.fail_all(exc)
+
+    def _prefill_dtype(self) -> None:
+        """``engine.prefill_dtype: bfloat16`` on a float32 model: the linears' bfloat16 copies
+        (linears/prefill_dtype.py); raises where the device has no native bfloat16 matmul."""
+        if self.settings.prefill_dtype != "bfloat16" or self.dtype != torch.float32:
+            if self.settings.prefill_dtype == "bfloat16":  # a bfloat16/float16 model prefills in its own
+                log.info("prefill_dtype: bfloat16 changes nothing: the model already runs in %s", self.dtype)
+            elif self.dtype == torch.float32 and bf16_prefill_supported(self.device) is None:
+                hint = "prefill_dtype: bfloat16 would prefill faster (2-3x on an AMX CPU; docs/configure.md)"
+                log.info("this %s has native bfloat16: %s", self.device.type, hint)
+            return
+        added = install_bf16_prefill(self.model, self.device)
+        log.info("prefill in bfloat16, decode in float32: %.0f MB of bfloat16 weight copies", added / 2**20)
 
     def request_arrived(self, session_key: str) -> None:
         """The service says a request of the session arrived (it may still wait for a slot)."""

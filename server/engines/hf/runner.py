@@ -28,6 +28,7 @@ from server.engines.base import EngineStats, GenerationChunk, GenerationRequest,
 from server.engines.hf.kv.blocks import BlockCutter, cached_kv, match_parts
 from server.engines.hf.kv.growing import cache_kw, growing_cache, restore
 from server.engines.hf.kv.slots import HEADROOM, KVSlots
+from server.engines.hf.linears.prefill_dtype import prefill
 from server.engines.hf.model.lean import lean_decode_supported
 from server.engines.hf.model.rows import decode_attention, decode_rows, prefill_rows
 from server.engines.hf.model.shared_prefix import common_prefix
@@ -125,17 +126,21 @@ class Runner:
         """Each chunk appended to its sequence's KV; each one's last logits [B, V].
 
         One forward for all (``model/rows.py`` ``prefill_rows``) where the family allows it, else one
-        transformers forward per sequence.
+        transformers forward per sequence. In the prefill's dtype (``engine.prefill_dtype``,
+        linears/prefill_dtype.py): the linears always, the attention in the rows forward.
         """
-        if lean_decode_supported(self.model):
-            kvs = [s.kv for s in seqs]
-            return prefill_rows(self.model, kvs, chunks, [s.prefill_at for s in seqs], self.device)
-        rows = []
-        for seq, chunk in zip(seqs, chunks, strict=True):
-            ids = torch.tensor([chunk], device=self.device)
-            out = self.model(input_ids=ids, **cache_kw(self.model, seq.kv), use_cache=True, logits_to_keep=1)
-            rows.append(out.logits[0, -1])
-        return torch.stack(rows)
+        with prefill(self.model) as dtype:
+            if lean_decode_supported(self.model):
+                kvs = [s.kv for s in seqs]
+                starts = [s.prefill_at for s in seqs]
+                return prefill_rows(self.model, kvs, chunks, starts, self.device, dtype)
+            rows = []
+            for seq, chunk in zip(seqs, chunks, strict=True):
+                ids = torch.tensor([chunk], device=self.device)
+                kw = cache_kw(self.model, seq.kv)
+                out = self.model(input_ids=ids, **kw, use_cache=True, logits_to_keep=1)
+                rows.append(out.logits[0, -1])
+            return torch.stack(rows)
 
     def prefill_end(self, seq: SequenceState, n: int, logits: torch.Tensor) -> bool:
         """``n`` more prompt tokens are in ``seq``'s KV (``logits`` after the last); True once all are."""
