@@ -10,9 +10,10 @@ With the setting, every linear layer except the LM head (tied to the embeddings;
 computes it on one row per sequence) keeps a bfloat16 copy of its weight beside its float32
 kernel: half the linears' float32 bytes more memory. Inside ``prefill(model)`` (the runner's
 prefill forwards) a linear casts its input to bfloat16, multiplies by the copy and returns
-float32 -- but the MLP's gate/up, whose product only feeds ``act(gate) * up`` and down_proj, stay
-bfloat16 (``feeds_a_linear``); attention gets the dtype the context yields and casts q, k and v
-to it (rows.py). The rest stays float32 as before: the residual stream, the norms, rotary, and
+its input's dtype -- but the MLP's gate/up, whose product only feeds ``act(gate) * up`` and
+down_proj, return bfloat16 (``feeds_a_linear``), so down_proj's output is bfloat16 too and the
+residual add makes it float32 again; attention gets the dtype the context yields and casts q, k
+and v to it (rows.py). The rest stays float32 as before: the residual stream, the norms, rotary, and
 the KV cache, so the decode steps after read the same kind of cache as after a float32 prefill.
 
 Measured on this 2-core EPYC (AMX), the embedded SmolLM2-135M over HTTP, a cold 5,289-token
