@@ -153,10 +153,15 @@ def shared_8(url: str, nonce: str) -> dict[str, float]:
     }
 
 
-def prefill(url: str, nonce: str) -> dict[str, float]:
-    """A cold ~4k-token prompt (the nonce first: nothing cached), a 1-token reply."""
+def cold_messages(nonce: str) -> list[dict[str, str]]:
+    """The cold prompt's messages: ~4k tokens, the nonce first (nothing cached)."""
     words = " ".join(f"line {i}: the job wrote {i * 7 % 97} records to shard {i % 13}." for i in range(280))
-    dt, usage = chat(url, [{"role": "user", "content": f"cold {nonce} {words}"}], 1)
+    return [{"role": "user", "content": f"cold {nonce} {words}"}]
+
+
+def prefill(url: str, nonce: str) -> dict[str, float]:
+    """A cold ~4k-token prompt (``cold_messages``), a 1-token reply."""
+    dt, usage = chat(url, cold_messages(nonce), 1)
     return {"prefill_tokens": usage["prompt_tokens"], "prefill_tok_s": usage["prompt_tokens"] / dt}
 
 
