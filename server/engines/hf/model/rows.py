@@ -35,13 +35,9 @@ the weights: 8 rests of 25 tokens on a 600-token cached prefix took 609 ms one a
 ``lean.decode_forward`` with T = the longest chunk, shorter rows padded: the linears read the
 weights once for all rows; each row's attention runs alone, causal over its own cache and its
 own new tokens (``RowsKV`` with lengths appends only the row's real tokens, padding never
-reaches a cache); on CPU a row over cached keys as two flash calls merged by log-sum-exp, the
-cached keys unmasked and its own causal (``shared_prefix.prefix_then_causal``): one call under
-the offset-causal mask spent a third of its time on the mask, and the embedded model's float32
-4k-token prefill went 258-268 -> 336-382 tok/s. A single long prompt's chunk is a batch of
-one. Only for the families ``lean`` covers (``lean_decode_supported``); others prefill with
-transformers' forward, one sequence at a time (runner.py). Logits equal transformers' prefill
-within fp32 rounding (tests).
+reaches a cache). A single long prompt's chunk is a batch of one. Only for the families
+``lean`` covers (``lean_decode_supported``); others prefill with transformers' forward, one
+sequence at a time (runner.py). Logits equal transformers' prefill within fp32 rounding (tests).
 """
 
 from __future__ import annotations
@@ -59,7 +55,6 @@ from server.engines.hf.kv.growing import cache_kw
 from server.engines.hf.kv.slots import KVSlots, PooledStep
 from server.engines.hf.model.lean import decode_forward, lean_decode_supported
 from server.engines.hf.model.shared_prefix import (
-    prefix_then_causal,
     shared_prefix_attention,
     shared_prefix_available,
     worth_sharing,
@@ -231,15 +226,12 @@ def ragged_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     agentserve_masks: list[torch.Tensor | None] | None = None,
-    agentserve_starts: list[int] | None = None,
     agentserve_dtype: torch.dtype | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Row i's new queries over its cache under ``masks[i]`` (None: a fresh prompt, plain causal);
-    [B, T, heads, head_dim], padding 0. ``agentserve_starts`` (CPU): row i's first ``starts[i]`` keys
-    are its cached ones, seen by every new query, the rest its new ones, causal (``prefix_then_causal``,
-    no mask). ``agentserve_dtype``: q, k and v cast to it for SDPA (a bfloat16 prefill,
-    linears/prefill_dtype.py); the output stays in the query's dtype."""
+    [B, T, heads, head_dim], padding 0. ``agentserve_dtype``: q, k and v cast to it for SDPA (a
+    bfloat16 prefill, linears/prefill_dtype.py); the output stays in the query's dtype."""
     assert agentserve_masks is not None
     batch, heads, tokens, dim = query.shape
     out = query.new_zeros((batch, tokens, heads, dim))
@@ -248,11 +240,6 @@ def ragged_attention(
         key = [k.to(agentserve_dtype) for k in key]
         value = [v.to(agentserve_dtype) for v in value]
     for i, (k, v, mask) in enumerate(zip(key, value, agentserve_masks, strict=True)):
-        start = agentserve_starts[i] if agentserve_starts is not None else 0
-        if start:  # mask is None here: the split needs none
-            n = k.shape[2] - start
-            out[i, :n] = prefix_then_causal(query[i : i + 1, :, :n], k, v, start, scaling)[0].transpose(0, 1)
-            continue
         n = k.shape[2] if mask is None else mask.shape[0]
         gqa = gqa_in_sdpa(mask, query.device)
         if not gqa and k.shape[1] != heads:  # each query head its own copy of its KV head
@@ -269,11 +256,6 @@ def ragged_attention(
         )
         out[i, :n] = rows[0].transpose(0, 1)
     return out, None
-
-
-def _offset_causal(n: int, start: int, device: torch.device) -> torch.Tensor:
-    """The mask of n new tokens after ``start`` cached ones: token j sees keys 0 .. start + j."""
-    return torch.ones((n, start + n), dtype=torch.bool, device=device).tril(start)
 
 
 def prefill_rows(
@@ -294,12 +276,10 @@ def prefill_rows(
     offsets = torch.arange(width, device=device)
     positions = torch.tensor(starts, device=device)[:, None] + offsets[None, :]
     last = torch.tensor([n - 1 for n in lengths], device=device)
-    # row i's n new tokens over its start + n keys: new token j sees keys 0 .. start + j. On CPU as two
-    # calls, the cached keys unmasked and the new ones causal (``prefix_then_causal``); elsewhere one
-    # call under a mask made once, not per layer. A fresh prompt (start 0) is plain causal: is_causal.
-    split = shared_prefix_available(device)
+    # row i's n new tokens over its start + n keys: new token j sees keys 0 .. start + j (made once,
+    # not per layer); a fresh prompt (start 0) is plain causal: SDPA's is_causal, its fast path
     masks = [
-        None if start == 0 or split else _offset_causal(n, start, device)
+        None if start == 0 else torch.ones((n, start + n), dtype=torch.bool, device=device).tril(start)
         for n, start in zip(lengths, starts, strict=True)
     ]
     return decode_forward(
@@ -310,6 +290,5 @@ def prefill_rows(
         ragged_attention,
         last=last,
         agentserve_masks=masks,
-        agentserve_starts=starts if split else None,
         agentserve_dtype=attention_dtype,
     )

@@ -25,10 +25,6 @@ on this 2-core EPYC, 30 layers of SmolLM2-135M's attention (3 KV heads, 3 querie
 loss); 2 rows never gained. Hence ``worth_sharing``: at least ``MIN_ROWS`` rows and
 ``(rows - 1) x prefix >= MIN_SAVED`` tokens not read again.
 
-The same split serves a prefill chunk over its sequence's cached keys (``prefix_then_causal``,
-rows.py): every new token sees every cached key, so that part needs no mask, and the chunk's
-own keys are plain causal; two calls merged beat one call under the offset-causal mask.
-
 CPU only: it needs the CPU flash kernel's log-sum-exp
 (``aten._scaled_dot_product_flash_attention_for_cpu``); on CUDA each row reads its own copy.
 """
@@ -93,30 +89,5 @@ def shared_prefix_attention(
     own_k, own_v = key[:, :, prefix:], value[:, :, prefix:]
     out_o, lse_o = _FLASH(step.to_span(query), own_k, own_v, attn_mask=step.own_mask, scale=scaling)
     out_o, lse_o = step.from_span(out_o), step.from_span(lse_o)
-    return _merge(out_o, lse_o, out_p, lse_p)
-
-
-def _merge(
-    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
-) -> torch.Tensor:
-    """Attention over keys A + B from each part's output and log-sum-exp (softmax reweighted)."""
-    weight = torch.sigmoid(lse_b - lse_a).unsqueeze(-1).to(out_a.dtype)
-    return torch.lerp(out_a, out_b, weight)
-
-
-def prefix_then_causal(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, start: int, scaling: float | None
-) -> torch.Tensor:
-    """A prefill chunk's attention over its sequence's cache: ``query`` [1, heads, n, D] the chunk's n
-    tokens, ``key`` / ``value`` [1, kv_heads, start + n, D] the ``start`` cached tokens then the chunk's.
-
-    Every query sees all cached keys and the chunk's own causally. One SDPA under that mask
-    spends its time on the mask (the CPU kernel adds it to every score and cannot skip the
-    masked corner): 1,024 queries over 3,072 + 1,024 keys, bfloat16, 27.3 ms; as two calls
-    (the cached keys with no mask, the chunk's keys ``is_causal``) merged here, 20.7 ms
-    (1,024 cached: 13.2 -> 9.3 ms; 2 threads, this EPYC). Returns [1, heads, n, D].
-    """
-    assert _FLASH is not None
-    out_c, lse_c = _FLASH(query, key[:, :, :start], value[:, :, :start], scale=scaling)
-    out_n, lse_n = _FLASH(query, key[:, :, start:], value[:, :, start:], is_causal=True, scale=scaling)
-    return _merge(out_n, lse_n, out_c, lse_c)
+    weight = torch.sigmoid(lse_p - lse_o).unsqueeze(-1).to(out_o.dtype)
+    return torch.lerp(out_o, out_p, weight)

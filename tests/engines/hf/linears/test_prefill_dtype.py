@@ -21,7 +21,6 @@ from server.engines.hf.engine import HFEngine
 from server.engines.hf.linears import prefill_dtype
 from server.engines.hf.linears.install import install_linears
 from server.engines.hf.linears.prefill_dtype import Bf16PrefillLinear, install_bf16_prefill, prefill
-from server.engines.hf.model import shared_prefix
 from server.families.model_facts import facts_of_model
 from tests.engines.hf.tiny_models import tiny
 
@@ -84,11 +83,9 @@ def test_a_bfloat16_prefill_is_close_to_float32s_and_its_attention_runs_bfloat16
 
         return call
 
-    # SDPA, and the CPU flash kernel a chunk over cached keys calls directly (shared_prefix.py)
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention))
-    monkeypatch.setattr(shared_prefix, "_FLASH", spy(shared_prefix._FLASH))
     try:
-        for ids in (PROMPT[:80], PROMPT):  # the second over the first's cached KV (split attention)
+        for ids in (PROMPT[:80], PROMPT):  # the second over the first's cached KV (masked rows)
             want, _ = fp32.prefill_logits(ids)
             seen.clear()
             got, cached = bf16.prefill_logits(ids)

@@ -124,57 +124,8 @@ def test_prefill_rows_with_the_kv_repeated_per_head_equal_grouped_heads(monkeypa
     from server.engines.hf.model import rows as model_rows
 
     model = tiny("llama")  # 4 query heads over 2 KV heads
-    monkeypatch.setattr(model_rows, "shared_prefix_available", lambda device: False)  # masked rows
     with torch.no_grad():
         grouped, _ = _rows_on_cached_prefixes(model)
         monkeypatch.setattr(model_rows, "gqa_in_sdpa", lambda mask, device: mask is None)  # CUDA's rule
         repeated, _ = _rows_on_cached_prefixes(model)
     assert torch.max(torch.abs(grouped - repeated)).item() < TOLERANCE
-
-
-def test_a_chunk_over_cached_keys_in_two_calls_equals_one_masked_call(monkeypatch):
-    """CPU: a row with cached keys attends in two flash calls merged by log-sum-exp (cached keys
-    unmasked, its own causal); the same logits and KV as one SDPA under the offset-causal mask."""
-    from server.engines.hf.model import rows as model_rows
-    from server.engines.hf.model import shared_prefix
-
-    model = tiny("llama")
-    starts = [len(p) for p, _ in ROWS]
-    split_calls = []
-    merged = shared_prefix.prefix_then_causal
-
-    def counted(*args, **kwargs):
-        split_calls.append(args[3])
-        return merged(*args, **kwargs)
-
-    def run():
-        logits, caches = _rows_on_cached_prefixes(model)
-        return logits, [_forward(model, kv, [11]) for kv in caches]
-
-    monkeypatch.setattr(model_rows, "prefix_then_causal", counted)
-    with torch.no_grad():
-        split, split_next = run()
-        assert split_calls == [s for s in starts if s] * model.config.num_hidden_layers
-        monkeypatch.setattr(model_rows, "shared_prefix_available", lambda device: False)  # CUDA's path
-        masked, masked_next = run()
-    assert len(split_calls) == 3 * model.config.num_hidden_layers  # the masked run made none
-    assert torch.max(torch.abs(split - masked)).item() < TOLERANCE
-    for a, b in zip(split_next, masked_next, strict=True):
-        assert torch.max(torch.abs(a - b)).item() < TOLERANCE
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("start", "n"), [(1, 1), (300, 200), (64, 513)])
-def test_prefix_then_causal_equals_sdpa_under_the_offset_causal_mask(dtype, start, n):
-    from server.engines.hf.model.shared_prefix import prefix_then_causal
-
-    gen = torch.Generator().manual_seed(start + n)
-    q = torch.randn(1, 6, n, 32, generator=gen).to(dtype)  # 6 query heads over 2 KV heads
-    k, v = (torch.randn(1, 2, start + n, 32, generator=gen).to(dtype) for _ in range(2))
-    allowed = torch.ones((n, start + n), dtype=torch.bool).tril(start)
-    want = torch.nn.functional.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), attn_mask=allowed, scale=0.2, enable_gqa=True
-    )
-    got = prefix_then_causal(q, k, v, start, 0.2)
-    assert got.dtype == dtype and got.shape == want.shape
-    assert torch.max(torch.abs(got.float() - want)).item() < (TOLERANCE if dtype == torch.float32 else 0.03)
