@@ -249,10 +249,13 @@ class HFEngine(Engine):
     def _prefill_dtype(self) -> None:
         """``engine.prefill_dtype: bfloat16`` on a float32 model: the linears' bfloat16 copies
         (linears/prefill_dtype.py); raises where the device has no native bfloat16 matmul."""
-        if self.settings.prefill_dtype != "bfloat16" or self.dtype != torch.float32:
-            if self.settings.prefill_dtype == "bfloat16":  # a bfloat16/float16 model prefills in its own
+        asked = self.settings.prefill_dtype == "bfloat16"
+        if self.dtype != torch.float32:
+            if asked:  # a bfloat16/float16 model prefills in its own
                 log.info("prefill_dtype: bfloat16 changes nothing: the model already runs in %s", self.dtype)
-            elif self.dtype == torch.float32 and bf16_prefill_supported(self.device) is None:
+            return
+        if not asked:
+            if bf16_prefill_supported(self.device) is None:
                 hint = "prefill_dtype: bfloat16 would prefill faster (~2x on an AMX CPU; docs/configure.md)"
                 log.info("this %s has native bfloat16: %s", self.device.type, hint)
             return

@@ -60,14 +60,15 @@ class Bf16PrefillLinear(torch.nn.Module):
     weight16: torch.Tensor
     bias16: torch.Tensor | None
 
-    def __init__(self, inner: torch.nn.Module, weight: torch.Tensor, switch: _Switch) -> None:
+    def __init__(self, inner: torch.nn.Linear, switch: _Switch) -> None:
         super().__init__()
         self.inner = inner
+        weight = inner.weight
         self.in_features = int(weight.shape[1])
         self.out_features = int(weight.shape[0])
         self.switch = switch
         self.feeds_a_linear = False  # the MLP's gate/up: a prefill's product stays bfloat16
-        bias = getattr(inner, "bias", None)
+        bias = inner.bias
         with torch.no_grad():
             weight16 = weight.detach().to(torch.bfloat16).contiguous()
             self.register_buffer("weight16", weight16, persistent=False)
@@ -117,7 +118,7 @@ def install_bf16_prefill(model: Any, device: torch.device) -> int:
         for name, child in list(module.named_children()):
             if type(child) is not torch.nn.Linear or child is head:
                 continue
-            wrapper = Bf16PrefillLinear(child, child.weight, switch)
+            wrapper = Bf16PrefillLinear(child, switch)
             setattr(module, name, wrapper)
             added += wrapper.weight16.numel() * wrapper.weight16.element_size()
     for module in model.modules():  # the MLPs: act(gate) * up only feeds down_proj

@@ -108,24 +108,23 @@ def test_grouped_heads_go_to_sdpa_only_where_its_fast_kernels_take_them():
     assert not gqa_in_sdpa(mask, torch.device("cuda"))  # masked: the K/V are repeated per query head
 
 
-def _rows_on_cached_prefixes(model):
-    """``ROWS``' chunks prefilled as rows over their prefixes (each prefilled alone first)."""
-    caches = []
-    for prefix, _ in ROWS:
-        kv = growing_cache(model.config)
-        if prefix:
-            _forward(model, kv, prefix)
-        caches.append(kv)
-    logits = prefill_rows(model, caches, [c for _, c in ROWS], [len(p) for p, _ in ROWS], CPU)
-    return logits, caches
-
-
 def test_prefill_rows_with_the_kv_repeated_per_head_equal_grouped_heads(monkeypatch):
     from server.engines.hf.model import rows as model_rows
 
     model = tiny("llama")  # 4 query heads over 2 KV heads
+    chunks, starts = [c for _, c in ROWS], [len(p) for p, _ in ROWS]
+
+    def run():
+        caches = []
+        for prefix, _ in ROWS:
+            kv = growing_cache(model.config)
+            if prefix:
+                _forward(model, kv, prefix)
+            caches.append(kv)
+        return prefill_rows(model, caches, chunks, starts, CPU)
+
     with torch.no_grad():
-        grouped, _ = _rows_on_cached_prefixes(model)
+        grouped = run()
         monkeypatch.setattr(model_rows, "gqa_in_sdpa", lambda mask, device: mask is None)  # CUDA's rule
-        repeated, _ = _rows_on_cached_prefixes(model)
+        repeated = run()
     assert torch.max(torch.abs(grouped - repeated)).item() < TOLERANCE
