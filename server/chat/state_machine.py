@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, cast
 import yaml
 
 from server.constrain.plan import MODES, Mode
-from server.families.envelope import GRAMMARS_DIR
+from server.package_data import GRAMMARS_DIR
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 CONDITIONS = ("last_role", "tool_results", "last_call")

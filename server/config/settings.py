@@ -20,6 +20,7 @@ from server.config.engine import EngineSettings, VllmSettings
 from server.config.limits import LimitsSettings
 from server.config.responses import ResponsesSettings, WebSocketSettings
 from server.config.router import RoutingSettings
+from server.package_data import CONFIGS_DIR
 
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("agentserve_config_file", default=None)
 
@@ -166,11 +167,23 @@ def _shown_input(loc: tuple[int | str, ...], value: Any) -> str:
     return repr(value)
 
 
+def config_path(config_file: str | Path) -> Path:
+    """A YAML file, or the name of a config shipped in the package (``vllm``, ``embedded``)."""
+    text = str(config_file)
+    if Path(text).is_file():
+        return Path(text)
+    if "/" not in text and not text.endswith((".yaml", ".yml")):
+        shipped = CONFIGS_DIR / f"{text}.yaml"
+        if shipped.is_file():
+            return shipped
+        names = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+        raise ConfigError(f"no config named {text!r}: pass a YAML file to --config, or one of {names}")
+    raise ConfigError(f"config file {text} does not exist: pass an existing YAML file to --config")
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build Settings from a YAML file, the environment and explicit overrides (None = unset)."""
-    path = Path(config_file) if config_file else None
-    if path is not None and not path.is_file():
-        raise ConfigError(f"config file {path} does not exist: pass an existing YAML file to --config")
+    path = config_path(config_file) if config_file else None
     token = _CONFIG_FILE.set(path)
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})

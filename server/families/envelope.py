@@ -36,7 +36,8 @@ from pathlib import Path
 
 import yaml
 
-GRAMMARS_DIR = Path(__file__).resolve().parents[2] / "grammars"
+from server.package_data import GRAMMARS_DIR
+
 TRIGGERS = ("text", "token", "start")
 ARGUMENT_KINDS = ("json", "xml_parameters")
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from server.families.envelope import GRAMMARS_DIR
 from server.families.reasoning import Reasoning, parse_reasoning
+from server.package_data import GRAMMARS_DIR
 
 FAMILIES_DIR = GRAMMARS_DIR / "families"
 

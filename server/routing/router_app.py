@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Receive, Scope, Send
 
+from server import __version__
 from server.auth import authenticate_key, router_headers
 from server.config import ConfigError, Settings
 from server.errors import AgentServeError, NotFound, UpstreamUnavailable
@@ -102,7 +103,7 @@ def create_router_app(
         healthy, total = router.pool.healthy_count(), len(router.pool.workers)
         if not healthy:
             raise UpstreamUnavailable(f"no healthy worker (0 of {total})")
-        return JSONResponse({"status": "ok", "workers": total, "healthy": healthy})
+        return JSONResponse({"status": "ok", "version": __version__, "workers": total, "healthy": healthy})
 
     @app.get("/workers")
     async def workers_info(request: Request) -> JSONResponse:

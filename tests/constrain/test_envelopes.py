@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from server.families.envelope import GRAMMARS_DIR, Envelope, load_envelope
+from server.families.envelope import Envelope, load_envelope
+from server.package_data import GRAMMARS_DIR
 
 NAMES = sorted(p.stem for p in (GRAMMARS_DIR / "envelopes").glob("*.yaml"))
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ import jsonschema
 import pytest
 
 from server.config import load_settings
-from server.families.envelope import GRAMMARS_DIR
 from server.families.family import load_family
 from server.families.model_facts import load_model_facts
+from server.package_data import GRAMMARS_DIR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
