@@ -7,6 +7,7 @@ package does not ship, a stage running as root, a compose service that cannot st
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -74,13 +75,15 @@ def _stage_env(name: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize(("name", "config", "engine"), [("worker", "vllm", "vllm"), ("cpu", "embedded", "hf")])
+@pytest.mark.parametrize(
+    ("name", "config", "engine"), [("worker", "vllm", "vllm"), ("cpu", "embedded", "hf")]
+)
 def test_the_worker_entrypoints_serve_a_config_the_package_ships_on_0_0_0_0_8000(
     name, config, engine, monkeypatch
 ):
     entry = _entrypoint(name)
     assert entry == ["agentserve", "serve", "--config", config]  # by name: found in the installed package
-    for key in [k for k in list(__import__("os").environ) if k.startswith("AGENTSERVE_")]:
+    for key in [k for k in os.environ if k.startswith("AGENTSERVE_")]:
         monkeypatch.delenv(key)
     for key, value in _stage_env(name).items():
         if key.startswith("AGENTSERVE_"):

@@ -1,9 +1,9 @@
 """The smoke test's client for scripts/ci_images.sh (Python standard library only).
 
-    python3 smoke.py health URL [TIMEOUT_S]       wait for /health 200; print its version
-    python3 smoke.py chat URL [SESSION]           two turns with tool_choice "required":
-        turn 1 must call the tool; turn 2 (turn 1 + the tool's result) must be served partly from
-        the prefix cache (usage.prompt_tokens_details.cached_tokens > 0)
+python3 smoke.py health URL [TIMEOUT_S]       wait for /health 200; print its version
+python3 smoke.py chat URL [SESSION]           two turns with tool_choice "required":
+    turn 1 must call the tool; turn 2 (turn 1 + the tool's result) must be served partly from
+    the prefix cache (usage.prompt_tokens_details.cached_tokens > 0)
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def chat(base: str, session: str) -> int:
         sys.exit(f"smoke: turn 2 was not served from the prefix cache: usage {usage}")
     print(
         f"model {model}: turn 1 {call['function']['name']}({call['function']['arguments']}) in "
-        f"{t1 - t0:.1f} s; turn 2 {cached}/{usage.get('prompt_tokens')} prompt tokens from cache in {t2 - t1:.1f} s"
+        f"{t1 - t0:.1f} s; turn 2 {cached}/{usage.get('prompt_tokens')} prompt tokens from cache "
+        f"in {t2 - t1:.1f} s"
     )
     return 0
 
