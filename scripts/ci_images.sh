@@ -43,18 +43,26 @@ summary() {
   fi
 }
 trap summary EXIT
-step() { # step NAME COMMAND...: run it, print and record its time
-  local name=$1 t rc=0
+step() { # step NAME COMMAND...: run it (its output in $WORK/logs/NAME.log), print and record its time
+  local name=$1 t rc=0 log
   shift
+  mkdir -p "$WORK/logs"
+  log=$WORK/logs/$name.log
   t=$(date +%s)
-  say "$name ..."
-  "$@" || rc=$?
+  "$@" >"$log" 2>&1 || rc=$?
   STEPS+=("$name $(($(date +%s) - t))s")
-  say "$name: $(($(date +%s) - t)) s$([ "$rc" = 0 ] || echo " FAILED (exit $rc)")"
+  if [ "$rc" = 0 ]; then
+    grep -E '^(images|model|smoke): ' "$log" || true
+  else
+    tail -n 40 "$log" | sed 's/^/    /'
+  fi
+  say "$name: $(($(date +%s) - t)) s$([ "$rc" = 0 ] || echo " FAILED (exit $rc; the whole log: $log)")"
   return "$rc"
 }
 
 [ "${AGENTSERVE_SKIP_IMAGES:-0}" != 1 ] || skip "AGENTSERVE_SKIP_IMAGES=1"
+WORK=${AGENTSERVE_CI_IMAGES_DIR:-$HOME/.cache/agentserve/ci-images}
+mkdir -p "$WORK"
 have_tools() { command -v podman && command -v buildah && command -v runc && command -v debootstrap; } >/dev/null
 if ! have_tools; then
   [ "$(id -u)" = 0 ] || skip "podman/buildah/runc/debootstrap are not installed and this is not root (apt-get needs root)"
@@ -65,13 +73,11 @@ if ! have_tools; then
   step tools install_tools || skip "apt-get could not install podman buildah runc debootstrap (see above)"
 fi
 [ "$(id -u)" = 0 ] || skip "not root: rootless podman is not set up by this script (run it as root)"
-
-WORK=${AGENTSERVE_CI_IMAGES_DIR:-$HOME/.cache/agentserve/ci-images}
-mkdir -p "$WORK"
 # podman's defaults exceed this machine's hard rlimits; crun refuses the hybrid cgroup layout (runc does not)
+# (nproc above 32768 is refused inside buildah's chroot builds even where the shell's hard limit is higher)
 nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
-[ "$nofile" != unlimited ] || nofile=1048576
-[ "$nproc" != unlimited ] || nproc=1048576
+[ "$nofile" != unlimited ] && [ "$nofile" -le 1048576 ] || nofile=1048576
+[ "$nproc" != unlimited ] && [ "$nproc" -le 32768 ] || nproc=32768
 cat >"$WORK/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
@@ -114,8 +120,7 @@ debian_key=$(echo "debootstrap --variant=minbase bookworm $MIRROR v1" | sha256su
 make_debian() {
   local root=$WORK/rootfs
   rm -rf "$root"
-  debootstrap --variant=minbase bookworm "$root" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 \
-    || { tail -5 "$WORK/debootstrap.log"; return 1; }
+  debootstrap --variant=minbase bookworm "$root" "$MIRROR" || return 1
   tar -C "$root" -c . | podman import --change "LABEL agentserve.ci.recipe=$debian_key" - "$DEBIAN" >/dev/null
   rm -rf "$root"
 }
