@@ -90,12 +90,12 @@ class Recorder:
         await self.app(scope, rec_receive, rec_send)
 
 
-def test_opencode_as_shipped_runs_every_turn_past_the_window(hf_engine, tmp_path):
+def test_opencode_as_shipped_runs_every_turn_past_the_window(shipped_engine, tmp_path):
     if not OPENCODE.exists():
         pytest.skip("opencode missing: run `bash scripts/install_agent_clients.sh opencode-ai`")
     from server.app import build_app
 
-    app = Recorder(build_app(load_settings(device="cpu"), engine=hf_engine))
+    app = Recorder(build_app(load_settings(device="cpu"), engine=shipped_engine))
     project = tmp_path / "project"
     project.mkdir()
     (project / "README.md").write_text("# demo\n\nA small project.\n")
