@@ -1,5 +1,6 @@
-"""The worker's front door: auth (tenant), the body-size limit by Content-Length, request counts;
-WebSockets counted and origin-checked before the route (``ws_gate.py``).
+"""The worker's front door: auth (tenant), the body-size limit by Content-Length, request counts,
+every 4xx logged with its reason (``refusal_log.py``); WebSockets counted and origin-checked before
+the route (``ws_gate.py``).
 
 A plain ASGI middleware, not Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``):
 that one relays every message of a streamed response through an anyio memory stream and a
@@ -24,6 +25,7 @@ from server.config import Settings
 from server.dialects.messages.error_shape import shape_error
 from server.errors import AgentServeError
 from server.metrics import Metrics
+from server.refusal_log import MAX_BODY, RefusalLog
 from server.ws_gate import SocketGate
 
 
@@ -62,11 +64,15 @@ class FrontDoor:
         self.paths = paths  # the app's route paths, asked at the first request (routes come after this)
         self._known: frozenset[str] | None = None
         self.sockets = SocketGate(settings)  # WebSockets: counted, origin-checked (ws_gate.py)
+        self.refusals = RefusalLog()  # every 4xx in one line with its reason
 
-    def _count(self, scope: Scope, status: int) -> None:
+    def _route(self, scope: Scope) -> str:
         if self._known is None:
             self._known = self.paths()
-        self.metrics.requests.labels(route_label(scope, self._known), str(status)).inc()
+        return route_label(scope, self._known)
+
+    def _count(self, scope: Scope, status: int) -> None:
+        self.metrics.requests.labels(self._route(scope), str(status)).inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -89,11 +95,23 @@ class FrontDoor:
             response = JSONResponse(shape_error(path, exc.status, exc.body()), status_code=exc.status)
             await response(scope, receive, send)
             self._count(scope, exc.status)
+            if 400 <= exc.status < 500:
+                self.refusals.record(exc.status, scope["method"], self._route(scope), exc.body())
             return
+
+        refused: list[int] = []  # a 4xx's status, once its response starts
+        body = bytearray()  # its first MAX_BODY bytes: the reason
 
         async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":
-                self._count(scope, int(message["status"]))
+                status = int(message["status"])
+                self._count(scope, status)
+                if 400 <= status < 500:
+                    refused.append(status)
+            elif refused and message["type"] == "http.response.body":
+                body.extend(message.get("body", b"")[: MAX_BODY - len(body)])
+                if not message.get("more_body", False):
+                    self.refusals.record(refused[0], scope["method"], self._route(scope), bytes(body))
             await send(message)
 
         await self.app(scope, receive, counted)

@@ -41,10 +41,15 @@ def tokenizer(embedded_model_dir: Path):
 
 @functools.cache
 def worker_settings():
-    """The Settings of the shared test worker (the engine gets only its section of them)."""
+    """The Settings of the shared test worker (the engine gets only its section of them).
+
+    ``default_logit_bias: {}``: the shared engine serves the embedded model's own logits, without
+    its shipped end-of-reply default (``configs/models/embedded.yaml``), which the e2e tests were
+    written against (replies that run to ``max_tokens``). What ships is served by ``shipped_engine``
+    (tests/clients/conftest.py) to the real-client tests, and checked in tests/test_model_defaults.py."""
     from server.config import load_settings
 
-    return load_settings(device="cpu")
+    return load_settings(device="cpu", default_logit_bias={})
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 Every OpenAI chat parameter either works or is a 400 that names it (docs/parameters.md):
 ``logit_bias`` keys must be token ids of this model's vocabulary and values in
-[-100, 100]; fields that would change the output but are not implemented
+[-100, 100] (a request that sends none gets the model's default,
+``ModelFacts.default_logit_bias``); fields that would change the output but are not implemented
 (``protocol.UNSUPPORTED_NEUTRAL``) are refused; other unknown top-level fields are
 accepted and logged once per field name (not per request).
 """
@@ -92,6 +93,9 @@ def sampling_params(req: SamplingFields, max_tokens: int, engine: Engine) -> Sam
             f"stop_token_ids must be token ids in [0, {vocab_size}); got {bad[:5]}", param="stop_token_ids"
         )
     top_k = req.top_k or 0
+    # a request's own logit_bias ({} included) replaces the default (families/model_facts.py)
+    sent = req.logit_bias is not None
+    bias = parse_logit_bias(req.logit_bias, vocab_size) if sent else engine.facts.default_logit_bias
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=req.temperature,
@@ -101,7 +105,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, engine: Engine) -> Sam
         frequency_penalty=req.frequency_penalty or 0.0,
         presence_penalty=req.presence_penalty or 0.0,
         repetition_penalty=req.repetition_penalty or 1.0,
-        logit_bias=parse_logit_bias(req.logit_bias, vocab_size),
+        logit_bias=bias,
         top_k=top_k if top_k > 0 else 0,
         min_p=req.min_p or 0.0,
         logprobs=req.top_logprobs_asked(),

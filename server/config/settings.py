@@ -55,6 +55,13 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     max_model_len: int | None = Field(None, ge=16, description="Context window; default: the model's own.")
     default_max_tokens: int = Field(1024, ge=1, description="max_tokens when a request sets none.")
+    default_logit_bias: dict[str, float] | None = Field(
+        None,
+        description="logit_bias for a request that sends none (every API), keyed by token text, one token of "
+        "the model's vocabulary each (e.g. {'<|im_end|>': 10}; ids resolved at start). Unset: the model's "
+        "own default (configs/models/NAME.yaml: the embedded model raises <|im_end|> by 10 so its replies "
+        "end); {}: none. A request's own logit_bias ({} included) replaces it.",
+    )
     prefill_chunk_tokens: int | None = Field(
         None, ge=16, description="hf engine: tokens per prefill forward (default 1024 on CPU, 16384 on CUDA)."
     )

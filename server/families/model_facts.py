@@ -1,5 +1,6 @@
 """What is decided about the model before any engine exists: its tokenizer, its family (prompt
-format, tool-call envelope, end-of-turn tokens) and the ids that end a reply.
+format, tool-call envelope, end-of-turn tokens), the ids that end a reply and the logit_bias a
+request that sends none gets (the model's own default: ``server/model_defaults.py``).
 
 The composition root (``server/app.py``) decides them once (``load_model_facts``) and hands them
 to the engine's constructor; the chat service reads them from the engine (``Engine.facts``). No one
@@ -18,6 +19,7 @@ from server.families.defaults import DEFAULT_FAMILY
 from server.families.end_tokens import family_end_tokens, reply_end_ids
 from server.families.family import FamilyError, load_family
 from server.families.select import Selection, select_family
+from server.model_defaults import default_logit_bias
 from server.model_store import EMBEDDED, resolve_model, tokenizer_folder
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,8 @@ class ModelFacts:
     end_ids: tuple[
         int, ...
     ]  # ids that end a reply: the tokenizer's EOS, the family's end tokens, the config's EOS
+    # (token id, bias) for a request without logit_bias: default_logit_bias, else the model's own
+    default_logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 def choose_family(settings: Settings, tokenizer: Any) -> Selection:
@@ -49,7 +53,10 @@ def decide(settings: Settings, tokenizer: Any, config_eos: int | list[int] | Non
     benchmarks that build a model themselves call this with the model's own)."""
     family = choose_family(settings, tokenizer)
     return ModelFacts(
-        tokenizer, family, reply_end_ids(tokenizer, family_end_tokens(family.family), config_eos)
+        tokenizer,
+        family,
+        reply_end_ids(tokenizer, family_end_tokens(family.family), config_eos),
+        default_logit_bias(settings, tokenizer),
     )
 
 

@@ -18,12 +18,12 @@ SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(os.environ.get("AGENTSERVE_CACHE_DIR", Path.home() / ".cache" / "agentserve")) / "clients"
 
 
-def run_client(venv: str, script: str, *args: str) -> dict:
+def run_client(venv: str, script: str, *args: str, timeout: float = 280) -> dict:
     python = ROOT / venv / "bin" / "python"
     if not (ROOT / venv / ".agentserve-client").exists():
         pytest.skip(f"client venv {venv} missing: run `bash scripts/client_venvs.sh {venv}`")
     out = subprocess.run(
-        [str(python), str(SCRIPTS / script), *args], capture_output=True, text=True, timeout=280
+        [str(python), str(SCRIPTS / script), *args], capture_output=True, text=True, timeout=timeout
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -51,6 +51,20 @@ def test_agents_sdk_required_tool_loop_finishes(server_url):
     assert r["requests"][1]["tool_state"]["mode"] == "auto"
     assert isinstance(r["final_output"], str) and r["final_output"]
     assert len(r["requests"]) <= 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1300)
+def test_agents_sdk_default_responses_path_finishes(shipped_server_url):
+    """Issue 52: ``Agent(model=NAME)`` as a new user writes it: the SDK's Responses model, no
+    ``max_output_tokens``. Each reply may then use the rest of the 8k window; the embedded model's
+    own default (``configs/models/embedded.yaml``: ``<|im_end|>`` +10) makes it end. Without that it
+    wrote for ~300 s and the SDK raised ``ModelBehaviorError`` on ``response.incomplete``."""
+    r = run_client("agents", "agents_responses.py", shipped_server_url, timeout=1200)
+    assert r["requests"] and all("max_output_tokens" not in q["sent"] for q in r["requests"]), r
+    assert all(q.get("status", "completed") == "completed" for q in r["requests"]), r
+    assert isinstance(r["final_output"], str) and r["final_output"].strip(), r
+    print("agents sdk default path:", json.dumps(r))
 
 
 def test_langchain_bind_tools_gets_parsed_calls(server_url):

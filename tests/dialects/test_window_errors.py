@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -53,6 +54,7 @@ MODEL = "smollm2-135m-instruct"
 class FakeEngine:
     max_model_len: int
     vocab_size: int = 49152
+    facts: Any = field(default_factory=lambda: SimpleNamespace(default_logit_bias=()))  # what sampling reads
 
     def check_sampling(self, params: SamplingParams) -> None:
         return None
