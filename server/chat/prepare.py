@@ -17,6 +17,7 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_diag import Prompt, fingerprint
+from server.chat.kept_tools import NAMED_SOURCES, KeptTools, ToolMemory, keep
 from server.chat.limits import check_request_limits
 from server.chat.prepared import Prepared
 from server.chat.reply_tokens import keep_reply
@@ -33,7 +34,7 @@ from server.families.envelope import load_envelope
 from server.families.rendered import PromptRenderer, RenderedPrompt, Segment
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.response_types import MaxTokensClamped
-from server.session_key import SessionKey, session_key
+from server.session_key import SessionKey, response_digest, session_key
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class Preparer:
         self.family_ref = family_ref
         self.baseline = baseline
         self.warned_retention = False  # the first unused retention hint is logged, once
+        cfg = settings.cache
+        self.tool_memory = ToolMemory(cfg.kept_tools_sessions, cfg.kept_tools_mb * 2**20)
         self.tools = ToolSetup(compiler, settings, renderer, envelope, load_envelope(envelope), family_ref)
         # the vocabulary and the configured envelope's compiler now, not on the first tool request
         compiler.for_envelope(envelope, settings.grammar_backend)
@@ -150,24 +153,29 @@ class Preparer:
         headers: Mapping[str, str],
         tenant: str = "",
         raw_body: Mapping[str, Any] | None = None,
+        previous_response: str | None = None,
     ) -> Prepared:
+        """``previous_response``: the Responses ``previous_response_id`` the request continues (its
+        session's digest finds the previous turn's tools; the session key is the chat body's)."""
         self._check_common(req)
         rf = req.response_format
         json_text = text_schema(rf.type, rf.json_schema) if rf is not None else None
-        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-        self.tools.check_tools(tools)
+        sent = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        self.tools.check_tools(sent)
+        session = self._session(req, raw_body, headers, tenant)
+        kept = self._kept_tools(session, tenant, sent, previous_response)
+        tools = kept.rendered if kept is not None else sent  # rendered; the plan allows only those sent
         rendered = self.renderer.render(  # custom tools: as functions
             req.messages, prompt_tools(tools), reasoning_effort=req.reasoning_effort
         )
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        plan = self.tools.plan(req, tools, messages)
-        session = self._session(req, raw_body, headers, tenant)
+        plan = self.tools.plan(req, sent, messages)
         ids, offsets = self._tokenize(rendered, session.key)
         prefill = plan.prompt_prefill  # with reasoning: the masks force the call's opening later
         prefill_ids = self.engine.tokenizer(prefill, add_special_tokens=False)["input_ids"] if prefill else []
         prompt_ids = ids + list(prefill_ids)
         sampling, clamped = self._sampling(req, len(prompt_ids))
-        return Prepared(
+        prepared = Prepared(
             kind="chat",
             request_id="chatcmpl-" + uuid.uuid4().hex[:24],
             created=int(time.time()),
@@ -187,8 +195,23 @@ class Preparer:
             tenant=tenant,
             model=req.model,
             max_tokens_clamped=clamped,
+            kept_tools=kept.masked if kept is not None else None,
             **self._retention(req),
         )
+        self.tool_memory.put(tenant, session.placement, tools)
+        return prepared
+
+    def _kept_tools(
+        self, session: SessionKey, tenant: str, sent: list[dict[str, Any]], previous_response: str | None
+    ) -> KeptTools | None:
+        """The previous turn's tool list when this request removed or reordered tools (kept_tools.py)."""
+        if not self.settings.cache.keep_removed_tools:
+            return None
+        digest = response_digest(previous_response) if previous_response else None
+        if digest is None and session.source not in NAMED_SOURCES:
+            return None
+        previous = self.tool_memory.get(tenant, digest or session.placement)
+        return keep(previous, sent) if previous is not None else None
 
     @constraint_errors_as_400()
     def completion(

@@ -80,8 +80,9 @@ class ChatService:
         headers: Mapping[str, str],
         tenant: str = "",
         raw_body: Mapping[str, Any] | None = None,
+        previous_response: str | None = None,
     ) -> Prepared:
-        return self.preparer.chat(req, headers, tenant, raw_body)
+        return self.preparer.chat(req, headers, tenant, raw_body, previous_response)
 
     def prepare_completion(
         self,
