@@ -66,7 +66,8 @@ def keep(previous: list[dict[str, Any]], sent: list[dict[str, Any]]) -> KeptTool
         return None
     before = {_name(t): _canonical(t) for t in previous}
     names = [_name(t) for t in sent]
-    if len(set(names)) != len(names) or any(before.get(n) != _canonical(t) for n, t in zip(names, sent)):
+    edited = any(before.get(n) != _canonical(t) for n, t in zip(names, sent, strict=True))
+    if len(set(names)) != len(names) or edited:
         return None  # a new or edited tool: a real change, rendered as sent
     if [_exact(t) for t in previous] == [_exact(t) for t in sent]:
         return None  # the same list as rendered before, byte for byte: nothing to keep

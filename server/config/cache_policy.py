@@ -1,4 +1,4 @@
-"""cache: what the server does for a session's cache beyond the prefix cache itself (server/chat/kept_tools.py)."""
+"""cache: what the server does for a session's cache beyond the prefix cache (server/chat/kept_tools.py)."""
 
 from __future__ import annotations
 

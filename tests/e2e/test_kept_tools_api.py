@@ -42,7 +42,9 @@ def system_of(history: list[dict[str, Any]]) -> str:
 
 
 def chat_tools(names: tuple[str, ...]) -> list[dict[str, Any]]:
-    return [{"type": "function", "function": {"name": n, "description": n, "parameters": SCHEMA}} for n in names]
+    return [
+        {"type": "function", "function": {"name": n, "description": n, "parameters": SCHEMA}} for n in names
+    ]
 
 
 def messages_tools(names: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -125,7 +127,8 @@ class Responses:
 
     @staticmethod
     def reply(r: dict[str, Any]) -> dict[str, Any]:
-        text = "".join(p["text"] for item in r["output"] if item["type"] == "message" for p in item["content"])
+        parts = [p for item in r["output"] if item["type"] == "message" for p in item["content"]]
+        text = "".join(p["text"] for p in parts)
         return {"role": "assistant", "content": text}
 
     @staticmethod
