@@ -21,6 +21,7 @@ from server.chat.kept_tools import NAMED_SOURCES, KeptTools, ToolMemory, keep
 from server.chat.limits import check_request_limits
 from server.chat.prepared import Prepared
 from server.chat.reply_tokens import keep_reply
+from server.chat.returned import sent_back
 from server.chat.sampling import check_fields
 from server.chat.tool_setup import ToolSetup
 from server.chat.window import fit_sampling
@@ -114,8 +115,10 @@ class Preparer:
         rendered: RenderedPrompt,
         messages: list[dict[str, Any]] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        session: str = "",
     ) -> Prompt:
-        """The prompt as the cache report keeps it (fingerprint + ids/text for the session baseline)."""
+        """The prompt as the cache report keeps it (fingerprint + ids/text for the session baseline;
+        the session's previous reply as this request sent it back, to name who changed it)."""
         settings = {
             "cache_namespace": cache_salt(tenant, self.settings.auth),
             "family": self.family_ref,
@@ -132,7 +135,11 @@ class Preparer:
             messages=messages,
             tools=tools,
         )
-        return Prompt(fp, array("l", ids), rendered.text, offsets)
+        base = self.baseline(session) if session and messages is not None and self.baseline else None
+        echoed = None
+        if base is not None and base.returned is not None:
+            echoed = sent_back(messages or [], len(base.fp.messages))
+        return Prompt(fp, array("l", ids), rendered.text, offsets, echoed=echoed)
 
     def _session(
         self, req: SamplingFields, raw_body: Mapping[str, Any] | None, headers: Mapping[str, str], tenant: str
@@ -180,7 +187,7 @@ class Preparer:
             request_id="chatcmpl-" + uuid.uuid4().hex[:24],
             created=int(time.time()),
             prompt_ids=prompt_ids,
-            session_prompt=self._prompt(req, tenant, ids, offsets, rendered, messages, tools),
+            session_prompt=self._prompt(req, tenant, ids, offsets, rendered, messages, tools, session.key),
             session=session,
             sampling=sampling,
             stops=req.stop_list(),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 import xgrammar as xgr
 
@@ -19,150 +18,59 @@ from server.constrain.vocab import TokenVocab
 from server.metrics import Metrics
 from server.protocol import ChatCompletionRequest
 from tests.conftest import worker_settings
+from tests.e2e.three_dialects import DIALECTS, MODEL, Chat, Responses, post
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "smollm2-135m-instruct"
 SYSTEM = "You are a careful coding agent. " + " ".join(f"Rule {i}: check your work." for i in range(30))
 NAMES = ("shell_exec", "file_read", "browser_open")
-SCHEMA = {"type": "object", "properties": {"arg": {"type": "string"}}, "required": ["arg"]}
 HISTORY = [
     {"role": "user", "content": "List the files of the project and tell me what each one does."},
 ]
 
 
 def history_of(name: str) -> list[dict[str, Any]]:
-    """A history of its own per test (the engine is shared: another test's prompt would be cached);
-    the system prompt reads the tag from it (every dialect renders the system prompt first)."""
+    """A history of its own per test (the engine is shared: another test's prompt would be cached)."""
     return [{"role": "user", "content": f"[{name}] {HISTORY[0]['content']}"}]
 
 
 def system_of(history: list[dict[str, Any]]) -> str:
+    """The tag of the history first in the system prompt (every dialect renders it first)."""
     return str(history[0]["content"]).split("]")[0] + "] " + SYSTEM
 
 
-def chat_tools(names: tuple[str, ...]) -> list[dict[str, Any]]:
-    return [
-        {"type": "function", "function": {"name": n, "description": n, "parameters": SCHEMA}} for n in names
-    ]
+def body(dialect: Any, history: list[dict[str, Any]], names: tuple[str, ...] | None) -> dict[str, Any]:
+    return dialect.body(system_of(history), history, dialect.tools(names) if names is not None else None)
 
 
-def messages_tools(names: tuple[str, ...]) -> list[dict[str, Any]]:
-    return [{"name": n, "description": n, "input_schema": SCHEMA} for n in names]
-
-
-def responses_tools(names: tuple[str, ...]) -> list[dict[str, Any]]:
-    return [{"type": "function", "name": n, "description": n, "parameters": SCHEMA} for n in names]
-
-
-def post(url: str, path: str, body: dict[str, Any], session: str | None) -> dict[str, Any]:
-    headers = {"x-session-id": session} if session else {}
-    r = httpx.post(url + path, json={"model": MODEL, **body}, headers=headers, timeout=300)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-class Chat:
-    path = "/v1/chat/completions"
-
-    @staticmethod
-    def body(history: list[dict[str, Any]], names: tuple[str, ...] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "messages": [{"role": "system", "content": system_of(history)}, *history],
-            "max_tokens": 4,
-            "temperature": 0,
-        }
-        if names is not None:
-            body["tools"] = chat_tools(names)
-        return body
-
-    @staticmethod
-    def reply(r: dict[str, Any]) -> dict[str, Any]:
-        return {"role": "assistant", "content": r["choices"][0]["message"]["content"] or ""}
-
-    @staticmethod
-    def calls(r: dict[str, Any]) -> int:
-        return len(r["choices"][0]["message"].get("tool_calls") or [])
-
-
-class Messages:
-    path = "/v1/messages"
-
-    @staticmethod
-    def body(history: list[dict[str, Any]], names: tuple[str, ...] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "system": system_of(history),
-            "messages": history,
-            "max_tokens": 4,
-            "temperature": 0,
-        }
-        if names is not None:
-            body["tools"] = messages_tools(names)
-        return body
-
-    @staticmethod
-    def reply(r: dict[str, Any]) -> dict[str, Any]:
-        return {"role": "assistant", "content": r["content"]}
-
-    @staticmethod
-    def calls(r: dict[str, Any]) -> int:
-        return sum(1 for b in r["content"] if b["type"] == "tool_use")
-
-
-class Responses:
-    path = "/v1/responses"
-
-    @staticmethod
-    def body(history: list[dict[str, Any]], names: tuple[str, ...] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "instructions": system_of(history),
-            "input": history,
-            "max_output_tokens": 4,
-            "temperature": 0,
-            "store": False,
-        }
-        if names is not None:
-            body["tools"] = responses_tools(names)
-        return body
-
-    @staticmethod
-    def reply(r: dict[str, Any]) -> dict[str, Any]:
-        parts = [p for item in r["output"] if item["type"] == "message" for p in item["content"]]
-        text = "".join(p["text"] for p in parts)
-        return {"role": "assistant", "content": text}
-
-    @staticmethod
-    def calls(r: dict[str, Any]) -> int:
-        return sum(1 for item in r["output"] if item["type"] == "function_call")
-
-
-DIALECTS = [Chat, Messages, Responses]
+def reply(dialect: Any, r: dict[str, Any]) -> list[dict[str, Any]]:
+    return dialect.replies(r)
 
 
 @pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.__name__)
 def test_removed_tools_are_kept_masked_and_the_history_comes_from_cache(server_url, dialect):
     key = f"kept-{dialect.__name__}"
     first = history_of(key)
-    r1 = post(server_url, dialect.path, dialect.body(first, NAMES), key)
+    r1 = post(server_url, dialect.path, body(dialect, first, NAMES), key)
     shared = r1["cache"]["prompt_tokens"]
     assert "kept_tools" not in r1["cache"]
-    history = [*first, dialect.reply(r1), {"role": "user", "content": "Summarize the conversation."}]
+    history = [*first, *reply(dialect, r1), {"role": "user", "content": "Summarize the conversation."}]
     # the compaction's shape: the whole history again, no tools
-    r2 = post(server_url, dialect.path, dialect.body(history, ()), key)
+    r2 = post(server_url, dialect.path, body(dialect, history, ()), key)
     c2 = r2["cache"]
     assert c2["kept_tools"] == list(NAMES)
     assert c2["cached_tokens"] >= 0.95 * shared, c2
     assert c2["type"] is None, c2  # nothing missed: the prompt extends the previous one
     assert r2["tool_state"] == {"mode": "none", "allowed": [], "state": None} and dialect.calls(r2) == 0
     # the same tools in another order: rendered in the earlier order, every one callable
-    history += [dialect.reply(r2), {"role": "user", "content": "Go on."}]
-    r3 = post(server_url, dialect.path, dialect.body(history, tuple(reversed(NAMES))), key)
+    history += [*reply(dialect, r2), {"role": "user", "content": "Go on."}]
+    r3 = post(server_url, dialect.path, body(dialect, history, tuple(reversed(NAMES))), key)
     c3 = r3["cache"]
     assert c3["kept_tools"] == [] and c3["type"] is None and c3["cached_tokens"] >= c2["prompt_tokens"] - 64
     assert sorted(r3["tool_state"]["allowed"]) == sorted(NAMES)
     # a tool added mid-session is a real change: rendered as sent, named by the report
-    history += [dialect.reply(r3), {"role": "user", "content": "And now?"}]
-    r4 = post(server_url, dialect.path, dialect.body(history, (*NAMES, "grep_files")), key)
+    history += [*reply(dialect, r3), {"role": "user", "content": "And now?"}]
+    r4 = post(server_url, dialect.path, body(dialect, history, (*NAMES, "grep_files")), key)
     c4 = r4["cache"]
     assert "kept_tools" not in c4
     assert c4["type"] == "tools_changed" and c4["detail"]["change"] == "added", c4
@@ -171,17 +79,17 @@ def test_removed_tools_are_kept_masked_and_the_history_comes_from_cache(server_u
 def test_a_session_without_a_name_renders_the_tools_as_sent(server_url):
     """prefix-hash sessions (no key, no previous_response_id) are not kept: the tools are their key."""
     first = history_of("unnamed")
-    r1 = post(server_url, Chat.path, Chat.body(first, NAMES), None)
-    history = [*first, Chat.reply(r1), {"role": "user", "content": "Summarize."}]
-    r2 = post(server_url, Chat.path, Chat.body(history, ()), None)
+    r1 = post(server_url, Chat.path, body(Chat, first, NAMES), None)
+    history = [*first, *reply(Chat, r1), {"role": "user", "content": "Summarize."}]
+    r2 = post(server_url, Chat.path, body(Chat, history, ()), None)
     assert "kept_tools" not in r2["cache"]
 
 
 def test_previous_response_id_finds_the_turn_it_continues(server_url):
-    body = Responses.body(history_of("previous_response_id"), NAMES) | {"store": True}
-    r1 = post(server_url, Responses.path, body, None)  # keyed by its prefix hash
+    first = body(Responses, history_of("previous_response_id"), NAMES) | {"store": True}
+    r1 = post(server_url, Responses.path, first, None)  # keyed by its prefix hash
     follow = {
-        "instructions": body["instructions"],
+        "instructions": first["instructions"],
         "previous_response_id": r1["id"],
         "input": [{"role": "user", "content": "Summarize the conversation."}],
         "tools": [],
@@ -200,9 +108,9 @@ def service(hf_engine):
 
 def test_no_call_can_be_written_to_a_kept_tool(service, tokenizer):
     headers = {"x-session-id": "kept-mask"}
-    first = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": chat_tools(NAMES)}
+    first = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": Chat.tools(NAMES)}
     service.prepare_chat(ChatCompletionRequest.model_validate(first), headers)
-    later = {**first, "tools": chat_tools(NAMES[:2]), "tool_choice": "required"}
+    later = {**first, "tools": Chat.tools(NAMES[:2]), "tool_choice": "required"}
     p = service.prepare_chat(ChatCompletionRequest.model_validate(later), headers)
     assert p.kept_tools == list(NAMES[2:]) and p.plan is not None and p.plan.allowed == NAMES[:2]
     assert [t["function"]["name"] for t in p.tool_spec.tools] == list(NAMES)  # rendered, masked
