@@ -112,7 +112,9 @@ class ResponseJob:
         self.events = ResponsesStream(self.ctx)
 
     def prepare(self) -> Prepared:
-        p = self.service.prepare_chat(self.req, self.headers, self.tenant, self.conv.chat)
+        prev = self.body.get("previous_response_id")
+        previous = prev if isinstance(prev, str) else None  # its session's previous tools (kept_tools.py)
+        p = self.service.prepare_chat(self.req, self.headers, self.tenant, self.conv.chat, previous)
         p.request_id = self.ctx.id = response_id(p.session)  # the cache report keeps it under this id
         self.ctx.created_at = p.created
         return p

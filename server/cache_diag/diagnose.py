@@ -33,6 +33,7 @@ from server.cache_diag.changes import (
 from server.cache_diag.diagnosis import CACHE_OFF, REWRITE, CacheState, Diagnosis, Prompt
 from server.cache_diag.divergence import change_at, locate, snippet
 from server.cache_diag.fingerprint import common_prefix, hashed_common_prefix
+from server.cache_diag.replies import first_difference
 
 
 def no_baseline(cur: Prompt, state: CacheState, seen_before: bool, why: str | None = None) -> Diagnosis:
@@ -131,11 +132,34 @@ def _reply_rewritten(
         "reply_tokens": len(prev.reply),
         "character": max(0, at - len(prev.text or "")),
     }
+    now = snippet(text, at)
+    who = _who_changed_reply(prev, cur, detail, now)
+    if who is not None:
+        type_, reason, fix = who
+        return Diagnosis(type_, missed, lcp, reason, fix, detail)
     reason = (
         f"{fixes.REWRITE_REASON}: the previous reply was rendered back with other tokens than were "
-        f"generated, from its token {token} of {len(prev.reply)} (now: {snippet(text, at)!r})"
+        f"generated, from its token {token} of {len(prev.reply)} (now: {now!r})"
     )
     return Diagnosis(REWRITE, missed, lcp, reason, fixes.REWRITE_FIX, detail)
+
+
+def _who_changed_reply(
+    prev: Prompt, cur: Prompt, detail: dict[str, Any], now: str
+) -> tuple[str, str, str | None] | None:
+    """(type, reason, fix) when the client or the server changed the reply (``detail`` gets where);
+    None when neither did: the template rewrote it."""
+    if prev.returned is None or cur.echoed is None:
+        return None
+    n_msgs = len(prev.fp.messages)  # the reply is the message right after the previous request's
+    diff = first_difference(prev.returned, cur.echoed)
+    if diff is not None:
+        part, character = diff
+        detail.update({"message": n_msgs, "part": part, "part_character": character})
+        return "reply_changed", fixes.reply_changed(n_msgs, part, character, now), fixes.REPLY_CHANGED_FIX
+    if prev.cut:
+        return "reply_cut", fixes.reply_cut(detail["reply_token"], detail["reply_tokens"], now), None
+    return None
 
 
 def _none(diverged: int | None, reason: str | None = None) -> Diagnosis:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.cache_diag.fingerprint import Fingerprint
+from server.cache_diag.replies import Parts
 
 REASON_TYPES = (
     "model_changed",
@@ -17,6 +18,8 @@ REASON_TYPES = (
     "tools_changed",
     "messages_changed",
     "template_rewrote_history",
+    "reply_changed",
+    "reply_cut",
     "evicted",
     "expired",
     "first_request",
@@ -37,6 +40,12 @@ class Prompt:
     # a baseline's reply: the ids after ``ids`` that the engine kept (prefill + generated), their text
     reply: Sequence[int] = ()
     reply_text: str = ""
+    # a baseline's reply as the server returned it (server/cache_diag/replies.py), and whether the
+    # server dropped part of what the model wrote (a cut call, a stop string); None: not known
+    returned: Parts | None = None
+    cut: bool = False
+    # this prompt's copy of the baseline's reply, as the client sent it back (None: not known)
+    echoed: Parts | None = None
 
 
 @dataclass(frozen=True)

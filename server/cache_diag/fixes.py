@@ -18,6 +18,28 @@ REWRITE_FIX = (
 )
 
 
+REPLY_CHANGED_FIX = (
+    "send the assistant's reply back exactly as it was returned (content, reasoning and tool_calls "
+    "with their arguments): the cache holds the reply as the model wrote it"
+)
+
+
+def reply_changed(message: int, part: str, character: int, now: str) -> str:
+    return (
+        f"the previous reply (message {message}) was sent back with other content than the server "
+        f"returned: {part} differs from character {character} (now: {now!r})"
+    )
+
+
+def reply_cut(token: int, tokens: int, now: str) -> str:
+    return (
+        f"the server returned the previous reply without part of what the model wrote (a call cut by "
+        f"max_tokens or an interruption, or the stop string that ended it), so the prompt renders the "
+        f"reply as returned and the cached reply stops matching at its token {token} of {tokens} "
+        f"(now: {now!r}): the rest of the reply is recomputed; nothing to fix on the client"
+    )
+
+
 def model(before: str, now: str) -> tuple[str, str]:
     return (
         f"the model changed from {before!r} to {now!r}: a prefix cache is per model",

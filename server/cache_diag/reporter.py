@@ -26,6 +26,7 @@ from server.cache_diag.baselines import (
 )
 from server.cache_diag.diagnose import diagnose, no_baseline
 from server.cache_diag.diagnosis import CacheState, Diagnosis, Prompt
+from server.cache_diag.replies import Parts
 
 MIN_PREFILL_SAMPLE = 32  # tokens: shorter prefills say more about overhead than about the rate
 
@@ -82,6 +83,7 @@ def _baseline_bytes(b: _Baseline) -> int:
     p = b.prompt
     text = sys.getsizeof(p.text) if p.text is not None else 0
     reply = sys.getsizeof(p.reply_text) + seq_bytes(p.reply)
+    reply += sum(64 + len(a) + len(b) for a, b in p.returned or ())
     return fingerprint_bytes(p.fp) + text + seq_bytes(p.ids) + seq_bytes(p.offsets) + reply
 
 
@@ -128,11 +130,15 @@ class CacheReporter:
         block_size: int | None = None,
         reply: Sequence[int] = (),
         reply_text: str = "",
+        returned: Parts | None = None,
+        cut: bool = False,
     ) -> CacheReport:
         """Diagnose this request, then keep it as its session's baseline and under its response id.
 
         ``reply``: the token ids the engine kept after the prompt (prefill + generated), and
-        ``reply_text`` their text: the next request that renders them back may reuse them."""
+        ``reply_text`` their text: the next request that renders them back may reuse them.
+        ``returned``: the reply as the server returned it (in parts), ``cut``: whether the server
+        dropped part of what the model wrote: a miss inside the reply names who changed it."""
         bs = block_size or self.block_size
         state = CacheState(cached_tokens, bs, self.enabled, self.tier, self.retention_s)
         now = self.clock()
@@ -151,7 +157,9 @@ class CacheReporter:
         else:
             diag = no_baseline(prompt, state, seen_before=seen)
             compared = None
-        kept = replace(prompt, reply=reply, reply_text=reply_text) if reply else prompt
+        kept = prompt
+        if reply:
+            kept = replace(prompt, reply=reply, reply_text=reply_text, returned=returned, cut=cut)
         self.sessions.put(session, _Baseline(kept, now), tenant)
         self.responses.put(tenant, response_id, prompt.fp)
         return CacheReport(diag, compared, self.rate.seconds(diag.missed_tokens))

@@ -17,9 +17,11 @@ from typing import Any
 
 from server.auth import cache_salt, namespaced_session
 from server.cache_diag import Prompt, fingerprint
+from server.chat.kept_tools import NAMED_SOURCES, KeptTools, ToolMemory, keep
 from server.chat.limits import check_request_limits
 from server.chat.prepared import Prepared
 from server.chat.reply_tokens import keep_reply
+from server.chat.returned import sent_back
 from server.chat.sampling import check_fields
 from server.chat.tool_setup import ToolSetup
 from server.chat.window import fit_sampling
@@ -33,7 +35,7 @@ from server.families.envelope import load_envelope
 from server.families.rendered import PromptRenderer, RenderedPrompt, Segment
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.response_types import MaxTokensClamped
-from server.session_key import SessionKey, session_key
+from server.session_key import SessionKey, response_digest, session_key
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,8 @@ class Preparer:
         self.family_ref = family_ref
         self.baseline = baseline
         self.warned_retention = False  # the first unused retention hint is logged, once
+        cfg = settings.cache
+        self.tool_memory = ToolMemory(cfg.kept_tools_sessions, cfg.kept_tools_mb * 2**20)
         self.tools = ToolSetup(compiler, settings, renderer, envelope, load_envelope(envelope), family_ref)
         # the vocabulary and the configured envelope's compiler now, not on the first tool request
         compiler.for_envelope(envelope, settings.grammar_backend)
@@ -111,8 +115,10 @@ class Preparer:
         rendered: RenderedPrompt,
         messages: list[dict[str, Any]] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        session: str = "",
     ) -> Prompt:
-        """The prompt as the cache report keeps it (fingerprint + ids/text for the session baseline)."""
+        """The prompt as the cache report keeps it (fingerprint + ids/text for the session baseline;
+        the session's previous reply as this request sent it back, to name who changed it)."""
         settings = {
             "cache_namespace": cache_salt(tenant, self.settings.auth),
             "family": self.family_ref,
@@ -129,7 +135,11 @@ class Preparer:
             messages=messages,
             tools=tools,
         )
-        return Prompt(fp, array("l", ids), rendered.text, offsets)
+        base = self.baseline(session) if session and messages is not None and self.baseline else None
+        echoed = None
+        if base is not None and base.returned is not None:
+            echoed = sent_back(messages or [], len(base.fp.messages))
+        return Prompt(fp, array("l", ids), rendered.text, offsets, echoed=echoed)
 
     def _session(
         self, req: SamplingFields, raw_body: Mapping[str, Any] | None, headers: Mapping[str, str], tenant: str
@@ -150,29 +160,34 @@ class Preparer:
         headers: Mapping[str, str],
         tenant: str = "",
         raw_body: Mapping[str, Any] | None = None,
+        previous_response: str | None = None,
     ) -> Prepared:
+        """``previous_response``: the Responses ``previous_response_id`` the request continues (its
+        session's digest finds the previous turn's tools; the session key is the chat body's)."""
         self._check_common(req)
         rf = req.response_format
         json_text = text_schema(rf.type, rf.json_schema) if rf is not None else None
-        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-        self.tools.check_tools(tools)
+        sent = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        self.tools.check_tools(sent)
+        session = self._session(req, raw_body, headers, tenant)
+        kept = self._kept_tools(session, tenant, sent, previous_response)
+        tools = kept.rendered if kept is not None else sent  # rendered; the plan allows only those sent
         rendered = self.renderer.render(  # custom tools: as functions
             req.messages, prompt_tools(tools), reasoning_effort=req.reasoning_effort
         )
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        plan = self.tools.plan(req, tools, messages)
-        session = self._session(req, raw_body, headers, tenant)
+        plan = self.tools.plan(req, sent, messages)
         ids, offsets = self._tokenize(rendered, session.key)
         prefill = plan.prompt_prefill  # with reasoning: the masks force the call's opening later
         prefill_ids = self.engine.tokenizer(prefill, add_special_tokens=False)["input_ids"] if prefill else []
         prompt_ids = ids + list(prefill_ids)
         sampling, clamped = self._sampling(req, len(prompt_ids))
-        return Prepared(
+        prepared = Prepared(
             kind="chat",
             request_id="chatcmpl-" + uuid.uuid4().hex[:24],
             created=int(time.time()),
             prompt_ids=prompt_ids,
-            session_prompt=self._prompt(req, tenant, ids, offsets, rendered, messages, tools),
+            session_prompt=self._prompt(req, tenant, ids, offsets, rendered, messages, tools, session.key),
             session=session,
             sampling=sampling,
             stops=req.stop_list(),
@@ -187,8 +202,23 @@ class Preparer:
             tenant=tenant,
             model=req.model,
             max_tokens_clamped=clamped,
+            kept_tools=kept.masked if kept is not None else None,
             **self._retention(req),
         )
+        self.tool_memory.put(tenant, session.placement, tools)
+        return prepared
+
+    def _kept_tools(
+        self, session: SessionKey, tenant: str, sent: list[dict[str, Any]], previous_response: str | None
+    ) -> KeptTools | None:
+        """The previous turn's tool list when this request removed or reordered tools (kept_tools.py)."""
+        if not self.settings.cache.keep_removed_tools:
+            return None
+        digest = response_digest(previous_response) if previous_response else None
+        if digest is None and session.source not in NAMED_SOURCES:
+            return None
+        previous = self.tool_memory.get(tenant, digest or session.placement)
+        return keep(previous, sent) if previous is not None else None
 
     @constraint_errors_as_400()
     def completion(

@@ -42,6 +42,9 @@ class Prepared:
     max_tokens_clamped: MaxTokensClamped | None = None
     retain_s: float = 0.0  # the client's retention hint for the session's KV (seconds; 0: none)
     retention_unused: str | None = None  # why the engine does not use that hint (None: used, or no hint)
+    # the previous turn's tool list was rendered (server/chat/kept_tools.py): the names it keeps in the
+    # prompt but masks (empty: only its order was kept); None: the tools were rendered as sent
+    kept_tools: list[str] | None = None
 
     constraint_taken: bool = False
 

@@ -138,6 +138,7 @@ def extensions(p: Prepared, out: GenerationResult) -> dict[str, Any]:
             session_key_source=p.session.source,
             **(e.fields() if e else {}),
             **retention_hint(p),
+            **({"kept_tools": p.kept_tools} if p.kept_tools is not None else {}),
         )
     }
     if p.plan is not None:

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from server.cache_diag import CacheReporter
+from server.cache_diag.replies import Parts
 from server.chat.family_choice import envelope_name, make_renderer
 from server.chat.generate import GenerationResult, generate_text
 from server.chat.interruptible import INTERRUPTED, Interruptible
@@ -28,6 +29,7 @@ from server.chat.prepare import Preparer
 from server.chat.prepared import Prepared
 from server.chat.reply_tokens import decode
 from server.chat.respond import StreamChunks, complete_response
+from server.chat.returned import returned_reply
 from server.config import Settings
 from server.constrain.compiler import Compiler
 from server.engines.base import Engine
@@ -80,8 +82,9 @@ class ChatService:
         headers: Mapping[str, str],
         tenant: str = "",
         raw_body: Mapping[str, Any] | None = None,
+        previous_response: str | None = None,
     ) -> Prepared:
-        return self.preparer.chat(req, headers, tenant, raw_body)
+        return self.preparer.chat(req, headers, tenant, raw_body, previous_response)
 
     def prepare_completion(
         self,
@@ -95,8 +98,12 @@ class ChatService:
     # -- 3. accounting -----------------------------------------------------------------------------
     def _finish_accounting(self, p: Prepared, out: GenerationResult) -> None:
         reply: list[int] = []
+        returned: Parts | None = None
+        cut = False
         if p.kind == "chat" and p.session_prompt.ids is not None:  # prefill + generated: kept by the engine
             reply = [*p.prompt_ids[len(p.session_prompt.ids) :], *out.token_ids]
+            # what the client gets back (the next turn's copy of the reply is compared with it)
+            returned, cut = returned_reply(complete_response(p, out, "", self.envelope))
         out.explanation = report = self.cache_report.report(
             session=p.session.key,
             tenant=p.tenant,
@@ -107,6 +114,8 @@ class ChatService:
             block_size=self.engine.block_size,
             reply=reply,
             reply_text=decode(self.engine.tokenizer, reply) if reply else "",
+            returned=returned,
+            cut=cut,
         )
         m = self.metrics
         m.prefix_queries.inc(len(p.prompt_ids))

@@ -8,6 +8,7 @@ fields are set from the environment with a double underscore, e.g.
 
 from server.config.auth import AuthSettings
 from server.config.cache import PrefixCacheSettings, Tier2Settings
+from server.config.cache_policy import CacheSettings
 from server.config.engine import EngineSettings, VllmSettings
 from server.config.limits import LimitsSettings
 from server.config.responses import ResponsesSettings, WebSocketSettings
@@ -16,6 +17,7 @@ from server.config.settings import ConfigError, Settings, load_settings
 
 __all__ = [
     "AuthSettings",
+    "CacheSettings",
     "ConfigError",
     "EngineSettings",
     "LimitsSettings",

@@ -16,6 +16,7 @@ from pydantic_settings import (
 
 from server.config.auth import AuthSettings
 from server.config.cache import PrefixCacheSettings
+from server.config.cache_policy import CacheSettings
 from server.config.engine import EngineSettings, VllmSettings
 from server.config.limits import LimitsSettings
 from server.config.responses import ResponsesSettings, WebSocketSettings
@@ -79,6 +80,7 @@ class Settings(BaseSettings):
         "~0.2 apart; +half the linears' bytes for a bfloat16 copy), decode stays float32.",
     )
     prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
+    cache: CacheSettings = CacheSettings()
     session_table_size: int = Field(4096, ge=1, description="Sessions remembered for the cache report.")
     session_table_mb: int = Field(
         256, ge=1, description="Bytes (MiB) of the sessions' previous prompts kept for the cache report."

@@ -30,6 +30,8 @@ MISS_TYPES = {
     "tools_changed": "tools_changed",
     "messages_changed": "messages_changed",
     "template_rewrote_history": "messages_changed",
+    "reply_changed": "messages_changed",
+    "reply_cut": "messages_changed",
     "settings_changed": "unavailable",
     "unavailable": "unavailable",
 }

@@ -48,6 +48,8 @@ MISS_REASONS = {
     "system_changed": "input_changed",
     "messages_changed": "input_changed",
     "template_rewrote_history": "input_changed",
+    "reply_changed": "input_changed",
+    "reply_cut": "input_changed",
     "settings_changed": "input_changed",
 }
 
