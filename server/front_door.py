@@ -1,5 +1,6 @@
-"""The worker's front door: auth (tenant), the body-size limit by Content-Length, request counts;
-WebSockets counted and origin-checked before the route (``ws_gate.py``).
+"""The worker's front door: the Host and content-type checks (``browser_guard.py``), auth (tenant),
+the body-size limit by Content-Length, request counts; WebSockets counted and origin-checked before
+the route (``ws_gate.py``).
 
 A plain ASGI middleware, not Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``):
 that one relays every message of a streamed response through an anyio memory stream and a
@@ -20,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.auth import authenticate, needs_key
 from server.body_limit import too_large
+from server.browser_guard import content_type_refusal, host_refusal
 from server.config import Settings
 from server.dialects.messages.error_shape import shape_error
 from server.errors import AgentServeError
@@ -69,18 +71,24 @@ class FrontDoor:
         self.metrics.requests.labels(route_label(scope, self._known), str(status)).inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":
-            await self.sockets(scope, receive, send, self.app)
-            return
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        auth = self.settings.auth
         headers = Headers(scope=scope)
+        wrong_host = host_refusal(path, headers.get("host"), self.settings)  # browser_guard.py
+        if scope["type"] == "websocket":
+            await self.sockets(scope, receive, send, self.app, wrong_host)
+            return
+        auth = self.settings.auth
         try:
+            if wrong_host is not None:
+                raise wrong_host
             tenant = authenticate(headers, auth) if needs_key(path, auth.protect_metrics) else ""
             scope.setdefault("state", {})["tenant"] = tenant  # request.state.tenant in the routes
+            wrong_type = content_type_refusal(scope["method"], headers.get("content-type"))
+            if wrong_type is not None:
+                raise wrong_type
             length = headers.get("content-length")
             limit = self.settings.limits.max_request_bytes
             if length is not None and length.isdigit() and int(length) > limit:
