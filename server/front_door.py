@@ -1,6 +1,7 @@
 """The worker's front door: the Host and content-type checks (``browser_guard.py``), auth (tenant),
-the body-size limit by Content-Length, request counts; WebSockets counted and origin-checked before
-the route (``ws_gate.py``).
+the body-size limit by Content-Length, request counts, every answer sent through one sender with a
+deadline (``send_deadline.py``: a client that does not read is dropped); WebSockets counted and
+origin-checked before the route (``ws_gate.py``).
 
 A plain ASGI middleware, not Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``):
 that one relays every message of a streamed response through an anyio memory stream and a
@@ -12,6 +13,7 @@ the server; the request is counted when its response starts.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +28,10 @@ from server.config import Settings
 from server.dialects.messages.error_shape import shape_error
 from server.errors import AgentServeError
 from server.metrics import Metrics
+from server.send_deadline import SendTimeout, deadline_send
 from server.ws_gate import SocketGate
+
+log = logging.getLogger(__name__)
 
 
 def route_label(scope: Scope, known: frozenset[str]) -> str:
@@ -99,9 +104,15 @@ class FrontDoor:
             self._count(scope, exc.status)
             return
 
+        bounded = deadline_send(send, self.settings.limits.stream_send_timeout_s)
+
         async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 self._count(scope, int(message["status"]))
-            await send(message)
+            await bounded(message)
 
-        await self.app(scope, receive, counted)
+        try:
+            await self.app(scope, receive, counted)
+        except SendTimeout as exc:  # the answer is abandoned and freed; uvicorn closes the connection
+            label = route_label(scope, frozenset())
+            log.warning("%s %s: %s: the answer is dropped", scope["method"], label, exc)

@@ -44,6 +44,7 @@ from server.browser_guard import content_type_refusal
 from server.errors import AgentServeError, PayloadTooLarge
 from server.routing.forward import HOP_HEADERS, REQUEST_PATH, ProxyCall, send_json
 from server.routing.request import route_request, stored_response_route
+from server.send_deadline import deadline_send
 from server.session_key import CLAUDE_CODE_HEADER, HEADER
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ _READ_HEADERS = {name.encode(): name for name in ("authorization", "x-api-key", 
 async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Send) -> None:
     t0 = time.perf_counter()
     REQUEST_PATH.set(scope["path"])  # errors from here on take the dialect's shape
+    send = deadline_send(send, router.settings.limits.stream_send_timeout_s)  # server/send_deadline.py
     raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
     headers = {_READ_HEADERS[k]: v.decode("latin-1") for k, v in raw_headers if k in _READ_HEADERS}
     auth = router.settings.auth
