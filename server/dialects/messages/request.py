@@ -11,7 +11,7 @@ Accepted and not used:
 the session: kept in the raw body for the session key). ``cache_control`` (on system, message and
 tool blocks, or top level) places no breakpoint (prefix caching is always on, never rendered): its
 longest ``ttl`` (``"5m"``, the default, or ``"1h"``) becomes a retention hint for the session's KV
-(``cache_retention_s``: kept at least that long after a reply, up to ``prefix_cache.session_cap_s``).
+(``cache_retention_s``: kept at least that long after a reply, up to ``limits.max_retention_s``).
 ``mcp_servers`` are dropped like server tools. Extensions ``tool_state_machine``,
 ``cache_compare_with``, ``prompt_cache_key`` and ``seed`` pass through. Other fields: accepted, logged once.
 ``max_tokens: 0`` is a warm-up (Anthropic's pre-warming): the prompt is prefilled into the prefix cache
