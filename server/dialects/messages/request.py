@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.chat.sampling import MAX_FIELD_NAME_LOGGED, MAX_LOGGED_FIELDS
 from server.dialects.messages import blocks, ids
 from server.errors import InvalidRequest
+from server.log_budget import REQUEST_LOG
 from server.protocol import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ def _log_unknown(body: BaseModel) -> None:
         if name in USED or name in ACCEPTED_UNUSED or short in _logged or len(_logged) >= MAX_LOGGED_FIELDS:
             continue
         _logged.add(short)
-        log.info("Messages field %r is not used by this server (accepted)", short)
+        REQUEST_LOG.log(log, logging.INFO, "Messages field %r is not used by this server (accepted)", short)
 
 
 def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:
