@@ -1,6 +1,8 @@
-"""The worker's front door: auth (tenant), the body-size limit by Content-Length, request counts,
-every 4xx logged with its reason (``refusal_log.py``); WebSockets counted and origin-checked before
-the route (``ws_gate.py``).
+"""The worker's front door: the Host and content-type checks (``browser_guard.py``), auth (tenant),
+the body-size limit by Content-Length, request counts, every 4xx logged with its reason
+(``refusal_log.py``), every answer sent through one sender with a deadline (``send_deadline.py``: a
+client that does not read is dropped); WebSockets counted and origin-checked before the route
+(``ws_gate.py``).
 
 A plain ASGI middleware, not Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``):
 that one relays every message of a streamed response through an anyio memory stream and a
@@ -12,6 +14,7 @@ the server; the request is counted when its response starts.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +24,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.auth import authenticate, needs_key
 from server.body_limit import too_large
+from server.browser_guard import content_type_refusal, host_refusal
 from server.config import Settings
 from server.dialects.messages.error_shape import shape_error
 from server.errors import AgentServeError
 from server.metrics import Metrics
 from server.refusal_log import MAX_BODY, RefusalLog
+from server.send_deadline import SendTimeout, deadline_send
 from server.ws_gate import SocketGate
+
+log = logging.getLogger(__name__)
 
 
 def route_label(scope: Scope, known: frozenset[str]) -> str:
@@ -75,18 +82,24 @@ class FrontDoor:
         self.metrics.requests.labels(self._route(scope), str(status)).inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":
-            await self.sockets(scope, receive, send, self.app)
-            return
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        auth = self.settings.auth
         headers = Headers(scope=scope)
+        wrong_host = host_refusal(path, headers.get("host"), self.settings)  # browser_guard.py
+        if scope["type"] == "websocket":
+            await self.sockets(scope, receive, send, self.app, wrong_host)
+            return
+        auth = self.settings.auth
         try:
+            if wrong_host is not None:
+                raise wrong_host
             tenant = authenticate(headers, auth) if needs_key(path, auth.protect_metrics) else ""
             scope.setdefault("state", {})["tenant"] = tenant  # request.state.tenant in the routes
+            wrong_type = content_type_refusal(scope["method"], headers.get("content-type"))
+            if wrong_type is not None:
+                raise wrong_type
             length = headers.get("content-length")
             limit = self.settings.limits.max_request_bytes
             if length is not None and length.isdigit() and int(length) > limit:
@@ -101,6 +114,7 @@ class FrontDoor:
 
         refused: list[int] = []  # a 4xx's status, once its response starts
         body = bytearray()  # its first MAX_BODY bytes: the reason
+        bounded = deadline_send(send, self.settings.limits.stream_send_timeout_s)
 
         async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -112,6 +126,10 @@ class FrontDoor:
                 body.extend(message.get("body", b"")[: MAX_BODY - len(body)])
                 if not message.get("more_body", False):
                     self.refusals.record(refused[0], scope["method"], self._route(scope), bytes(body))
-            await send(message)
+            await bounded(message)
 
-        await self.app(scope, receive, counted)
+        try:
+            await self.app(scope, receive, counted)
+        except SendTimeout as exc:  # the answer is abandoned and freed; uvicorn closes the connection
+            label = route_label(scope, frozenset())
+            log.warning("%s %s: %s: the answer is dropped", scope["method"], label, exc)

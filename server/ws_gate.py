@@ -136,8 +136,11 @@ class SocketGate:
         self.open = 0
         self.refused = 0
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, app: ASGIApp) -> None:
-        refused = origin_refusal(Headers(scope=scope).get("origin"), self.settings)
+    async def __call__(
+        self, scope: Scope, receive: Receive, send: Send, app: ASGIApp, refused: AgentServeError | None = None
+    ) -> None:
+        """``refused``: what the caller already refuses the upgrade for (a Host, browser_guard.py)."""
+        refused = refused or origin_refusal(Headers(scope=scope).get("origin"), self.settings)
         if refused is not None:
             self.refused += 1
             log.warning("websocket refused: %s", refused.message)

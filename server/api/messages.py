@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request, Response
 
 from server.api.routes import serve_prepared
 from server.api.sse import Framing
+from server.chat.limits import check_sent_tools
 from server.chat.prepared import Prepared
 from server.chat.service import ChatService
 from server.dialects.messages.error_shape import stream_error_event
@@ -32,7 +33,8 @@ FRAMING = Framing(
 async def messages(body: MessagesBody, request: Request) -> Response:
     service: ChatService = request.app.state.service
     raw: dict[str, Any] = await request.json()
-    converted = convert(body, raw)
+    check_sent_tools(raw.get("tools"), service.settings.limits)  # server tools too, before converting
+    converted = await asyncio.to_thread(convert, body, raw)  # work in the size of the body: off the loop
     reply = Reply(
         body.model,
         body.max_tokens,
@@ -56,7 +58,8 @@ async def count_tokens(body: CountTokensBody, request: Request) -> dict[str, Any
     """The prompt's tokens as ``/v1/messages`` renders it (tool prefill included)."""
     service: ChatService = request.app.state.service
     raw: dict[str, Any] = await request.json()
-    converted = convert(body, raw)
+    check_sent_tools(raw.get("tools"), service.settings.limits)
+    converted = await asyncio.to_thread(convert, body, raw)
     converted.chat.stream = False
     tenant = request.state.tenant
     # counted in by admission like a request being prepared (429 past the queue): the render,

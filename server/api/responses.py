@@ -8,6 +8,7 @@ the chat result comes back as a ``response`` object or as Responses stream event
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 
 from server.api.routes import serve_prepared
 from server.api.sse import Framing
+from server.chat.limits import check_sent_tools
 from server.chat.prepared import Prepared
 from server.chat.service import ChatService
 from server.dialects.responses.request import to_chat
@@ -46,9 +48,13 @@ def response_store(state: Any) -> ResponseStore:
     return store
 
 
+PARSE_OFF_LOOP = 256 * 1024  # bytes: a larger body is parsed in a thread (the event loop serves others)
+
+
 async def request_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
     try:
-        body = await request.json()
+        body = await asyncio.to_thread(json.loads, raw) if len(raw) > PARSE_OFF_LOOP else json.loads(raw)
     except ValueError:
         raise InvalidRequest(
             "the request body is not valid JSON: send a JSON object with 'model' and 'input'"
@@ -101,6 +107,7 @@ class ResponseJob:
         chat_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self.service, self.headers, self.tenant, self.body = service, headers, tenant, body
+        check_sent_tools(body.get("tools"), service.settings.limits)  # hosted ones too, before converting
         self.conv = to_chat(body, history)
         self.conv.chat.update(chat_overrides or {})
         self.req = _chat_request(self.conv.chat)
@@ -143,7 +150,9 @@ async def create_response(request: Request) -> Response:
     tenant: str = request.state.tenant
     store = _store(request)
     body = await request_body(request)
-    job = ResponseJob(service, request.headers, tenant, body, stored_history(store, tenant, body))
+    history = stored_history(store, tenant, body)
+    # converting the input items and tools is work in the size of the body: off the event loop
+    job = await asyncio.to_thread(ResponseJob, service, request.headers, tenant, body, history)
     keep = body.get("store", True) is not False
 
     def to_json(p: Prepared, chat: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ path (admission, prefix cache, cache report), never streamed.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -29,7 +30,9 @@ async def compact_response(request: Request) -> Response:
     history = stored_history(response_store(request.app.state), tenant, body)
     summarize = summary_body(body)
     # the summary gets default_max_tokens (or what the window holds), not the rest of the window
-    job = ResponseJob(service, request.headers, tenant, summarize, history, {"max_tokens_default": "server"})
+    overrides = {"max_tokens_default": "server"}
+    headers = request.headers
+    job = await asyncio.to_thread(ResponseJob, service, headers, tenant, summarize, history, overrides)
     items = job.conv.input_items[:-1]  # the conversation, less the summary request
 
     def to_json(p: Prepared, chat: dict[str, Any]) -> dict[str, Any]:

@@ -96,7 +96,6 @@ async def serve_prepared(
             chunks = to_stream(prepared, chunks)
         return EventStreamResponse(
             sse_stream(chunks, ticket, remaining, framing, limits.stream_keepalive_s or None),
-            limits.stream_send_timeout_s,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

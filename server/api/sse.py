@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import StreamingResponse
-from starlette.types import Message, Send
+from starlette.types import Send
 
 from server.admission import Ticket
 from server.errors import AgentServeError, Timeout, internal_error_body
+from server.send_deadline import SendTimeout
 
 log = logging.getLogger(__name__)
 
@@ -109,41 +110,20 @@ async def sse_stream(
         yield sse("[DONE]")
 
 
-class SendTimeout(Exception):
-    """A stream's write waited past ``limits.stream_send_timeout_s`` for a client that does not read."""
-
-
 class EventStreamResponse(StreamingResponse):
-    """A ``StreamingResponse`` whose every write is bounded by ``send_timeout_s``.
+    """A ``StreamingResponse`` that ends cleanly when a write passes its deadline.
 
     A client that stops reading fills the socket buffers, and then a write waits forever, with
     the body generator (its admission ticket, its engine request) suspended at its ``yield``:
-    the stream deadline is only checked between chunks. Past ``send_timeout_s`` the write is
-    abandoned, the body generator closed (``sse_stream``'s ``finally``: the engine request
-    cancelled, the ticket released) and the response ended unfinished; uvicorn then closes the
-    connection (asyncio keeps the socket until its unsent bytes drain or TCP gives up, but it
-    holds nothing else).
+    the stream deadline is only checked between chunks. The front door's sender
+    (``server/send_deadline.py``) bounds every write by ``limits.stream_send_timeout_s``; past it
+    the body generator is closed here (``sse_stream``'s ``finally``: the engine request cancelled,
+    the ticket released) and the response ended unfinished; uvicorn then closes the connection.
     """
 
-    def __init__(self, content: AsyncIterator[str], send_timeout_s: float | None, **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self.send_timeout_s = send_timeout_s
-
     async def stream_response(self, send: Send) -> None:
-        limit = self.send_timeout_s
-
-        async def bounded(message: Message) -> None:
-            try:
-                await asyncio.wait_for(send(message), limit)
-            except TimeoutError:
-                raise SendTimeout from None
-
         try:
-            await super().stream_response(bounded)
-        except SendTimeout:
-            log.warning(
-                "a stream write waited %g s for a client that does not read (limits.stream_send_timeout_s): "
-                "the stream ends and frees its slot",
-                limit,
-            )
+            await super().stream_response(send)
+        except SendTimeout as exc:
+            log.warning("%s: the stream ends and frees its slot", exc)
             await self.body_iterator.aclose()  # type: ignore[attr-defined]

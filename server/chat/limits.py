@@ -18,6 +18,17 @@ from server.protocol import SamplingFields
 MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a request's tool_state_machine: a name only
 
 
+def check_sent_tools(tools: Any, limits: LimitsSettings) -> None:
+    """A dialect's ``tools`` as sent, counted before conversion: hosted / server tools this server
+    drops count too (100,000 of them were 100,000 log lines and a 3.8 MiB answer)."""
+    if isinstance(tools, list) and len(tools) > limits.max_tools:
+        raise InvalidRequest(
+            f"{len(tools)} tools sent (hosted ones included); the limit is {limits.max_tools} "
+            f"(limits.max_tools): send fewer",
+            param="tools",
+        )
+
+
 def check_request_limits(req: SamplingFields, limits: LimitsSettings) -> None:
     """Refuse a request whose stop strings, stop token ids, logit_bias or messages exceed the limits."""
     stops = req.stop_list()

@@ -71,12 +71,13 @@ class Preparer:
 
     def _retention(self, req: SamplingFields) -> dict[str, Any]:
         """The request's retention hint, and why the engine does not use it (said in the response)."""
-        retain_s = req.retention_hint_s()
-        unused = self.engine.retention_hints() if retain_s > 0 else None
+        asked = req.retention_hint_s()
+        unused = self.engine.retention_hints() if asked > 0 else None
         if unused is not None and not self.warned_retention:
             self.warned_retention = True
-            log.warning("a request's retention hint (%.0f s) is not used: %s", retain_s, unused)
-        return {"retain_s": retain_s, "retention_unused": unused}
+            log.warning("a request's retention hint (%.0f s) is not used: %s", asked, unused)
+        retain_s = min(asked, self.settings.max_retention_s())  # every engine's hold: capped here
+        return {"retain_s": retain_s, "retain_requested_s": asked, "retention_unused": unused}
 
     # -- checks ---------------------------------------------------------------------------------
     def _check_common(self, req: SamplingFields) -> None:

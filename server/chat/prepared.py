@@ -40,7 +40,8 @@ class Prepared:
     model: str = ""  # the served name the request used (an alias or served_model_name): echoed back
     # max_tokens lowered to fit the window (limits.max_tokens_over_window: clamp): every dialect reports it
     max_tokens_clamped: MaxTokensClamped | None = None
-    retain_s: float = 0.0  # the client's retention hint for the session's KV (seconds; 0: none)
+    retain_s: float = 0.0  # the client's retention hint for the session's KV, capped (seconds; 0: none)
+    retain_requested_s: float = 0.0  # that hint as the client sent it (limits.max_retention_s caps it)
     retention_unused: str | None = None  # why the engine does not use that hint (None: used, or no hint)
     # the previous turn's tool list was rendered (server/chat/kept_tools.py): the names it keeps in the
     # prompt but masks (empty: only its order was kept); None: the tools were rendered as sent

@@ -119,11 +119,15 @@ def usage(p: Prepared, out: GenerationResult) -> Usage:
 
 
 def retention_hint(p: Prepared) -> dict[str, Any]:
-    """``cache.retention_hint`` of a request that sent one: the seconds asked, whether the engine's
-    prefix cache uses them, and if not why (``Engine.retention_hints``)."""
+    """``cache.retention_hint`` of a request that sent one: the seconds asked, at most how long they
+    hold (``held_s``, when ``limits.max_retention_s`` cut them), whether the engine's prefix cache
+    uses them, and if not why (``Engine.retention_hints``)."""
     if p.retain_s <= 0:
         return {}
-    hint: dict[str, Any] = {"requested_s": p.retain_s, "used": p.retention_unused is None}
+    asked = max(p.retain_requested_s, p.retain_s)
+    hint: dict[str, Any] = {"requested_s": asked, "used": p.retention_unused is None}
+    if p.retain_s < asked:  # capped: limits.max_retention_s
+        hint["held_s"] = p.retain_s
     if p.retention_unused is not None:
         hint["reason"] = p.retention_unused
     return {"retention_hint": hint}

@@ -17,6 +17,7 @@ from typing import Any
 
 from server.engines.base import Engine, SamplingParams
 from server.errors import InvalidRequest
+from server.log_budget import REQUEST_LOG
 from server.protocol import SamplingFields
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,9 @@ def check_fields(req: SamplingFields) -> None:
             if len(_logged) >= MAX_LOGGED_FIELDS and not full:
                 log.warning("%d unknown request field names logged: no more are logged", MAX_LOGGED_FIELDS)
         for name in new:
-            log.warning(
+            REQUEST_LOG.log(
+                log,
+                logging.WARNING,
                 "request field %r is not used by this server and has no effect (accepted; logged once)",
                 name[:MAX_FIELD_NAME_LOGGED],
             )

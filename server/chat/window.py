@@ -16,6 +16,7 @@ from server.chat.sampling import sampling_params
 from server.config import Settings
 from server.engines.base import Engine, SamplingParams
 from server.errors import MaxTokensOverLimit, MaxTokensOverWindow, PromptTooLong
+from server.log_budget import REQUEST_LOG
 from server.protocol import SamplingFields
 from server.response_types import MaxTokensClamped
 
@@ -46,7 +47,9 @@ def fit_sampling(
     clamped = None
     if asked is not None and asked > room and settings.limits.max_tokens_over_window == "clamp":
         clamped = MaxTokensClamped(requested=asked, granted=room)
-        log.info(
+        REQUEST_LOG.log(
+            log,
+            logging.INFO,
             "%s=%d lowered to %d: the prompt holds %d of the %d-token context window "
             "(limits.max_tokens_over_window: clamp)",
             name,

@@ -28,6 +28,13 @@ class AuthSettings(Section):
         "(/v1/*, /tokenize, /detokenize) needs auth.router_token (401 otherwise), so a request that "
         "bypasses the router is refused even with no auth.api_keys here. Needs auth.router_token.",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names this process answers besides localhost and IP addresses ('*.example.com' "
+        "for subdomains, '*' for any). Checked on a keyless server always (DNS rebinding: a web page whose "
+        "name now points here sends its own name), on a keyed one only when set; 421 otherwise. Add the "
+        "public name a proxy forwards as Host, and on keyless workers the names the router reaches them by.",
+    )
     share_prefix_cache: bool = Field(
         False,
         description="Let tenants share cached prefixes (off: each tenant's cache is its own namespace).",

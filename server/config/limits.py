@@ -90,6 +90,13 @@ class LimitsSettings(Section):
         description="Longest one write of a stream may wait for a client that does not read; past it the "
         "stream ends, its engine request is cancelled and its admission slot freed.",
     )
+    max_retention_s: float | None = Field(
+        None,
+        gt=0,
+        description="Longest a client's retention hint (cache_control ttl, prompt_cache_retention, "
+        "cache_retention_s) keeps a session's KV held, on every engine (the vllm session hold included); "
+        "longer hints are cut to it (the response says held_s). None: prefix_cache.session_cap_s (600 s).",
+    )
     stream_keepalive_s: float = Field(
         15.0,
         ge=0,

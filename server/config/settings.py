@@ -143,6 +143,12 @@ class Settings(BaseSettings):
         """Every name this deployment answers to: served_model_name first, then the aliases (no repeats)."""
         return list(dict.fromkeys([self.served_model_name, *self.served_model_aliases]))
 
+    def max_retention_s(self) -> float:
+        """The longest a client's retention hint holds (``limits.max_retention_s``, else the session
+        policy's cap ``prefix_cache.session_cap_s``)."""
+        cap = self.limits.max_retention_s
+        return cap if cap is not None else self.prefix_cache.session_cap_s
+
     def engine_settings(self) -> EngineSettings:
         """The engine's own section (model, device, dtype, context, prefix cache, vLLM knobs)."""
         return EngineSettings(**{name: getattr(self, name) for name in EngineSettings.model_fields})

@@ -2,15 +2,18 @@
 
 ``ProxyCall`` asks the policy for an order of workers, sends the request to the first on
 a persistent upstream connection, fails over to the next while nothing has reached the
-client, and relays the answer: JSON whole, SSE as it arrives (``_EventRelay`` holds back
-only an incomplete trailing event, so a mid-stream failure ends on a clean event with an
-OpenAI-shaped error and ``data: [DONE]``). A client disconnect cancels the upstream request.
+client, and relays the answer (``relay.py``): JSON whole up to ``RELAY_WINDOW``, larger JSON and
+SSE as it arrives, so the router holds a bounded window of each answer; a mid-stream failure
+ends on a clean event with an OpenAI-shaped error and ``data: [DONE]``. Every write to the client
+has a deadline (``server/send_deadline.py``: a client that does not read is dropped and its
+upstream request closed). A client disconnect cancels the upstream request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -18,15 +21,18 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Message, Receive, Send
 
 from server.auth import TENANT_HEADER, TOKEN_HEADER
-from server.dialects.messages.error_shape import from_openai, is_messages_path, shape_error
-from server.errors import AgentServeError, UpstreamUnavailable
+from server.dialects.messages.error_shape import is_messages_path, shape_error
+from server.errors import UpstreamUnavailable
+from server.routing.relay import RELAY_WINDOW, BodyRelay, EventRelay, Relay, content_length
 from server.routing.upstream import UpstreamConnectError, UpstreamLost, UpstreamTimeout
+from server.send_deadline import SendTimeout
 
 if TYPE_CHECKING:
     from server.routing.request import RouteRequest
     from server.routing.router import Router
     from server.routing.workers import Worker
 
+log = logging.getLogger("agentserve.routing")
 WORKER_HEADER = "x-agentserve-worker"
 HOP_HEADERS = {
     b"connection",
@@ -108,6 +114,8 @@ class ProxyCall:
             task.uncancel()
         except OSError:  # the client went away while we were sending
             pass
+        except SendTimeout as exc:  # a client that does not read: its answer and upstream are dropped
+            log.warning("router: %s %s: %s: the answer is dropped", self.method, REQUEST_PATH.get(), exc)
         finally:
             self._finished = True
             watcher.cancel()
@@ -189,24 +197,28 @@ class ProxyCall:
                 headers.append((WORKER_HEADER_B, worker.id.encode()))
                 if resp.status >= 500:
                     m.upstream_errors.labels(worker.id, "status_5xx").inc()
-                chunks = resp.chunks() if is_stream else None
+                # a JSON answer within the window is read whole (a worker lost before its end is
+                # still a retry); a larger one, or a stream, is relayed as it comes (relay.py)
+                length = content_length(resp.headers)
+                whole = not is_stream and length is not None and length <= RELAY_WINDOW
+                chunks = None if whole else resp.chunks()
                 try:
-                    first = await anext(chunks, b"") if chunks is not None else await resp.read()
+                    first = await resp.read() if chunks is None else await anext(chunks, b"")
                 except UpstreamTimeout as exc:
                     await self._timeout(worker, send, exc)
                     return
                 except UpstreamLost as exc:
                     raise self._lost(worker, exc) from None
                 t_answer = time.perf_counter()
-                if not is_stream:
-                    headers.append((b"content-length", str(len(first)).encode()))
+                if not is_stream and (whole or length is not None):
+                    headers.append((b"content-length", str(len(first) if whole else length).encode()))
                 await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-                if not is_stream:
+                if chunks is None:
                     await send({"type": "http.response.body", "body": first})
                     m.added_latency.observe((t_forward - self.t0) + (time.perf_counter() - t_answer))
                     return
-                assert chunks is not None
-                relay = _EventRelay(send)
+                messages = is_messages_path(REQUEST_PATH.get())
+                relay: Relay = EventRelay(send, messages) if is_stream else BodyRelay(send)
                 await relay.push(first)
                 m.added_latency.observe((t_forward - self.t0) + (time.perf_counter() - t_answer))
                 try:
@@ -244,35 +256,6 @@ class ProxyCall:
             code="upstream_timeout",
         )
         await send_json(send, err.status, err.body())
-
-
-class _EventRelay:
-    """Forwards SSE bytes as they come, holding back only an incomplete trailing event, so
-    that an error event can always be appended on a clean event boundary."""
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-        self.pending = b""
-
-    async def push(self, chunk: bytes) -> None:
-        data = self.pending + chunk if self.pending else chunk
-        cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, 0)
-        if cut < 2:
-            cut = 0
-        self.pending = data[cut:]
-        if cut:
-            await self.send({"type": "http.response.body", "body": data[:cut], "more_body": True})
-
-    async def finish(self) -> None:
-        await self.send({"type": "http.response.body", "body": self.pending, "more_body": False})
-
-    async def fail(self, err: AgentServeError) -> None:
-        if is_messages_path(REQUEST_PATH.get()):  # Anthropic's error event, no [DONE]
-            data = json.dumps(from_openai(err.body()))
-            event = b"event: error\ndata: " + data.encode() + b"\n\n"
-        else:
-            event = b"data: " + json.dumps(err.body()).encode() + b"\n\ndata: [DONE]\n\n"
-        await self.send({"type": "http.response.body", "body": event, "more_body": False})
 
 
 # the path of the request being proxied (set at the entry): errors take that dialect's shape

@@ -2,7 +2,9 @@
 
 Request lifecycle
   1. Auth at the edge (``server.auth.authenticate_key``: a bad key is a 401 here, no worker
-     sees it). The body is read once (413 past ``limits.max_request_bytes``).
+     sees it); a POST without a JSON content type is a 415 and a Host a keyless router does not
+     serve a 421 (``server/browser_guard.py``). The body is read once (413 past
+     ``limits.max_request_bytes``).
   2. Keys (``request.py``: one ``RouteRequest`` per POST): the session key
      (``server.session_key``: prompt_cache_key, X-Session-ID, X-Claude-Code-Session-Id,
      metadata.user_id, user, previous_response_id, else the prefix hash), namespaced by tenant
@@ -38,9 +40,11 @@ from starlette.types import Receive, Scope, Send
 from server.auth import authenticate_key, cache_salt
 from server.auth import router_headers as tenant_headers
 from server.body_limit import too_slow
+from server.browser_guard import content_type_refusal
 from server.errors import AgentServeError, PayloadTooLarge
 from server.routing.forward import HOP_HEADERS, REQUEST_PATH, ProxyCall, send_json
 from server.routing.request import route_request, stored_response_route
+from server.send_deadline import deadline_send
 from server.session_key import CLAUDE_CODE_HEADER, HEADER
 
 if TYPE_CHECKING:
@@ -54,11 +58,16 @@ _READ_HEADERS = {name.encode(): name for name in ("authorization", "x-api-key", 
 async def proxy_request(router: Router, scope: Scope, receive: Receive, send: Send) -> None:
     t0 = time.perf_counter()
     REQUEST_PATH.set(scope["path"])  # errors from here on take the dialect's shape
+    send = deadline_send(send, router.settings.limits.stream_send_timeout_s)  # server/send_deadline.py
     raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
     headers = {_READ_HEADERS[k]: v.decode("latin-1") for k, v in raw_headers if k in _READ_HEADERS}
     auth = router.settings.auth
     try:
         tenant = authenticate_key(headers, auth)
+        content_type = next((v.decode("latin-1") for k, v in raw_headers if k == b"content-type"), None)
+        wrong_type = content_type_refusal(scope["method"], content_type)  # server/browser_guard.py
+        if wrong_type is not None:
+            raise wrong_type
         limits = router.settings.limits
         try:
             async with asyncio.timeout(limits.body_timeout_s):

@@ -24,7 +24,7 @@ import httptools
 from server.routing.upstream import Headers, UpstreamConnectError, UpstreamLost, UpstreamTimeout
 
 IDLE_EXPIRY_S = 2.0
-HIGH_WATER = 1 << 20
+HIGH_WATER = 256 * 1024  # bytes of an answer buffered per request before reading pauses
 
 
 class _Conn(asyncio.Protocol):

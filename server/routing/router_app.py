@@ -20,14 +20,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from server import __version__
 from server.auth import authenticate_key, router_headers
+from server.browser_guard import host_refusal
 from server.config import ConfigError, Settings
 from server.errors import AgentServeError, NotFound, UpstreamUnavailable
 from server.routing.discovery import DnsDiscovery
-from server.routing.forward import WORKER_HEADER, send_json
+from server.routing.forward import REQUEST_PATH, WORKER_HEADER, send_json
 from server.routing.proxy import proxy_request
 from server.routing.router import Router
 from server.routing.upstream import UpstreamError
@@ -45,9 +47,16 @@ class RouterApp(FastAPI):
     lean_router: Router
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" and scope["path"] == WS_PATH:
+        wrong_host = None
+        if scope["type"] in ("http", "websocket"):  # DNS rebinding (server/browser_guard.py)
+            host = Headers(scope=scope).get("host")
+            wrong_host = host_refusal(scope["path"], host, self.lean_router.settings)
+        if wrong_host is not None and scope["type"] == "http":
+            REQUEST_PATH.set(scope["path"])
+            await send_json(send, wrong_host.status, wrong_host.body())
+        elif scope["type"] == "websocket" and scope["path"] == WS_PATH:
             try:
-                await serve_websocket(self.lean_router, scope, receive, send)
+                await serve_websocket(self.lean_router, scope, receive, send, wrong_host)
             except Exception:  # a bug: the client's socket ends with 1011 (internal error)
                 log.exception("router: unexpected error on the %s WebSocket", WS_PATH)
                 try:

@@ -55,13 +55,16 @@ _READ_HEADERS = {name.encode(): name for name in ("authorization", "x-api-key", 
 _NOT_FORWARDED = HOP_HEADERS | {b"origin", b"user-agent"}
 
 
-async def serve_websocket(router: Router, scope: Scope, receive: Receive, send: Send) -> None:
-    """A client's socket, counted and origin-checked by the router's gate (``server/ws_gate.py``)."""
+async def serve_websocket(
+    router: Router, scope: Scope, receive: Receive, send: Send, refused: AgentServeError | None = None
+) -> None:
+    """A client's socket, counted and origin-checked by the router's gate (``server/ws_gate.py``);
+    ``refused``: why the router already refuses it (its Host, ``server/browser_guard.py``)."""
 
     async def proxied(scope: Scope, receive: Receive, send: Send) -> None:
         await proxy_websocket(router, scope, receive, send)
 
-    await router.sockets(scope, receive, send, proxied)
+    await router.sockets(scope, receive, send, proxied, refused)
 
 
 async def proxy_websocket(router: Router, scope: Scope, receive: Receive, send: Send) -> None:

@@ -14,6 +14,7 @@ from tests.conftest import running_server, worker_settings
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"
+JSON_TYPE = {"content-type": "application/json"}
 GREEDY = {"temperature": 0}  # anthropic 2.x has no temperature argument: sent as an extra field
 SYSTEM = "You are a careful assistant. " + " ".join(f"Rule {i}: check your work." for i in range(40))
 WEATHER = {
@@ -217,8 +218,10 @@ def test_bad_requests_are_anthropic_errors(claude, server_url):
     assert (
         r.status_code == 400 and r.json()["type"] == "error" and "max_tokens" in r.json()["error"]["message"]
     )
-    r = httpx.post(server_url + "/v1/messages", content=b"{not json", timeout=60)
+    r = httpx.post(server_url + "/v1/messages", content=b"{not json", timeout=60, headers=JSON_TYPE)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(server_url + "/v1/messages", content=b"{}", timeout=60)  # no JSON content type
+    assert r.status_code == 415 and r.json()["type"] == "error"
     r = httpx.get(server_url + "/v1/messages/nope", timeout=60)
     assert r.status_code == 404 and r.json() == {
         "type": "error",

@@ -87,8 +87,8 @@ def test_hint_reaches_the_sessions_keep_alive_and_the_next_request_resets_it(hf_
     with TestClient(build_app(worker_settings(), engine=hf_engine)) as c:
         r = c.post("/v1/messages", json={**ask, "system": system, "prompt_cache_key": "hint-cc"})
         assert r.status_code == 200, r.text
-        assert keep_s("hint-cc") == [3600.0]
-        assert r.json()["cache"]["retention_hint"] == {"requested_s": 3600.0, "used": True}
+        assert keep_s("hint-cc") == [600.0]  # capped: limits.max_retention_s (prefix_cache.session_cap_s)
+        assert r.json()["cache"]["retention_hint"] == {"requested_s": 3600.0, "used": True, "held_s": 600.0}
         r = c.post("/v1/messages", json={**ask, "system": "You are terse.", "prompt_cache_key": "hint-cc"})
         assert r.status_code == 200 and keep_s("hint-cc") == [0.0]
         assert "retention_hint" not in r.json()["cache"]  # no hint, nothing to say
@@ -96,7 +96,7 @@ def test_hint_reaches_the_sessions_keep_alive_and_the_next_request_resets_it(hf_
         body = {"model": MODEL, "input": "hi", "max_output_tokens": 2, "prompt_cache_key": "hint-resp"}
         r = c.post("/v1/responses", json={**body, "prompt_cache_retention": "24h"})
         assert r.status_code == 200, r.text
-        assert keep_s("hint-resp") == [86400.0]
+        assert keep_s("hint-resp") == [600.0]
 
 
 @pytest.mark.e2e
@@ -114,6 +114,7 @@ def test_a_hint_the_cache_does_not_use_is_said_in_the_response_and_health(hf_eng
         assert hint["requested_s"] == 86400.0 and hint["used"] is False and "'lru'" in hint["reason"]
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         r = c.post("/v1/chat/completions", json={**chat, "cache_retention_s": 60})
+        assert hint.pop("held_s") == 600.0  # the 24 h hint, capped (limits.max_retention_s)
         assert r.json()["cache"]["retention_hint"] == {**hint, "requested_s": 60.0}
         health = c.get("/health").json()["retention_hints"]
         assert health == {"used": False, "reason": hint["reason"]}

@@ -105,7 +105,8 @@ def slow_sender(url: str, path: str) -> tuple[int, dict, float]:
     u = urlparse(url)
     sock = socket.create_connection((u.hostname, u.port), timeout=20)
     t0 = time.monotonic()
-    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += "Transfer-Encoding: chunked\r\n\r\n"
     sock.sendall(head.encode() + b"1\r\n{\r\n")
     data = b""
     while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):

@@ -24,6 +24,7 @@ from typing import Any
 
 from server.dialects.messages import ids
 from server.errors import InvalidRequest
+from server.log_budget import REQUEST_LOG, cut
 from server.session_key import canonical_json
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ BILLING_PREFIX = "x-anthropic-billing-header:"
 HISTORY_ONLY = frozenset({"thinking", "redacted_thinking"})  # accepted, not rendered
 USER_TYPES = ("text", "tool_result", "document")
 ASSISTANT_TYPES = ("text", "tool_use", "thinking", "redacted_thinking")
-_warned: set[str] = set()
+_warned: set[str] = set()  # server-tool types warned about (once each, the first MAX_WARNED)
+MAX_WARNED = 64
 
 
 def bad(where: str, message: str) -> InvalidRequest:
@@ -254,11 +256,16 @@ def chat_tools(tools: Any) -> tuple[list[dict[str, Any]], list[str]]:
             raise bad(where, 'a tool is an object with "name", "description" and "input_schema"')
         kind = tool.get("type")
         if kind not in (None, "custom"):
-            label = f"{tool.get('name') or kind} ({kind})"
+            label = f"{cut(tool.get('name') or kind)} ({cut(kind)})"
             dropped.append(label)
-            if str(kind) not in _warned:
-                _warned.add(str(kind))
-                log.warning("dropped tool %s: this server cannot run Anthropic server tools", label)
+            if cut(kind) not in _warned and len(_warned) < MAX_WARNED:
+                _warned.add(cut(kind))
+                REQUEST_LOG.log(
+                    log,
+                    logging.WARNING,
+                    "dropped tool %s: this server cannot run Anthropic server tools",
+                    label,
+                )
             continue
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not name:

@@ -11,7 +11,7 @@ Accepted and not used:
 the session: kept in the raw body for the session key). ``cache_control`` (on system, message and
 tool blocks, or top level) places no breakpoint (prefix caching is always on, never rendered): its
 longest ``ttl`` (``"5m"``, the default, or ``"1h"``) becomes a retention hint for the session's KV
-(``cache_retention_s``: kept at least that long after a reply, up to ``prefix_cache.session_cap_s``).
+(``cache_retention_s``: kept at least that long after a reply, up to ``limits.max_retention_s``).
 ``mcp_servers`` are dropped like server tools. Extensions ``tool_state_machine``,
 ``cache_compare_with``, ``prompt_cache_key`` and ``seed`` pass through. Other fields: accepted, logged once.
 ``max_tokens: 0`` is a warm-up (Anthropic's pre-warming): the prompt is prefilled into the prefix cache
@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.chat.sampling import MAX_FIELD_NAME_LOGGED, MAX_LOGGED_FIELDS
 from server.dialects.messages import blocks, ids
 from server.errors import InvalidRequest
+from server.log_budget import REQUEST_LOG
 from server.protocol import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ def _log_unknown(body: BaseModel) -> None:
         if name in USED or name in ACCEPTED_UNUSED or short in _logged or len(_logged) >= MAX_LOGGED_FIELDS:
             continue
         _logged.add(short)
-        log.info("Messages field %r is not used by this server (accepted)", short)
+        REQUEST_LOG.log(log, logging.INFO, "Messages field %r is not used by this server (accepted)", short)
 
 
 def convert(body: CountTokensBody, raw_body: dict[str, Any]) -> Converted:

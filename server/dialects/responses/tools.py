@@ -16,7 +16,8 @@
   "grammar": {"syntax", "definition"}}}}`` (or ``{"type": "text"}``).
 - Hosted tools the server cannot run (``web_search``, ``file_search``, ``code_interpreter``,
   ``computer_use_preview``, ``image_generation``, ``local_shell``, ``mcp``, … any other type) are
-  dropped with a logged warning and listed in the response's ``agentserve.dropped_tools``.
+  dropped, listed in the response's ``agentserve.dropped_tools`` (types cut to 64 characters) and
+  logged in one line per request (under the log budget, ``server/log_budget.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.errors import InvalidRequest
+from server.log_budget import REQUEST_LOG, cut, tally
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,7 @@ def convert_tools(tools: Any) -> tuple[list[dict[str, Any]], ToolNames]:
         raise InvalidRequest("tools must be a list of tool objects", param="tools")
     out: list[dict[str, Any]] = []
     names = ToolNames()
+    hosted: list[str] = []  # the dropped tools' types as sent (logged in one line, cut)
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
@@ -116,8 +119,17 @@ def convert_tools(tools: Any) -> tuple[list[dict[str, Any]], ToolNames]:
         elif kind == "namespace":
             out += _namespace(tool, where, names)
         else:
-            log.warning("responses: dropped hosted tool %r (this server cannot run it)", kind)
-            names.dropped.append({"index": i, "type": kind})
+            names.dropped.append({"index": i, "type": cut(kind)})  # echoed in the response: cut
+            hosted.append(kind)
+    if names.dropped:  # one line per request, under the log budget (server/log_budget.py)
+        kinds = tally(hosted)
+        REQUEST_LOG.log(
+            log,
+            logging.WARNING,
+            "responses: dropped %d hosted tool(s) this server cannot run: %s",
+            len(names.dropped),
+            kinds,
+        )
     seen: set[str] = set()
     for t in out:
         name = t.get("function", t.get("custom", {})).get("name")

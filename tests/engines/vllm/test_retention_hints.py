@@ -73,9 +73,11 @@ def test_another_connector_in_engine_args_wins(embedded_model_dir):
     ("hint", "seconds"), [({"cache_retention_s": 3600}, 3600.0), ({"prompt_cache_retention": "24h"}, 86400.0)]
 )
 def test_a_response_with_a_hint_says_whether_it_was_used(service, service_off, hint, seconds):
-    assert cache_ext(service, **hint)["retention_hint"] == {"requested_s": seconds, "used": True}
+    said = cache_ext(service, **hint)["retention_hint"]
+    assert said == {"requested_s": seconds, "used": True, "held_s": 600.0}  # limits.max_retention_s
     said = cache_ext(service_off, **hint)["retention_hint"]
-    assert said == {"requested_s": seconds, "used": False, "reason": service_off.engine.retention_hints()}
+    off = service_off.engine.retention_hints()
+    assert said == {"requested_s": seconds, "used": False, "reason": off, "held_s": 600.0}
 
 
 def test_no_hint_nothing_said(service):
@@ -96,3 +98,12 @@ def test_what_is_held_and_how_long(service, service_off):
     assert held(req()) == 0.0  # a plain request: vLLM's LRU
     assert held(req(session="", tools=True)) == 0.0  # no session: nothing to come back
     assert service_off.engine.hold_s(req(retain_s=600, tools=True)) == 0.0
+
+
+def test_a_week_long_hint_holds_for_the_cap_only(service):
+    """A 7-day hint was a 7-day hold (issue 55): chat caps it (limits.max_retention_s, default
+    prefix_cache.session_cap_s) before the engine builds its KV hint."""
+    body = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    p = service.prepare_chat(ChatCompletionRequest(**body, cache_retention_s=7 * 86400), {})
+    request = GenerationRequest("r", [1, 2], SamplingParams(max_tokens=2), None, "", "s", p.retain_s)
+    assert service.engine.hold_s(request) == 600.0
