@@ -101,6 +101,10 @@ class XGrammarBackend(CachedBackend):
                 from server.constrain.arguments.xml import xml_parameters_grammar
 
                 args = xml_parameters_grammar(schema, any_whitespace=self.any_whitespace)
+            elif frame.style == "tagged":
+                from server.constrain.arguments.tagged import tagged_grammar
+
+                args = tagged_grammar(schema, frame.parameter, any_whitespace=self.any_whitespace)
             else:
                 grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
                 args = canonical_numbers(xgr, canonical_strings(xgr, grammar))
