@@ -78,12 +78,9 @@ def parse_tagged_arguments(
     rest = close[len(close_tag(close)) :]
     out: dict[str, Any] = {}
     pos = 0
-    for m in _pattern(open_, close).finditer(body):
-        if m.start() != pos:
-            return None
+    pattern = _pattern(open_, close)
+    while (m := pattern.match(body, pos)) is not None:
         key = m.group(1).strip()
         out[key] = type_value(m.group(2), props.get(key))
-        pos = m.end()
-        if body.startswith(rest, pos):
-            pos += len(rest)
+        pos = m.end() + (len(rest) if body.startswith(rest, m.end()) else 0)
     return out if not body[pos:].strip() else None
