@@ -21,6 +21,8 @@ from server.chat.reasoning_reply import choose_reasoning
 from server.chat.tool_choice import plan_tools
 from server.constrain.envelope_compiler import EnvelopeCompiler
 from server.constrain.plan import ToolPlan
+from server.constrain.reasoning_matcher import ReasoningPhase
+from server.constrain.tool_matcher import Phase
 from server.constrain.vocab import TokenVocab
 from server.families.envelope import Envelope, load_envelope
 from server.families.family import Family, load_family
@@ -57,7 +59,7 @@ TOOLS: list[dict[str, Any]] = [
 ]
 NAMES = tuple(t["function"]["name"] for t in TOOLS)
 FORMS = ("none", "auto", "required", "named", "allowed_required", "allowed_auto")
-CLOSERS = ("</arg_value>", "</tool_call>", "</think>", "</parameter>", "</invoke>", '"', "}", "]", "\n", "1", "true")
+CLOSERS = ("</arg_value>", "</tool_call>", "</parameter>", "</invoke>", '"', "}", "]", "\n", "1", "true")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class Official:
         self.closers = torch.tensor(sorted({i[0] for i in ids} | set(self.eos)))
         self.follow = {tuple(i[:k]): i[k] for i in ids for k in range(1, len(i))}
         self.opening = self.tokenizer.encode(self.envelope.call_tag, add_special_tokens=False)[0]
+        self.next_opening = self.tokenizer.encode(self.envelope.next_opening, add_special_tokens=False)[0]
 
 
 @cache
@@ -131,8 +134,10 @@ def masked_reply(
             if nxt is not None:
                 logits[nxt] += 0.5 * step
                 break
-        if step < 40 and seed % 2 == 0:
-            logits[off.opening] += 30.0
+        tools = getattr(constraint, "inner", constraint) if constraint.phase == ReasoningPhase.INNER else None
+        phase = getattr(tools, "phase", None)
+        if seed % 2 == 0 and phase in (Phase.TEXT, Phase.AFTER):  # toward a call (and another)
+            logits[off.opening if phase == Phase.TEXT else off.next_opening] += max(0.0, 40.0 - 0.3 * step)
         logits = logits.unsqueeze(0)
         xgr.apply_token_bitmask_inplace(logits, bitmask)
         tok = int(logits.argmax())

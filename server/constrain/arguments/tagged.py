@@ -6,7 +6,8 @@ The grammar allows exactly the text the chat template renders for arguments that
 always, the others optionally. VALUE by the property's schema:
 
 * string (no enum), or no type at all: any text without the close tag (``</arg_value>``,
-  ``</parameter>``: the first tag of ``parameter_close``), as the template writes a string raw;
+  ``</parameter>``: the first tag of ``parameter_close``) or the call's (``</tool_call>``: vLLM's GLM
+  parser ends the call there), as the template writes a string raw;
   ``enum`` / ``const`` strings: one of them, raw;
 * integer / number: JSON, in the form the history writes back (``1.5``, not ``1.50``);
 * boolean ``true`` / ``false``, null ``null``; object / array (and any other typed schema): JSON for
@@ -50,23 +51,27 @@ def _value(schema: dict[str, Any], any_whitespace: bool) -> Any | None:
     return canonical_numbers(xgr, canonical_strings(xgr, grammar))
 
 
-def _parameter(key: str, schema: Any, open_: str, close: str, any_whitespace: bool) -> Any:
+def _parameter(key: str, schema: Any, open_: str, close: str, ends: list[str], any_whitespace: bool) -> Any:
     xgr = _xgr()
     begin = open_.replace("{key}", key)
     value = _value(schema if isinstance(schema, dict) else {}, any_whitespace)
     if value is None:
         from xgrammar.structural_tag import AnyTextFormat, StructuralTag, TagFormat
 
-        tag = TagFormat(begin=begin, content=AnyTextFormat(excludes=[close_tag(close)]), end=close)
+        tag = TagFormat(begin=begin, content=AnyTextFormat(excludes=ends), end=close)
         return xgr.Grammar.from_structural_tag(StructuralTag(format=tag))
     return xgr.Grammar.concat(_literal(begin), value, _literal(close))
 
 
-def tagged_grammar(schema: dict[str, Any], parameter: tuple[str, str], any_whitespace: bool = False) -> Any:
-    """The arguments block of one call (possibly empty), for an object schema."""
+def tagged_grammar(
+    schema: dict[str, Any], parameter: tuple[str, str], suffix: str = "", any_whitespace: bool = False
+) -> Any:
+    """The arguments block of one call (possibly empty), for an object schema; ``suffix`` (call_end):
+    a string value never holds its tag either (vLLM's GLM parser ends the call there)."""
     if schema.get("type", "object") != "object":
         raise ValueError("tagged arguments need an object schema ('type': 'object')")
     open_, close = parameter
+    ends = [close_tag(close)] + ([suffix.strip()] if suffix.strip() else [])
     required = set(schema.get("required") or [])
     props = schema.get("properties") or {}
     unknown = sorted(required - set(props))
@@ -77,7 +82,7 @@ def tagged_grammar(schema: dict[str, Any], parameter: tuple[str, str], any_white
     for key, sub in props.items():
         if any(c in key for c in "<>\"\n"):
             raise ValueError(f"property name {key!r} cannot be written as a tagged argument")
-        p = _parameter(key, sub, open_, close, any_whitespace)
+        p = _parameter(key, sub, open_, close, ends, any_whitespace)
         pieces.append(p if key in required else _xgr().Grammar.union(p, empty))
     if not pieces:
         return empty

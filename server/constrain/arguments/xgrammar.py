@@ -104,7 +104,7 @@ class XGrammarBackend(CachedBackend):
             elif frame.style == "tagged":
                 from server.constrain.arguments.tagged import tagged_grammar
 
-                args = tagged_grammar(schema, frame.parameter, any_whitespace=self.any_whitespace)
+                args = tagged_grammar(schema, frame.parameter, frame.suffix, any_whitespace=self.any_whitespace)
             else:
                 grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
                 args = canonical_numbers(xgr, canonical_strings(xgr, grammar))

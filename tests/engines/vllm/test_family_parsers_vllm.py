@@ -10,8 +10,10 @@ tokenizer (its tags are single tokens, as in the real vocabulary; the real one c
 
 Where the two differ by design: reasoning is compared with the newlines around it stripped (our reply
 parser trims them, as GLM's template writes the reasoning back ``.strip()``ped); a reply cut inside a
-call: vLLM drops the unfinished call's text, ours keeps it as content (nothing the model wrote is
-lost), so for cut replies the complete calls are compared and the content up to the cut call.
+call: vLLM may return that call partly parsed (its name, the arguments so far) and drops its text,
+ours keeps the text as content and returns no call for it (nothing the model wrote is lost, nothing
+half-written is called), so for cut replies the complete calls are compared and the content when no
+call was cut.
 """
 
 from __future__ import annotations
@@ -62,14 +64,34 @@ def vllm(ref: str, text: str) -> tuple[str, str, list[tuple[str, Any]]]:
     return (reasoning or "").strip("\n"), (info.content or "").strip(), calls
 
 
+def read_apart(ref: str, text: str) -> bool:
+    """The text holds what vLLM's GLM parser reads as markup where ours reads text (docs/families.md):
+    a call tag inside the reasoning (vLLM: the reasoning ends, a call starts) or a reasoning tag after
+    it (vLLM: ``</think>`` is deleted, ``<think>`` starts reasoning again). The masks allow both as text."""
+    reasoning = official(ref).family.reasoning
+    assert reasoning is not None
+    head, closed, answer = text.partition(reasoning.close_tag)
+    inside = head if closed else text
+    return official(ref).envelope.call_tag in inside or "<think>" in answer or "</think>" in answer
+
+
 def _agree(ref: str, text: str, finished: bool) -> list[tuple[str, Any]]:
     r1, c1, calls1, unfinished = ours(ref, text)
     r2, c2, calls2 = vllm(ref, text)
     assert r1 == r2, (text, r1, r2)
+    if unfinished is not None:  # cut inside a call: vLLM may add it, partly parsed; its name is ours
+        extra = calls2[len(calls1) :]
+        assert len(extra) <= 1 and all(unfinished.startswith(env_open(ref) + n) for n, _ in extra), text
+        calls2 = calls2[: len(calls1)]
     assert calls1 == calls2, (text, calls1, calls2)
     if finished or unfinished is None:
         assert c1 == c2, (text, c1, c2)
     return calls1
+
+
+def env_open(ref: str) -> str:
+    env = official(ref).envelope
+    return env.call_tag + (env.call_start + env.name_open).split(env.call_tag, 1)[-1]
 
 
 CASES = [
@@ -83,22 +105,27 @@ CASES = [
 
 @pytest.mark.parametrize("ref", sorted(PARSERS))
 def test_masked_replies_parse_the_same_with_vllms_parser(ref: str) -> None:
-    called = cut = several = 0
+    called = cut = several = apart = 0
     for i, (form, parallel, seed, max_tokens) in enumerate(CASES):
         subset = NAMES[i % 3 :] if form != "named" else (NAMES[i % 3],)
         reply = masked_reply(ref, form, subset, parallel, seed, max_tokens)
         assert reply.error is None, reply.error
+        if read_apart(ref, reply.text):
+            apart += 1
+            continue
         calls = _agree(ref, reply.text, reply.finished)
         assert [n for n, _ in calls] == list(reply.calls[: len(calls)]), (reply.text, calls, reply.calls)
         if reply.finished:
             assert [n for n, _ in calls] == list(reply.calls), reply.text
         called += bool(calls)
-        cut += not reply.finished and reply.calls != tuple(n for n, _ in calls)
+        cut += not reply.finished and ours(ref, reply.text)[3] is not None
         several += len(calls) > 1
         if form == "none":
             assert not calls
+    print(f"{ref}: {len(CASES)} replies, {called} with calls, {several} parallel, {cut} cut in a call, {apart} apart")
     # the corpus does exercise calls, parallel calls and calls cut by max_tokens
     assert called >= len(CASES) // 3 and several >= 2 and cut >= 1, (called, several, cut)
+    assert apart <= len(CASES) // 4, apart  # random text writes GLM's tags now and then; a model rarely
 
 
 TRICKY = {
