@@ -20,13 +20,14 @@ always, the others optionally. VALUE by the property's schema:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from server.constrain.arguments.xml import INT_RE, NUM_RE, _literal, _or, _types, _xgr
 from server.families.tagged_arguments import close_tag
 
 
-def _value(schema: dict[str, Any], any_whitespace: bool) -> Any | None:
+def _value(schema: dict[str, Any], json_grammar: Callable[[dict[str, Any]], Any]) -> Any | None:
     """The grammar of a non-string value, or None when the value is raw text (a string)."""
     xgr = _xgr()
     if "enum" in schema or "const" in schema:
@@ -45,16 +46,15 @@ def _value(schema: dict[str, Any], any_whitespace: bool) -> Any | None:
         return _or([_literal("true"), _literal("false")])
     if types == ["null"]:
         return _literal("null")
-    from server.constrain.arguments.xgrammar import canonical_numbers, canonical_strings
-
-    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
-    return canonical_numbers(xgr, canonical_strings(xgr, grammar))
+    return json_grammar(schema)
 
 
-def _parameter(key: str, schema: Any, open_: str, close: str, ends: list[str], any_whitespace: bool) -> Any:
+def _parameter(
+    key: str, schema: Any, open_: str, close: str, ends: list[str], json_grammar: Callable[[dict[str, Any]], Any]
+) -> Any:
     xgr = _xgr()
     begin = open_.replace("{key}", key)
-    value = _value(schema if isinstance(schema, dict) else {}, any_whitespace)
+    value = _value(schema if isinstance(schema, dict) else {}, json_grammar)
     if value is None:
         from xgrammar.structural_tag import AnyTextFormat, StructuralTag, TagFormat
 
@@ -64,10 +64,11 @@ def _parameter(key: str, schema: Any, open_: str, close: str, ends: list[str], a
 
 
 def tagged_grammar(
-    schema: dict[str, Any], parameter: tuple[str, str], suffix: str = "", any_whitespace: bool = False
+    schema: dict[str, Any], parameter: tuple[str, str], suffix: str, json_grammar: Callable[[dict[str, Any]], Any]
 ) -> Any:
     """The arguments block of one call (possibly empty), for an object schema; ``suffix`` (call_end):
-    a string value never holds its tag either (vLLM's GLM parser ends the call there)."""
+    a string value never holds its tag either (vLLM's GLM parser ends the call there); ``json_grammar``:
+    the backend's JSON grammar of a sub-schema (canonical strings and numbers)."""
     if schema.get("type", "object") != "object":
         raise ValueError("tagged arguments need an object schema ('type': 'object')")
     open_, close = parameter
@@ -82,7 +83,7 @@ def tagged_grammar(
     for key, sub in props.items():
         if any(c in key for c in "<>\"\n"):
             raise ValueError(f"property name {key!r} cannot be written as a tagged argument")
-        p = _parameter(key, sub, open_, close, ends, any_whitespace)
+        p = _parameter(key, sub, open_, close, ends, json_grammar)
         pieces.append(p if key in required else _xgr().Grammar.union(p, empty))
     if not pieces:
         return empty
