@@ -171,7 +171,6 @@ class Envelope:
         text = self.calls_open + self.call_separator.join(parts) + self.calls_close if parts else ""
         return content + text
 
-
     def render_arguments(self, args: str) -> str:
         """A call's arguments (canonical JSON text) as this envelope writes them."""
         if self.arguments == "xml_parameters":

@@ -118,7 +118,9 @@ def tokenizers() -> dict[str, Any]:
     return {ref: family_test_tokenizer(ref) for ref in FAMILIES}
 
 
-def _template(ref: str, tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], **kw: Any) -> str:
+def _template(
+    ref: str, tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], **kw: Any
+) -> str:
     text: str = tok.apply_chat_template(
         vllm_messages(messages),
         tools=tools or None,
@@ -142,11 +144,15 @@ def test_tokens_equal_the_glm_template(ref: str, case: int, tokenizers: dict[str
     tok = tokenizers[ref]
     ours, want = _ours(ref, messages, tools) + FORCED[ref], _template(ref, tok, messages, tools)
     assert ours == want
-    assert tok(ours, add_special_tokens=False)["input_ids"] == tok(want, add_special_tokens=False)["input_ids"]
+    assert (
+        tok(ours, add_special_tokens=False)["input_ids"] == tok(want, add_special_tokens=False)["input_ids"]
+    )
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_keep_reasoning_is_the_template_with_clear_thinking_off(case: int, tokenizers: dict[str, Any]) -> None:
+def test_keep_reasoning_is_the_template_with_clear_thinking_off(
+    case: int, tokenizers: dict[str, Any]
+) -> None:
     messages, tools = CASES[case]
     ours = _ours("glm47", messages, tools, keep=True) + FORCED["glm47"]
     assert ours == _template("glm47", tokenizers["glm47"], messages, tools, clear_thinking=False)
@@ -162,8 +168,11 @@ def test_reasoning_off_is_the_template_with_thinking_disabled(tokenizers: dict[s
 
 def test_the_cases_cover_glm_features(tokenizers: dict[str, Any]) -> None:
     loop = _ours("glm47", *OWN[0])
-    assert "<|assistant|><think>Look first.\nThen edit.</think><tool_call>ls</tool_call><tool_call>edit_file" in loop
-    assert "<arg_key>old</arg_key><arg_value>print(\"hi\")\n\tx = 1</arg_value>" in loop  # raw string
+    assert (
+        "<|assistant|><think>Look first.\nThen edit.</think><tool_call>ls</tool_call><tool_call>edit_file"
+        in loop
+    )
+    assert '<arg_key>old</arg_key><arg_value>print("hi")\n\tx = 1</arg_value>' in loop  # raw string
     assert "<arg_value>false</arg_value>" in loop and '<arg_value>{"ratio": 0.5}</arg_value>' in loop
     assert "<|observation|><tool_response>café.py</tool_response><tool_response>" in loop
     dropped = _ours("glm47", *OWN[1])

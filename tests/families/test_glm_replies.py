@@ -23,7 +23,10 @@ from server.protocol import ChatMessage
 from tests.families.masked_replies import FORMS, NAMES, TOOLS, masked_reply, official, parse_reply
 
 SCHEMAS = {t["function"]["name"]: tool_schema(t) for t in TOOLS}
-HEAD: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Fix it."}]
+HEAD: list[dict[str, Any]] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Fix it."},
+]
 
 
 def _render(ref: str, messages: list[dict[str, Any]], keep: bool = False) -> str:
@@ -38,7 +41,11 @@ def _as_the_template_writes(ref: str, text: str, calls: bool) -> bool:
     raw, _, answer = text[len(reasoning.open) :].partition(reasoning.close_tag)
     answer = answer[len(reasoning.close) - len(reasoning.close_tag) :]  # GLM-4.5's forced "\n"
     head = answer.split(official(ref).envelope.call_separator + "<tool_call>")[0] if calls else answer
-    return raw == raw.strip() and head == head.strip() and (calls or bool(head) or not reasoning.close.endswith("\n"))
+    return (
+        raw == raw.strip()
+        and head == head.strip()
+        and (calls or bool(head) or not reasoning.close.endswith("\n"))
+    )
 
 
 @pytest.mark.parametrize("ref", ["glm47", "glm45"])

@@ -61,7 +61,9 @@ def test_make_test_model_glm_declares_its_family_and_keeps_the_tags_whole(tmp_pa
     tok = AutoTokenizer.from_pretrained(out)
     assert select_family("auto", out, tok).family.ref == "glm47"
     prompt = FamilyRenderer("glm47").render([ChatMessage(role="user", content="hi")], []).text
-    ids = tok(prompt + "<think>r</think><tool_call>x<arg_key>k</arg_key>", add_special_tokens=False)["input_ids"]
+    ids = tok(prompt + "<think>r</think><tool_call>x<arg_key>k</arg_key>", add_special_tokens=False)[
+        "input_ids"
+    ]
     text = tok.convert_ids_to_tokens(ids)
     for tag in ("[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<think>", "<tool_call>", "<arg_key>"):
         assert tag in text, (tag, text)

@@ -44,7 +44,10 @@ def _template(name: str) -> str:
         (ModelFacts(special_tokens=GLM, chat_template=_template("glm-4.7")), "glm47"),
         (ModelFacts(special_tokens=GLM, chat_template=_template("glm-4.6")), "glm45"),
         # GLM-5.3's template (a "Reasoning Effort:" system header) is not GLM-4.7's: not guessed
-        (ModelFacts(special_tokens=GLM, chat_template="Reasoning Effort: {{ e }}" + _template("glm-4.7")), None),
+        (
+            ModelFacts(special_tokens=GLM, chat_template="Reasoning Effort: {{ e }}" + _template("glm-4.7")),
+            None,
+        ),
         (ModelFacts(special_tokens=GLM), None),  # GLM's vocabulary, no tool template: no family
         (ModelFacts(special_tokens=MISTRAL), "mistral:v3"),
         (ModelFacts(special_tokens=MISTRAL | {"[SYSTEM_PROMPT]"}), "mistral:v3"),  # Nemo's vocab has it too

@@ -50,7 +50,12 @@ def _value(schema: dict[str, Any], json_grammar: Callable[[dict[str, Any]], Any]
 
 
 def _parameter(
-    key: str, schema: Any, open_: str, close: str, ends: list[str], json_grammar: Callable[[dict[str, Any]], Any]
+    key: str,
+    schema: Any,
+    open_: str,
+    close: str,
+    ends: list[str],
+    json_grammar: Callable[[dict[str, Any]], Any],
 ) -> Any:
     xgr = _xgr()
     begin = open_.replace("{key}", key)
@@ -64,7 +69,10 @@ def _parameter(
 
 
 def tagged_grammar(
-    schema: dict[str, Any], parameter: tuple[str, str], suffix: str, json_grammar: Callable[[dict[str, Any]], Any]
+    schema: dict[str, Any],
+    parameter: tuple[str, ...],
+    suffix: str,
+    json_grammar: Callable[[dict[str, Any]], Any],
 ) -> Any:
     """The arguments block of one call (possibly empty), for an object schema; ``suffix`` (call_end):
     a string value never holds its tag either (vLLM's GLM parser ends the call there); ``json_grammar``:
@@ -81,7 +89,7 @@ def tagged_grammar(
     empty = _literal("")
     pieces = []
     for key, sub in props.items():
-        if any(c in key for c in "<>\"\n"):
+        if any(c in key for c in '<>"\n'):
             raise ValueError(f"property name {key!r} cannot be written as a tagged argument")
         p = _parameter(key, sub, open_, close, ends, json_grammar)
         pieces.append(p if key in required else _xgr().Grammar.union(p, empty))

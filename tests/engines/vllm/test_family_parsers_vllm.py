@@ -122,7 +122,10 @@ def test_masked_replies_parse_the_same_with_vllms_parser(ref: str) -> None:
         several += len(calls) > 1
         if form == "none":
             assert not calls
-    print(f"{ref}: {len(CASES)} replies, {called} with calls, {several} parallel, {cut} cut in a call, {apart} apart")
+    print(
+        f"{ref}: {len(CASES)} replies, {called} with calls, {several} parallel, "
+        f"{cut} cut in a call, {apart} read apart"
+    )
     # the corpus does exercise calls, parallel calls and calls cut by max_tokens
     assert called >= len(CASES) // 3 and several >= 2 and cut >= 1, (called, several, cut)
     assert apart <= len(CASES) // 4, apart  # random text writes GLM's tags now and then; a model rarely
@@ -134,22 +137,28 @@ TRICKY = {
     "dry_run": True,
     "mode": "safe",
     "opts": {"ratio": 0.25},
-    "tags": ["a \"q\"", "b\nc", "日本"],
+    "tags": ['a "q"', "b\nc", "日本"],
 }
 
 
 @pytest.mark.parametrize("ref", sorted(PARSERS))
-@pytest.mark.parametrize("content", ["", "Let me look.\nThen edit: \"it\"."])
+@pytest.mark.parametrize("content", ["", 'Let me look.\nThen edit: "it".'])
 def test_written_calls_with_quotes_newlines_unicode_parse_the_same(ref: str, content: str) -> None:
     env = official(ref).envelope
     plan = choose_reasoning(official(ref).family.reasoning, None, None).plan
     assert plan is not None
-    calls = [("edit_file", json.dumps(TRICKY), ""), ("ls", "{}", ""), ("ls_dir", json.dumps({"dir": "~/x y"}), "")]
+    calls = [
+        ("edit_file", json.dumps(TRICKY), ""),
+        ("ls", "{}", ""),
+        ("ls_dir", json.dumps({"dir": "~/x y"}), ""),
+    ]
     answer = (content + env.call_separator if content else "") + env.render_calls(calls)
     text = plan.open + "Plan: edit, then list.\n" + plan.close + answer
     got = _agree(ref, text, True)
     assert got == [(n, json.loads(a)) for n, a, _ in calls]
     for k in range(1, len(calls)):  # cut after k calls and inside the next one
         whole = env.render_calls(calls[:k])
-        cut_text = plan.open + "R" + plan.close + whole + env.call_separator + env.call_start + calls[k][0][:2]
+        cut_text = (
+            plan.open + "R" + plan.close + whole + env.call_separator + env.call_start + calls[k][0][:2]
+        )
         assert _agree(ref, cut_text, False) == [(n, json.loads(a)) for n, a, _ in calls[:k]]
