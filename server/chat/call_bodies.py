@@ -6,6 +6,7 @@
   accepted for the arguments. Any whitespace, any key order (unmasked output parses too).
 * Mistral v13: ``NAME[ARGS]{...}``: the name, then a JSON object (v11: ``NAME[CALL_ID]ID[ARGS]{...}``,
   the id the model wrote).
+* Tagged (GLM, MiniMax): ``NAME`` + name_close + ``OPEN(K) V CLOSE`` per argument.
 * XML (Qwen3-Coder): ``<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n...</function>``,
   values typed by the tool's schema (``server/families/xml_arguments.py``).
 
@@ -81,10 +82,25 @@ class BodyParser:
         args = parse_xml_arguments(m.group(2), self.schemas.get(name))
         return ParsedCall(name, dump_json(args)) if args is not None else None
 
+    def tagged_call(self, body: str) -> ParsedCall | None:
+        """GLM / MiniMax: ``NAME`` + name_close + tagged arguments (server/families/tagged_arguments.py)."""
+        from server.families.tagged_arguments import parse_tagged_arguments
+
+        env = self.envelope
+        lead = (env.call_start + env.name_open).split(env.call_tag, 1)[-1] if env.call_tag else env.name_open
+        if not body.startswith(lead) or env.name_close not in body[len(lead) :]:
+            return None
+        name, _, rest = body[len(lead) :].partition(env.name_close)
+        name = name.strip()
+        args = parse_tagged_arguments(rest, env.parameter_open, env.parameter_close, self.schemas.get(name))
+        return ParsedCall(name, dump_json(args)) if args is not None and name else None
+
     def tagged_body(self, body: str) -> ParsedCall | None:
         """The text between a call's tags (text-trigger envelopes)."""
         if self.envelope.arguments == "xml_parameters":
             return self.xml_function(body)
+        if self.envelope.arguments == "tagged":
+            return self.tagged_call(body)
         return self.json_text(body.strip())
 
 

@@ -75,10 +75,12 @@ class ReasoningSplitter:
         if not self._thinking:
             return "", self._answer(self._take())
         if not self._opened:
-            if len(self._buf) < len(self.open_tag) and self.open_tag.startswith(self._buf):
+            # newlines before the open tag (GLM-4.5's "\n<think>") are not reasoning when trimmed
+            head = self._buf.lstrip("\n") if self.trim else self._buf
+            if len(head) < len(self.open_tag) and self.open_tag.startswith(head):
                 return "", ""
-            if self._buf.startswith(self.open_tag):
-                self._buf = self._buf[len(self.open_tag) :]
+            if head.startswith(self.open_tag):
+                self._buf = head[len(self.open_tag) :]
             self._opened = True
         at = self._buf.find(self.close_tag)
         if at >= 0:
@@ -96,7 +98,7 @@ class ReasoningSplitter:
         """The rest: a reply cut inside its reasoning keeps that text as reasoning."""
         if self._thinking:
             rest, self._buf = self._buf, ""
-            if not self._opened and self.open_tag.startswith(rest):
+            if not self._opened and self.open_tag.startswith(rest.lstrip("\n") if self.trim else rest):
                 rest = ""
             return self._say(rest.rstrip("\n") if self.trim else rest), ""
         out = self._answer(self._take())

@@ -131,7 +131,10 @@ class EnvelopeCompiler:
             tails: tuple[str, ...] = (env.calls_close,) if env.calls_close else ()
             if env.calls_close and plan.parallel and env.parallel:
                 tails += (env.call_separator[:1],)
-            frame = CallFrame(self.masks.close_rest, env.call_end, env.arguments, env.call_id, tails)
+            parameter = (env.parameter_open, env.parameter_close) if env.arguments == "tagged" else ()
+            frame = CallFrame(
+                self.masks.close_rest, env.call_end, env.arguments, env.call_id, tails, parameter
+            )
             for name in plan.allowed:
                 tool = by_name[name]
                 fmt = custom_format(tool)

@@ -15,7 +15,9 @@ is rendered back into the next prompt are the same text. A reply holding calls i
   never text (``[TOOL_CALLS]``, ``[ARGS]``).
 * ``arguments`` — ``json`` (an object following the tool's schema) or
   ``xml_parameters`` (Qwen3-Coder: ``<parameter=KEY>\\nVALUE\\n</parameter>\\n`` per
-  argument, raw values typed by the schema).
+  argument, raw values typed by the schema) or ``tagged`` (``parameter_open`` with ``{key}``,
+  the value, ``parameter_close`` per argument: GLM's ``<arg_key>K</arg_key><arg_value>V</arg_value>``,
+  MiniMax's ``<parameter name="K">V</parameter>``; server/families/tagged_arguments.py).
 * ``call_id`` — a regex for an id the model writes itself, placed where ``call_end``
   (Mistral v3: 9 alphanumerics) or ``name_close`` says ``{call_id}`` (Mistral v11:
   ``[CALL_ID]{call_id}[ARGS]``, between two special tokens); the parser returns it as the
@@ -39,7 +41,7 @@ import yaml
 from server.package_data import GRAMMARS_DIR
 
 TRIGGERS = ("text", "token", "start")
-ARGUMENT_KINDS = ("json", "xml_parameters")
+ARGUMENT_KINDS = ("json", "xml_parameters", "tagged")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class Envelope:
     tool_response_close: str = ""
     tools_preamble: str = ""
     tools_postamble: str = ""
+    # arguments "tagged": each argument is parameter_open (with "{key}") + value + parameter_close
+    parameter_open: str = ""
+    parameter_close: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "special_tokens", tuple(self.special_tokens))
@@ -99,6 +104,10 @@ class Envelope:
             )
         if not self.name_close:
             raise ValueError(f"{where}: name_close is empty: the masks need to know where a name ends")
+        if (self.arguments == "tagged") != bool(self.parameter_open and self.parameter_close):
+            raise ValueError(f"{where}: arguments 'tagged' and parameter_open / parameter_close go together")
+        if self.arguments == "tagged" and self.parameter_open.count("{key}") != 1:
+            raise ValueError(f"{where}: parameter_open holds '{{key}}' once (where the argument's name goes)")
 
     # --- special tokens ---------------------------------------------------------------------
     def leading_special(self, text: str) -> str | None:
@@ -154,15 +163,25 @@ class Envelope:
         ``arguments text`` is written as given for ``json`` (pass canonical JSON); for
         ``xml_parameters`` it is parsed and written one parameter per key.
         """
-        from server.families.xml_arguments import render_xml_arguments
-
         parts = []
         for name, args, call_id in calls:
-            body = render_xml_arguments(args) if self.arguments == "xml_parameters" else args
+            body = self.render_arguments(args)
             head = self.call_start + self.name_open + name + self.close_text(call_id)
             parts.append(head + body + self.end_text(call_id))
         text = self.calls_open + self.call_separator.join(parts) + self.calls_close if parts else ""
         return content + text
+
+    def render_arguments(self, args: str) -> str:
+        """A call's arguments (canonical JSON text) as this envelope writes them."""
+        if self.arguments == "xml_parameters":
+            from server.families.xml_arguments import render_xml_arguments
+
+            return render_xml_arguments(args)
+        if self.arguments == "tagged":
+            from server.families.tagged_arguments import render_tagged_arguments
+
+            return render_tagged_arguments(args, self.parameter_open, self.parameter_close)
+        return args
 
 
 def _from_yaml(path: Path) -> Envelope:

@@ -36,13 +36,16 @@ def _tokenizer(vocab: str, version: str | None, tmp: Path) -> Any:
 def family_test_tokenizer(family_ref: str, tmp: Path | None = None) -> Any:
     """The tokenizer a test model of the family gets: its ``test_model.vocab``, plus the special
     tokens listed in ``test_model.add_special`` (Harmony's, on the SmolLM2 vocabulary: the o200k
-    vocabulary cannot be fetched here)."""
+    vocabulary cannot be fetched here) and the text tokens of ``test_model.add_tokens`` (GLM's tags)."""
     family = load_family(family_ref)
     spec = family.test_model
     tok = _tokenizer(str(spec.get("vocab", "embedded")), family.version, tmp or Path("."))
     added = [str(t) for t in spec.get("add_special") or ()]
     if added:
         tok.add_tokens(added, special_tokens=True)
+    plain = [str(t) for t in spec.get("add_tokens") or ()]  # one token each, decoded as text (GLM's tags)
+    if plain:
+        tok.add_tokens(plain)
     return tok
 
 

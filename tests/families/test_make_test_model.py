@@ -49,3 +49,26 @@ def test_make_test_model_serves_its_family(ref: str, tmp_path) -> None:
 def test_unknown_family_is_a_clear_cli_error(tmp_path, capsys) -> None:
     assert main(["make-test-model", "--family", "gpt5", str(tmp_path / "x")]) == 2
     assert "llama3_json" in capsys.readouterr().err
+
+
+def test_make_test_model_glm_declares_its_family_and_keeps_the_tags_whole(tmp_path) -> None:
+    """GLM's test model: SmolLM2's vocabulary + GLM's turn tokens (special) and tags (one token each,
+    text), its family declared in config.json (a vocabulary without GLM's chat template is not GLM's)."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "glm"
+    assert main(["make-test-model", "--family", "glm47", str(out)]) == 0
+    tok = AutoTokenizer.from_pretrained(out)
+    assert select_family("auto", out, tok).family.ref == "glm47"
+    prompt = FamilyRenderer("glm47").render([ChatMessage(role="user", content="hi")], []).text
+    ids = tok(prompt + "<think>r</think><tool_call>x<arg_key>k</arg_key>", add_special_tokens=False)[
+        "input_ids"
+    ]
+    text = tok.convert_ids_to_tokens(ids)
+    for tag in ("[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<think>", "<tool_call>", "<arg_key>"):
+        assert tag in text, (tag, text)
+    assert tok.decode(ids, skip_special_tokens=True).startswith("hi<think>")  # the tags are text
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == [
+        tok.convert_tokens_to_ids("<|user|>"),
+        tok.convert_tokens_to_ids("<|observation|>"),
+    ]

@@ -18,6 +18,7 @@ SPM_V7 = MISTRAL | {"<0x0A>", "[SYSTEM_PROMPT]"}  # Mistral Large 2411's Sentenc
 HARMONY = frozenset(
     {"<|start|>", "<|end|>", "<|channel|>", "<|message|>", "<|call|>", "<|return|>", "<|constrain|>"}
 )
+GLM = frozenset({"[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>"})
 
 
 def _template(name: str) -> str:
@@ -40,6 +41,14 @@ def _template(name: str) -> str:
             "harmony",
         ),  # our test vocabulary: SmolLM2's + Harmony's
         (ModelFacts(special_tokens=HARMONY - {"<|constrain|>"}), None),  # not all of them: not Harmony
+        (ModelFacts(special_tokens=GLM, chat_template=_template("glm-4.7")), "glm47"),
+        (ModelFacts(special_tokens=GLM, chat_template=_template("glm-4.6")), "glm45"),
+        # GLM-5.3's template (a "Reasoning Effort:" system header) is not GLM-4.7's: not guessed
+        (
+            ModelFacts(special_tokens=GLM, chat_template="Reasoning Effort: {{ e }}" + _template("glm-4.7")),
+            None,
+        ),
+        (ModelFacts(special_tokens=GLM), None),  # GLM's vocabulary, no tool template: no family
         (ModelFacts(special_tokens=MISTRAL), "mistral:v3"),
         (ModelFacts(special_tokens=MISTRAL | {"[SYSTEM_PROMPT]"}), "mistral:v3"),  # Nemo's vocab has it too
         (ModelFacts(special_tokens=MISTRAL, chat_template="[SYSTEM_PROMPT]{{ m }}"), "mistral:v7"),
@@ -92,6 +101,8 @@ def test_every_family_names_an_envelope_and_test_vocab() -> None:
             "mistral_call_id",
             "qwen3_coder",
             "harmony",
+            "glm45",
+            "glm47",
         }
         assert fam.test_model.get("vocab") in {"embedded", "llama3", "tekken", "qwen", "mistral_spm"}
 

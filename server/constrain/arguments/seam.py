@@ -7,9 +7,10 @@ A small seam so the grammar engine can be swapped (config ``grammar_backend``, t
   text), cached by the backend; a schema the engine cannot compile raises ``ConstraintError``
   (HTTP 400) naming the tool. ``frame`` (``CallFrame``) is the envelope's text around the
   arguments: ``prefix`` (rest of name_close), ``suffix`` (call_end), ``style`` (the envelope's
-  ``arguments``: ``json`` or ``xml_parameters``, Qwen3-Coder's parameters, grammar in
-  ``xml.py``), ``call_id`` (a regex standing for ``{call_id}`` in the suffix: an id the model
-  writes, Mistral v3) and ``tails`` (one of these strings ends the grammar, after the suffix);
+  ``arguments``: ``json``, ``xml_parameters``, Qwen3-Coder's parameters, grammar in
+  ``xml.py``, or ``tagged``, GLM's, grammar in ``tagged.py`` from ``parameter``), ``call_id``
+  (a regex standing for ``{call_id}`` in the suffix: an id the model writes, Mistral v3) and
+  ``tails`` (one of these strings ends the grammar, after the suffix);
 * ``ArgumentsBackend.matcher(compiled)`` — a fresh per-call ``ArgumentsMatcher``.
 
 The compiled grammar starts with the rest of name_close (``', "arguments": '`` minus
@@ -42,6 +43,7 @@ class CallFrame:
     style: str = "json"  # the envelope's ``arguments``: "json" | "xml_parameters"
     call_id: str | None = None  # a regex for ``{call_id}`` in the suffix (an id the model writes)
     tails: tuple[str, ...] = ()  # one of these ends the grammar, after the suffix
+    parameter: tuple[str, ...] = ()  # style "tagged": (parameter_open with "{key}", parameter_close)
 
 
 class ArgumentsMatcher(Protocol):

@@ -101,6 +101,10 @@ class XGrammarBackend(CachedBackend):
                 from server.constrain.arguments.xml import xml_parameters_grammar
 
                 args = xml_parameters_grammar(schema, any_whitespace=self.any_whitespace)
+            elif frame.style == "tagged":
+                from server.constrain.arguments.tagged import tagged_grammar
+
+                args = tagged_grammar(schema, frame.parameter, frame.suffix, self._json_value)
             else:
                 grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
                 args = canonical_numbers(xgr, canonical_strings(xgr, grammar))
@@ -136,6 +140,11 @@ class XGrammarBackend(CachedBackend):
                 "simplify the schema (its 'pattern's in particular) or leave 'parameters' out",
                 param="tools",
             ) from exc
+
+    def _json_value(self, schema: dict[str, Any]) -> Any:
+        """A JSON value for ``schema``, its strings and numbers as the history writes them back."""
+        grammar = self.xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
+        return canonical_numbers(self.xgr, canonical_strings(self.xgr, grammar))
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
         return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))

@@ -50,6 +50,12 @@ class CustomCompiler:
                 "tools do not support yet; use a function tool",
                 param="tools",
             )
+        if frame.style == "tagged":
+            raise ConstraintError(
+                f"custom tool {tool!r}: this model's envelope (tagged arguments: GLM, MiniMax) does not "
+                "support custom tools yet; use a function tool",
+                param="tools",
+            )
         check_format(fmt, f"tool {tool!r} custom.format")
         if frame.style == "xml_parameters":
             before, close, encoding = frame.prefix + f"<parameter={INPUT}>\n", "", "xml"
