@@ -32,18 +32,20 @@ import numpy as np
 from server.constrain.bitmask import write_row
 from server.constrain.vocab import TokenVocab
 
-_FIXED_CLASS = re.compile(r"^\[([^\]]+)\]\{(\d+)\}$")
+_FIXED_CLASS = re.compile(r"^\[([^\]]+)\]\{(?:(\d+),)?(\d+)\}$")
 
 
-def id_alphabet(pattern: str) -> tuple[frozenset[int], int]:
-    """(the bytes an id may hold, its length) of a regex ``[CLASS]{N}`` (ASCII ranges and chars)."""
+def id_alphabet(pattern: str) -> tuple[frozenset[int], int, int]:
+    """(the bytes an id may hold, its longest length, its shortest) of a regex ``[CLASS]{N}`` or
+    ``[CLASS]{M,N}`` (Kimi's running index ``[0-9]{1,4}``), ASCII ranges and chars."""
     m = _FIXED_CLASS.match(pattern)
     if m is None:
         raise ValueError(
-            f"a call id between the name and the arguments must be a fixed-length character class "
-            f"such as '[a-zA-Z0-9]{{9}}', not {pattern!r}"
+            f"a call id between the name and the arguments must be a character class of a bounded "
+            f"length such as '[a-zA-Z0-9]{{9}}' or '[0-9]{{1,4}}', not {pattern!r}"
         )
-    cls, n = m.group(1), int(m.group(2))
+    cls, n = m.group(1), int(m.group(3))
+    least = int(m.group(2)) if m.group(2) is not None else n
     chars: set[int] = set()
     i = 0
     while i < len(cls):
@@ -53,16 +55,16 @@ def id_alphabet(pattern: str) -> tuple[frozenset[int], int]:
         else:
             chars.add(ord(cls[i]))
             i += 1
-    if n < 1 or any(c > 127 for c in chars):
+    if least < 1 or least > n or any(c > 127 for c in chars):
         raise ValueError(f"call id {pattern!r}: an ASCII class and a length of at least 1")
-    return frozenset(chars), n
+    return frozenset(chars), n, least
 
 
 class CallIdMasks:
     """The masks of a model-written id followed by a special token (see the module doc)."""
 
     def __init__(self, vocab: TokenVocab, pattern: str, after_token: int) -> None:
-        self.alphabet, self.length = id_alphabet(pattern)
+        self.alphabet, self.length, self.least = id_alphabet(pattern)
         self.after_token = after_token
         self.token_len = np.zeros(vocab.vocab_size, dtype=np.int64)  # 0: not an id piece
         alphabet = bytes(sorted(self.alphabet))
@@ -70,9 +72,18 @@ class CallIdMasks:
             if tb and not tb.translate(None, alphabet):  # every byte in the alphabet
                 self.token_len[tid] = len(tb)
         ids = np.arange(vocab.vocab_size)
-        # rows[k]: k id characters still to write (rows[0]: only the special token)
+        # rows[k]: k id characters still to write (rows[0]: only the special token); an id of a
+        # variable length may end (the special token) once ``least`` characters are written
         self.rows = [vocab.pack([after_token])] + [
-            vocab.pack(ids[(self.token_len > 0) & (self.token_len <= k)]) for k in range(1, self.length + 1)
+            vocab.pack(
+                np.concatenate(
+                    [
+                        ids[(self.token_len > 0) & (self.token_len <= k)],
+                        [after_token] if self.length - k >= self.least else [],
+                    ]
+                ).astype(np.int64)
+            )
+            for k in range(1, self.length + 1)
         ]
 
     def wrap(self, compiled: Any, backend: Any) -> IdThenArgs:
@@ -116,9 +127,11 @@ class IdThenArgsMatcher:
     def accept_token(self, token_id: int) -> bool:
         if self.opened:
             return bool(self.inner.accept_token(token_id))
+        if token_id == self.gate.after_token and self.gate.length - self.left >= self.gate.least:
+            self.opened = True
+            return True
         if self.left == 0:
-            self.opened = token_id == self.gate.after_token
-            return self.opened
+            return False
         n = int(self.gate.token_len[token_id]) if 0 <= token_id < len(self.gate.token_len) else 0
         if n == 0 or n > self.left:
             return False

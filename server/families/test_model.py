@@ -43,6 +43,8 @@ def family_test_tokenizer(family_ref: str, tmp: Path | None = None) -> Any:
     added = [str(t) for t in spec.get("add_special") or ()]
     if added:
         tok.add_tokens(added, special_tokens=True)
+    if spec.get("bos"):  # the family's begin-of-sequence token (DeepSeek's), one of add_special
+        tok.bos_token = str(spec["bos"])
     return tok
 
 
