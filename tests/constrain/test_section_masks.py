@@ -42,6 +42,7 @@ def _calls(ref: str, text: str) -> tuple[str | None, list[tuple[str, dict, str |
     return thought, [(c.name, json.loads(c.arguments), c.id) for c in out.tool_calls], out.content
 
 
+@pytest.mark.slow  # random walks of up to 300 masked steps: ~8 s each
 @pytest.mark.parametrize("ref", REFS)
 @pytest.mark.parametrize("seed", range(4))
 def test_every_tool_choice_form(ref: str, seed: int) -> None:
