@@ -19,15 +19,30 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from server.chat.call_bodies import ParsedCall
+from server.chat.call_bodies import BodyParser, ParsedCall
+from server.families.envelope import Envelope
 
-if TYPE_CHECKING:
-    from server.chat.toolcalls import Events, StreamingToolCallParser
+Events = list[Any]  # toolcalls.py's ContentDelta / CallDelta
 
 
-def name_pattern(parser: StreamingToolCallParser) -> re.Pattern[str]:
+class StreamingToolCallParser(Protocol):
+    """What of toolcalls.py's parser a section step reads and writes."""
+
+    envelope: Envelope
+    body: BodyParser
+    _buf: str
+    _in_call: bool
+    _section_calls: int
+    _name_re: re.Pattern[str]
+
+    def _emit_content(self, text: str, events: Events) -> None: ...
+
+    def _add(self, call: ParsedCall | None, raw: str, events: Events) -> None: ...
+
+
+def name_pattern(parser: Any) -> re.Pattern[str]:
     """NAME then name_close (group 1 the name, group 2 the id the model wrote, if any)."""
     env = parser.envelope
     if env.call_id is not None and "{call_id}" in env.name_close:

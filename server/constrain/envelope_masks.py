@@ -191,9 +191,9 @@ class EnvelopeMasks:
 
     def after_row(self, trie: NameTrie, subset: int, eos: tuple[int, ...], parallel: bool) -> np.ndarray:
         """After a call: end of sequence or, with parallel calls, another call (separator or token)."""
-        if self.close_token is not None:  # a section: the next call's start or its close
+        if (close := self.close_token) is not None:  # a section: the next call's start or its close
             nxt = (self.next_token,) if parallel and self.next_token is not None else ()
-            return self.cached(("close", nxt), lambda: self.vocab.pack([self.close_token, *nxt]))
+            return self.cached(("close", nxt), lambda: self.vocab.pack([close, *nxt]))
         if not parallel:
             return self.eos_row(eos)
 

@@ -165,7 +165,14 @@ def minimal_call_text(envelope: Envelope, name: str, parameters: dict[str, Any] 
     call_id = "a" * 9 if envelope.call_id else ""
     # a section's close (Kimi, DeepSeek) is forced after the last call: it must fit too
     close = envelope.calls_close if envelope.sectioned else ""
-    return envelope.next_opening + name + envelope.close_text(call_id) + args + envelope.end_text(call_id) + close
+    return (
+        envelope.next_opening
+        + name
+        + envelope.close_text(call_id)
+        + args
+        + envelope.end_text(call_id)
+        + close
+    )
 
 
 def minimal_call_tokens(

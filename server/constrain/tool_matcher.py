@@ -180,7 +180,9 @@ class ToolMatcher:
         text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
         if self.pending:
             if tid != self.pending[0]:
-                return self._reject(f"token {self._what(tid)} is not the forced {self._what(self.pending[0])}")
+                return self._reject(
+                    f"token {self._what(tid)} is not the forced {self._what(self.pending[0])}"
+                )
             self.pending.pop(0)
             return True
         if ph == Phase.TEXT:

@@ -130,7 +130,11 @@ class Envelope:
 
     def call_id_of(self, name: str, written: str) -> str:
         """The call id the client gets from the id the model wrote (``id_format``, else as written)."""
-        return self.id_format.replace("{name}", name).replace("{call_id}", written) if self.id_format else written
+        return (
+            self.id_format.replace("{name}", name).replace("{call_id}", written)
+            if self.id_format
+            else written
+        )
 
     def written_id(self, name: str, call_id: str) -> str:
         """The part of a call id the model writes (Kimi: the index of ``functions.NAME:IDX``)."""

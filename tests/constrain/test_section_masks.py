@@ -68,7 +68,9 @@ def test_every_tool_choice_form(ref: str, seed: int) -> None:
             if name == "shell_ls":
                 assert args["path"] in ("/", "/tmp"), where
             if env.id_format:  # Kimi: the id is functions.NAME:IDX, as the model wrote it
-                assert cid is not None and cid.startswith(f"functions.{name}:") and cid.split(":")[1].isdigit()
+                assert (
+                    cid is not None and cid.startswith(f"functions.{name}:") and cid.split(":")[1].isdigit()
+                )
     none = random_walk(ref, plan(ref, "none", ()), seed)
     assert env.calls_open not in none and not _calls(ref, none)[1]
 
@@ -77,7 +79,9 @@ def _target(ref: str, calls: list[tuple[str, dict]]) -> str:
     _, env, _ = setup(ref)
     r = load_family(ref).reasoning
     think = r.open + "Let me check.\nTwo calls." + r.close if r is not None else ""
-    rendered = [(n, json.dumps(a, ensure_ascii=False), f"functions.{n}:{i + 3}") for i, (n, a) in enumerate(calls)]
+    rendered = [
+        (n, json.dumps(a, ensure_ascii=False), f"functions.{n}:{i + 3}") for i, (n, a) in enumerate(calls)
+    ]
     return think + "Sure — " + env.render_calls(rendered)
 
 
@@ -91,7 +95,11 @@ def test_quotes_newlines_unicode_and_parallel_calls_pass_as_written(ref: str) ->
     assert [(n, a) for n, a, _ in got] == calls and content == "Sure —"
     if load_family(ref).reasoning is not None:
         assert thought == "Let me check.\nTwo calls."
-        assert [cid for _, _, cid in got] == ["functions.shell_exec:3", "functions.shell_ls:4", "functions.shell_exit:5"]
+        assert [cid for _, _, cid in got] == [
+            "functions.shell_exec:3",
+            "functions.shell_ls:4",
+            "functions.shell_exit:5",
+        ]
 
 
 @pytest.mark.parametrize("ref", REFS)
@@ -109,7 +117,9 @@ def test_a_call_cut_by_max_tokens_is_unfinished_not_a_call(ref: str) -> None:
     _, env, _ = setup(ref)
     target = _target(ref, [("shell_exec", QUOTED), ("shell_ls", {"path": "/tmp"})])
     full = guided_walk(ref, plan(ref, "auto", ALL), target)
-    cut = guided_walk(ref, plan(ref, "auto", ALL), target, max_tokens=len(setup(ref)[0](full)["input_ids"]) - 6)
+    cut = guided_walk(
+        ref, plan(ref, "auto", ALL), target, max_tokens=len(setup(ref)[0](full)["input_ids"]) - 6
+    )
     assert target.startswith(cut) and cut != target
     _, answer = _split(ref, cut)
     p = StreamingToolCallParser(env, TOOLS)
@@ -125,7 +135,9 @@ def test_no_call_begins_that_the_budget_cannot_finish(ref: str) -> None:
     tok = setup(ref)[0]
     _, env, _ = setup(ref)
     for seed in range(3):
-        text = random_walk(ref, plan(ref, "required", ("shell_exit",), True, "shell_exit", budget=2), seed, max_tokens=30)
+        text = random_walk(
+            ref, plan(ref, "required", ("shell_exit",), True, "shell_exit", budget=2), seed, max_tokens=30
+        )
         _, calls, _ = _calls(ref, text)
         assert calls and text.endswith(env.calls_close), text
         assert len(tok(text[len(env.opening) :], add_special_tokens=False)["input_ids"]) <= 30

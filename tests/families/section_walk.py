@@ -46,7 +46,10 @@ LS = {
         },
     },
 }
-EXIT = {"type": "function", "function": {"name": "shell_exit", "parameters": {"type": "object", "properties": {}}}}
+EXIT = {
+    "type": "function",
+    "function": {"name": "shell_exit", "parameters": {"type": "object", "properties": {}}},
+}
 TOOLS = [SHELL, LS, EXIT]
 
 
@@ -59,7 +62,12 @@ def setup(ref: str) -> tuple[Any, Envelope, EnvelopeCompiler]:
 
 
 def plan(
-    ref: str, mode: str, allowed: tuple[str, ...], parallel: bool = True, prefix: str = "", budget: int | None = None
+    ref: str,
+    mode: str,
+    allowed: tuple[str, ...],
+    parallel: bool = True,
+    prefix: str = "",
+    budget: int | None = None,
 ) -> ToolPlan:
     """``prefix``: the start of the allowed names the prefill holds (required / named modes)."""
     _, env, _ = setup(ref)

@@ -54,12 +54,20 @@ def _deepseek_tools(tok: Any, tools: list[dict[str, Any]]) -> str:
 def _dumped(call: dict[str, Any]) -> dict[str, Any]:
     """vLLM parses a call's arguments into a dict, which the official template cannot join to its
     strings; SGLang's copy of the template writes such a dict with ``tojson``: so do we here."""
-    return {**call, "function": {**call["function"], "arguments": json.dumps(call["function"]["arguments"], ensure_ascii=False)}}
+    return {
+        **call,
+        "function": {
+            **call["function"],
+            "arguments": json.dumps(call["function"]["arguments"], ensure_ascii=False),
+        },
+    }
 
 
 def unexpressible(ref: str, tools: list[dict[str, Any]]) -> str | None:
     if ref == "deepseek_v31" and any("parameters" not in t["function"] for t in tools):
-        return "a tool without parameters: the model card's block writes them with tojson (the template raises)"
+        return (
+            "a tool without parameters: the model card's block writes them with tojson (the template raises)"
+        )
     return None
 
 
@@ -125,7 +133,7 @@ REASONING: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
             },
             {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "21"},
             {"role": "assistant", "content": "21 degrees.", "reasoning_content": "Answer."},
-            {"role": "user", "content": "And \"Zürich\"?\nQuick."},
+            {"role": "user", "content": 'And "Zürich"?\nQuick.'},
             {
                 "role": "assistant",
                 "content": None,
@@ -167,4 +175,6 @@ def test_tokens_equal_the_vendor_template(ref: str, case: int, toks: dict[str, A
         pytest.skip(why)
     ours, want = _ours(ref, messages, tools), THEIRS[ref](tok, messages, tools)
     assert ours == want
-    assert tok(ours, add_special_tokens=False)["input_ids"] == tok(want, add_special_tokens=False)["input_ids"]
+    assert (
+        tok(ours, add_special_tokens=False)["input_ids"] == tok(want, add_special_tokens=False)["input_ids"]
+    )

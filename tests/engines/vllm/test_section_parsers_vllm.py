@@ -60,7 +60,9 @@ def _json(text: str) -> Any:
         return ("not JSON", text)
 
 
-def _ours(ref: str, text: str) -> tuple[str | None, list[tuple[str, Any, str | None]], str | None, str | None]:
+def _ours(
+    ref: str, text: str
+) -> tuple[str | None, list[tuple[str, Any, str | None]], str | None, str | None]:
     _, env, _ = setup(ref)
     thought, answer = None, text
     p = plan(ref, "auto", ())
@@ -73,7 +75,12 @@ def _ours(ref: str, text: str) -> tuple[str | None, list[tuple[str, Any, str | N
     parser.feed(answer)
     parser.finish(unfinished_as_content=False)
     out = parser.result()
-    return thought, [(c.name, json.loads(c.arguments), c.id) for c in out.tool_calls], out.content, parser.unfinished
+    return (
+        thought,
+        [(c.name, json.loads(c.arguments), c.id) for c in out.tool_calls],
+        out.content,
+        parser.unfinished,
+    )
 
 
 def _target(ref: str, calls: list[tuple[str, dict[str, Any]]], text: str = "Sure —") -> str:
@@ -81,13 +88,19 @@ def _target(ref: str, calls: list[tuple[str, dict[str, Any]]], text: str = "Sure
     r = load_family(ref).reasoning
     think = r.open + 'Plan: "quote" it,\nthen run — ok.' + r.close if r is not None else ""
     ids = [f"functions.{n}:{i + 7}" for i, (n, _) in enumerate(calls)]
-    return think + text + env.render_calls([(n, json.dumps(a, ensure_ascii=False), i) for (n, a), i in zip(calls, ids)])
+    return (
+        think
+        + text
+        + env.render_calls(
+            [(n, json.dumps(a, ensure_ascii=False), i) for (n, a), i in zip(calls, ids, strict=True)]
+        )
+    )
 
 
 CALLS = [
     [("shell_exec", QUOTED)],
     [("shell_exec", QUOTED), ("shell_ls", {"path": "/tmp"}), ("shell_exit", {})],
-    [("shell_exec", {"cmd": "a\\\\b \"c\" \\n", "note": "\u0000 nul \u2028 \U0001f600"})],
+    [("shell_exec", {"cmd": 'a\\\\b "c" \\n', "note": "\u0000 nul \u2028 \U0001f600"})],
 ]
 
 
@@ -101,7 +114,11 @@ def test_guided_calls_parse_the_same_with_vllm(ref: str, case: int) -> None:
     v_thought, v_calls, v_content = _theirs(ref, text)
     assert [(n, a) for n, a, _ in calls] == CALLS[case] == [(n, a) for n, a, _ in v_calls]
     if ref == "kimi_k2":  # the id the client gets is vLLM's: functions.NAME:IDX as written
-        assert [i for _, _, i in calls] == [i for _, _, i in v_calls] == [f"functions.{n}:{k + 7}" for k, (n, _) in enumerate(CALLS[case])]
+        assert (
+            [i for _, _, i in calls]
+            == [i for _, _, i in v_calls]
+            == [f"functions.{n}:{k + 7}" for k, (n, _) in enumerate(CALLS[case])]
+        )
         assert thought == v_thought == 'Plan: "quote" it,\nthen run — ok.'
     assert content == (v_content or "").strip() == "Sure —" and unfinished is None
 
@@ -134,6 +151,8 @@ def test_random_walks_parse_the_same_with_vllm(ref: str, seed: int) -> None:
         text = random_walk(ref, plan(ref, mode, allowed, parallel, prefix, budget=3), seed)
         thought, calls, _, _ = _ours(ref, text)
         v_thought, v_calls, _ = _theirs(ref, text)
-        assert calls == v_calls if ref == "kimi_k2" else [c[:2] for c in calls] == [c[:2] for c in v_calls], text
+        assert calls == v_calls if ref == "kimi_k2" else [c[:2] for c in calls] == [c[:2] for c in v_calls], (
+            text
+        )
         if ref == "kimi_k2":
             assert (thought or None) == v_thought, text
