@@ -72,6 +72,10 @@ class CallIdMasks:
             if tb and not tb.translate(None, alphabet):  # every byte in the alphabet
                 self.token_len[tid] = len(tb)
         ids = np.arange(vocab.vocab_size)
+        self.by_bytes: dict[bytes, int] = {}  # an id piece's bytes -> a token (a forced id: ``expect``)
+        for tid in np.flatnonzero(self.token_len).tolist():
+            self.by_bytes.setdefault(vocab.token_bytes[tid], tid)
+        self.vocab = vocab
         # rows[k]: k id characters still to write (rows[0]: only the special token); an id of a
         # variable length may end (the special token) once ``least`` characters are written
         self.rows = [vocab.pack([after_token])] + [
@@ -117,17 +121,43 @@ class IdThenArgsMatcher:
         self.gate, self.inner = gate, inner
         self.left = gate.length
         self.opened = False  # the special token after the id was accepted
+        self.want: bytes | None = None  # the id this call must have (``expect``), else any id
+
+    def expect(self, call_id: str) -> None:
+        """This call's id is ``call_id`` (Kimi's running index): only its tokens, then the special token."""
+        if self.gate.least <= len(call_id) <= self.gate.length:
+            self.want = call_id.encode()
 
     def fill(self, bitmask: Any, index: int) -> None:
         if self.opened:
             self.inner.fill(bitmask, index)
+            return
+        if self.want is not None:
+            rest = self.want[self.gate.length - self.left :]
+            ok = [
+                self.gate.by_bytes[rest[:n]]
+                for n in range(1, len(rest) + 1)
+                if rest[:n] in self.gate.by_bytes
+            ]
+            write_row(bitmask, index, self.gate.vocab.pack(ok or [self.gate.after_token]))
             return
         write_row(bitmask, index, self.gate.rows[self.left])
 
     def accept_token(self, token_id: int) -> bool:
         if self.opened:
             return bool(self.inner.accept_token(token_id))
-        if token_id == self.gate.after_token and self.gate.length - self.left >= self.gate.least:
+        written = self.gate.length - self.left
+        if self.want is not None:  # the forced id: its pieces in order, then the special token
+            rest = self.want[written:]
+            if token_id == self.gate.after_token:
+                self.opened = not rest
+                return self.opened
+            piece = self.gate.vocab.token_bytes[token_id] if 0 <= token_id < len(self.gate.token_len) else b""
+            if not piece or not rest.startswith(piece) or not self.gate.token_len[token_id]:
+                return False
+            self.left -= len(piece)
+            return True
+        if token_id == self.gate.after_token and written >= self.gate.least:
             self.opened = True
             return True
         if self.left == 0:
@@ -143,6 +173,8 @@ class IdThenArgsMatcher:
             return bool(self.inner.accept_bytes(data))
         if not data:
             return True
+        if self.want is not None and not self.want[self.gate.length - self.left :].startswith(data):
+            return False
         if len(data) > self.left or any(b not in self.gate.alphabet for b in data):
             return False
         self.left -= len(data)

@@ -310,6 +310,8 @@ class ToolMatcher:
         custom = getattr(compiled, "matcher", None)  # a custom tool's grammar (custom/)
         self.matcher = matcher = custom() if custom is not None else self.backend.matcher(compiled)
         self.phase = Phase.ARGS
+        if self.masks.envelope.call_id_counts and hasattr(matcher, "expect"):  # Kimi: functions.N:IDX
+            matcher.expect(str(self.plan.first_call_index + len(self.calls)))
         if st.overflow and not matcher.accept_bytes(st.overflow):
             return self._reject(f"the arguments grammar rejected {st.overflow!r} after the name")
         return True

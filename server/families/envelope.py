@@ -21,7 +21,8 @@ is rendered back into the next prompt are the same text. A reply holding calls i
   ``[CALL_ID]{call_id}[ARGS]``, between two special tokens; Kimi K2: ``:{call_id}<|…|>``, after
   the byte that ends the name, a running index ``[0-9]{1,4}``); the parser returns it as the
   call id, or ``id_format`` with it (Kimi: ``functions.{name}:{call_id}``, the id its template
-  writes back).
+  writes back); ``call_id_counts``: that id is the call's running index over the conversation's
+  calls, which the masks force (the plan's ``first_call_index`` + k).
 * A reply's calls may form a section of special tokens (``sectioned``: ``calls_open``,
   ``call_start``, ``call_end`` and ``calls_close`` each one special token; Kimi K2, DeepSeek
   V3.1): the masks force ``call_end``, then allow the next ``call_start`` or ``calls_close``, then
@@ -64,6 +65,7 @@ class Envelope:
     key_order: str = "schema"
     call_id: str | None = None
     id_format: str = ""  # the call id from the id the model wrote: "functions.{name}:{call_id}" (Kimi)
+    call_id_counts: bool = False  # the written id is the call's index in the conversation (forced)
     call_after_text: bool = True  # False: a reply with calls holds nothing else (trigger only at its start)
     special_tokens: tuple[str, ...] = ()
     end_tokens: tuple[str, ...] = ()
@@ -94,10 +96,12 @@ class Envelope:
             )
             if not ends_name or self.leading_special(after) is None:
                 raise ValueError(
-                    f"{where}: a '{{call_id}}' in name_close follows a special token or the one byte "
-                    f"that ends the name, and a special token follows it "
-                    f"('[CALL_ID]{{call_id}}[ARGS]', ':{{call_id}}<|tool_call_argument_begin|>')"
+                    f"{where}: a '{{call_id}}' in name_close sits between two special tokens "
+                    f"('[CALL_ID]{{call_id}}[ARGS]') or between the byte that ends the name and a "
+                    f"special token (':{{call_id}}<|tool_call_argument_begin|>')"
                 )
+        if self.call_id_counts and self.call_id is None:
+            raise ValueError(f"{where}: call_id_counts numbers the id the model writes: it needs call_id")
         if self.id_format and (self.call_id is None or "{call_id}" not in self.id_format):
             raise ValueError(f"{where}: id_format writes the model's '{{call_id}}': it needs call_id")
         if self.trigger == "token" and self.trigger_token is None:

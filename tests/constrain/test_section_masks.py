@@ -54,7 +54,8 @@ def test_every_tool_choice_form(ref: str, seed: int) -> None:
         ("auto", SMALL, True, ""),
         ("auto", SMALL, False, ""),
     ):
-        text = random_walk(ref, plan(ref, mode, allowed, parallel, prefix, budget=3), seed)
+        p = plan(ref, mode, allowed, parallel, prefix, budget=3, first=5 + seed)
+        text = random_walk(ref, p, seed)
         _, calls, content = _calls(ref, text)
         where = f"{mode} {allowed} parallel={parallel}: {text!r}"
         if mode != "auto":
@@ -64,13 +65,11 @@ def test_every_tool_choice_form(ref: str, seed: int) -> None:
         if calls:
             assert text.endswith(env.calls_close), where  # the section is closed, nothing after it
             assert env.calls_open not in (content or ""), where
-        for name, args, cid in calls:
+        for k, (name, args, cid) in enumerate(calls):
             if name == "shell_ls":
                 assert args["path"] in ("/", "/tmp"), where
-            if env.id_format:  # Kimi: the id is functions.NAME:IDX, as the model wrote it
-                assert (
-                    cid is not None and cid.startswith(f"functions.{name}:") and cid.split(":")[1].isdigit()
-                )
+            if env.id_format:  # Kimi: functions.NAME:IDX, IDX the conversation's running index
+                assert cid == f"functions.{name}:{5 + seed + k}", where
     none = random_walk(ref, plan(ref, "none", ()), seed)
     assert env.calls_open not in none and not _calls(ref, none)[1]
 
@@ -89,7 +88,7 @@ def _target(ref: str, calls: list[tuple[str, dict]]) -> str:
 def test_quotes_newlines_unicode_and_parallel_calls_pass_as_written(ref: str) -> None:
     calls = [("shell_exec", QUOTED), ("shell_ls", {"path": "/tmp"}), ("shell_exit", {})]
     target = _target(ref, calls)
-    text = guided_walk(ref, plan(ref, "auto", ALL), target)
+    text = guided_walk(ref, plan(ref, "auto", ALL, first=3), target)
     assert text == target
     thought, got, content = _calls(ref, text)
     assert [(n, a) for n, a, _ in got] == calls and content == "Sure —"
@@ -107,18 +106,18 @@ def test_one_call_without_parallel_calls(ref: str) -> None:
     _, env, _ = setup(ref)
     target = _target(ref, [("shell_ls", {"path": "/"}), ("shell_exit", {})])
     with pytest.raises(AssertionError, match="the masks refuse"):  # the second call cannot begin
-        guided_walk(ref, plan(ref, "auto", ALL, parallel=False), target)
+        guided_walk(ref, plan(ref, "auto", ALL, parallel=False, first=3), target)
     one = _target(ref, [("shell_ls", {"path": "/"})])
-    assert guided_walk(ref, plan(ref, "auto", ALL, parallel=False), one) == one
+    assert guided_walk(ref, plan(ref, "auto", ALL, parallel=False, first=3), one) == one
 
 
 @pytest.mark.parametrize("ref", REFS)
 def test_a_call_cut_by_max_tokens_is_unfinished_not_a_call(ref: str) -> None:
     _, env, _ = setup(ref)
     target = _target(ref, [("shell_exec", QUOTED), ("shell_ls", {"path": "/tmp"})])
-    full = guided_walk(ref, plan(ref, "auto", ALL), target)
+    full = guided_walk(ref, plan(ref, "auto", ALL, first=3), target)
     cut = guided_walk(
-        ref, plan(ref, "auto", ALL), target, max_tokens=len(setup(ref)[0](full)["input_ids"]) - 6
+        ref, plan(ref, "auto", ALL, first=3), target, max_tokens=len(setup(ref)[0](full)["input_ids"]) - 6
     )
     assert target.startswith(cut) and cut != target
     _, answer = _split(ref, cut)
@@ -131,13 +130,45 @@ def test_a_call_cut_by_max_tokens_is_unfinished_not_a_call(ref: str) -> None:
 
 @pytest.mark.parametrize("ref", REFS)
 def test_no_call_begins_that_the_budget_cannot_finish(ref: str) -> None:
-    """With max_tokens the masks close the section instead of beginning a call that cannot end."""
+    """With max_tokens the masks close the section instead of beginning a call that cannot end
+    with the section's close (a call as the tokenizer writes it: min_call.py)."""
     tok = setup(ref)[0]
-    _, env, _ = setup(ref)
-    for seed in range(3):
-        text = random_walk(
-            ref, plan(ref, "required", ("shell_exit",), True, "shell_exit", budget=2), seed, max_tokens=30
-        )
-        _, calls, _ = _calls(ref, text)
-        assert calls and text.endswith(env.calls_close), text
-        assert len(tok(text[len(env.opening) :], add_special_tokens=False)["input_ids"]) <= 30
+    one = _target(ref, [("shell_exit", {})])
+    two = _target(ref, [("shell_exit", {}), ("shell_exit", {})])
+    n1, n2 = (len(tok(t, add_special_tokens=False)["input_ids"]) for t in (one, two))
+    p = plan(ref, "auto", ALL, first=3)
+    assert guided_walk(ref, p, two, budget=n2 + 1) == two  # room for both, the close and the end token
+    with pytest.raises(AssertionError, match="the masks refuse"):  # the second call would not fit
+        guided_walk(ref, p, two, budget=n2 - 1)
+    assert guided_walk(ref, p, one, budget=n2 - 1) == one and n1 < n2 - 1
+
+
+def test_kimi_call_index_goes_on_from_the_conversation() -> None:
+    """Kimi's ids count every call of the conversation: the masks force the next index, not any."""
+    from server.chat.tool_choice import plan_tools
+    from server.families.envelope import load_envelope
+
+    ref = "kimi_k2"
+    target = _target(ref, [("shell_ls", {"path": "/"}), ("shell_exit", {})])  # indices 3 and 4
+    assert guided_walk(ref, plan(ref, "auto", ALL, first=3), target) == target
+    for first in (0, 4):
+        with pytest.raises(AssertionError, match="the masks refuse"):
+            guided_walk(ref, plan(ref, "auto", ALL, first=first), target)
+    calls = [
+        {
+            "id": f"functions.shell_ls:{i}",
+            "type": "function",
+            "function": {"name": "shell_ls", "arguments": "{}"},
+        }
+        for i in range(3)
+    ]
+    msgs = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": calls[:2]},
+    ]
+    msgs += [
+        {"role": "assistant", "content": "", "tool_calls": calls[2:]},
+        {"role": "user", "content": "more"},
+    ]
+    assert plan_tools(TOOLS, "auto", msgs, True, None, load_envelope("kimi_k2")).first_call_index == 3
+    assert plan_tools(TOOLS, "auto", msgs, True, None, load_envelope("deepseek_v31")).first_call_index == 0

@@ -68,13 +68,15 @@ def plan(
     parallel: bool = True,
     prefix: str = "",
     budget: int | None = None,
+    first: int = 0,
 ) -> ToolPlan:
-    """``prefix``: the start of the allowed names the prefill holds (required / named modes)."""
+    """``prefix``: the start of the allowed names the prefill holds (required / named modes);
+    ``first``: the calls the conversation already holds (Kimi's call ids go on from there)."""
     _, env, _ = setup(ref)
     prefill = env.opening + prefix if mode in ("required", "named") else ""
     r = load_family(ref).reasoning
     think = ReasoningPlan(r.open, r.close, budget, trim=r.trim) if r is not None else None
-    return ToolPlan(mode, allowed, parallel, prefill, None, think)  # type: ignore[arg-type]
+    return ToolPlan(mode, allowed, parallel, prefill, None, think, first_call_index=first)  # type: ignore[arg-type]
 
 
 def _allowed(comp: EnvelopeCompiler, c: Any, n: int) -> np.ndarray:
@@ -110,13 +112,15 @@ def _head(p: ToolPlan) -> str:
     return p.prefill if p.reasoning is None else ""
 
 
-def guided_walk(ref: str, p: ToolPlan, target: str, max_tokens: int | None = None) -> str:
+def guided_walk(
+    ref: str, p: ToolPlan, target: str, max_tokens: int | None = None, budget: int | None = None
+) -> str:
     """``target`` (what follows the prompt) written under the masks as the tokenizer encodes it
     (the special tokens as themselves), every token checked against the mask; up to ``max_tokens``
-    tokens (a reply cut there)."""
+    tokens (a reply cut there); ``budget``: the request's max_tokens as the masks know it."""
     tok, env, comp = setup(ref)
     eos = tuple(tok.convert_tokens_to_ids(t) for t in env.end_tokens)
-    c = comp.build(TOOLS, p, eos)
+    c = comp.build(TOOLS, p, eos, budget=budget)
     assert c is not None
     ids = list(tok(target, add_special_tokens=False)["input_ids"])[:max_tokens]
     for k, tid in enumerate(ids):

@@ -108,7 +108,7 @@ CALLS = [
 @pytest.mark.parametrize("case", range(len(CALLS)))
 def test_guided_calls_parse_the_same_with_vllm(ref: str, case: int) -> None:
     target = _target(ref, CALLS[case])
-    text = guided_walk(ref, plan(ref, "auto", ALL), target)
+    text = guided_walk(ref, plan(ref, "auto", ALL, first=7), target)
     assert text == target
     thought, calls, content, unfinished = _ours(ref, text)
     v_thought, v_calls, v_content = _theirs(ref, text)
@@ -132,7 +132,7 @@ def test_a_cut_call_is_no_call_for_either(ref: str) -> None:
     tok = setup(ref)[0]
     n = len(tok(target, add_special_tokens=False)["input_ids"])
     for cut in (n - 3, n - 8):
-        text = guided_walk(ref, plan(ref, "auto", ALL), target, max_tokens=cut)
+        text = guided_walk(ref, plan(ref, "auto", ALL, first=7), target, max_tokens=cut)
         _, calls, _, unfinished = _ours(ref, text)
         _, v_calls, _ = _theirs(ref, text)
         assert [(x, a) for x, a, _ in calls] == [CALLS[1][0]] and unfinished is not None
