@@ -46,6 +46,8 @@ FAMILIES = [
     "qwen3_coder",
     "hermes:qwen3",
     "harmony",
+    "kimi_k2",
+    "deepseek_v31",
 ]
 MODEL = "tiny"
 
