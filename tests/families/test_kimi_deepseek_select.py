@@ -73,9 +73,9 @@ def test_make_test_model_serves_its_family(ref: str, tmp_path) -> None:
     cfg.pop("agentserve_family")
     (out / "config.json").write_text(json.dumps(cfg))
     found = detect_family_of(out, tok)
-    assert found == (
-        ref if ref == "kimi_k2" else None
-    )  # DeepSeek V3.1 needs its template (V3.2 shares the vocab)
+    # by the vocabulary alone: Kimi; DeepSeek V3.1 needs its template (V3.2 shares the vocabulary;
+    # the test vocabulary is SmolLM2's + DeepSeek's tokens, so it reads as ChatML: hermes)
+    assert (found == ref) == (ref == "kimi_k2"), found
     model = AutoModelForCausalLM.from_pretrained(out)
     ids = tok(
         FamilyRenderer(ref).render([ChatMessage(role="user", content="hi")], []).text,
