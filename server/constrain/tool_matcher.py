@@ -30,7 +30,9 @@ Phases (Hermes strings in brackets; what differs per envelope is precomputed in
   budget left holds the shortest complete call of an allowed tool (``min_call``): a call
   that cannot finish is never begun. An envelope with ``calls_close`` (Mistral v3's ``]``)
   has each call's grammar end with the close (then DONE) or the separator (then CALL, in
-  the next call's lead).
+  the next call's lead). A sectioned envelope (Kimi K2, DeepSeek V3.1): the call start token is
+  forced after the trigger (``pending``), the call end after the arguments (``call_end.py``), then
+  the next call's start or the section's close (``close_token``), and only then the end.
 * DONE / ERROR: nothing may follow; the mask allows EOS only so a stray step is safe.
 
 ``accept_token`` never raises: a rejected token returns False, sets ``error`` (what
