@@ -139,4 +139,8 @@ def plan_tools(
     prefill = ""
     if mode == "required":
         prefill = envelope.opening + clean_name_prefix(allowed, envelope.name_close)
-    return ToolPlan(mode, allowed if mode != "none" else (), bool(parallel_tool_calls), prefill, state)
+    # Kimi's call ids count every call of the conversation (functions.NAME:IDX): the masks go on from there
+    first = sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
+    allowed = allowed if mode != "none" else ()
+    first = first if envelope.call_id_counts else 0
+    return ToolPlan(mode, allowed, bool(parallel_tool_calls), prefill, state, first_call_index=first)

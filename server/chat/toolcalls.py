@@ -31,6 +31,7 @@ from typing import Any
 
 from server.chat.call_bodies import BodyParser, ParsedCall
 from server.chat.json_scan import JsonScan
+from server.chat.section_calls import name_pattern, section_step
 from server.families.envelope import Envelope
 
 __all__ = [
@@ -92,6 +93,9 @@ class StreamingToolCallParser:
         self.calls: list[ParsedCall] = []
         self.content_parts: list[str] = []
         self.unfinished: str | None = None
+        self.sectioned = envelope.sectioned  # Kimi K2, DeepSeek V3.1: server/chat/section_calls.py
+        self._section_calls = 0  # calls parsed in the open section
+        self._name_re = name_pattern(self)
 
     @property
     def in_call(self) -> bool:
@@ -126,6 +130,8 @@ class StreamingToolCallParser:
 
     # --- one step of parsing: True when it consumed something and may go on -----------------------
     def _step(self, events: Events) -> bool:
+        if self.sectioned:
+            return section_step(self, events)
         if self.trigger == "start" and not self._start_decided:
             return self._decide_start(events)
         if not self._in_call:

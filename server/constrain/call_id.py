@@ -32,18 +32,20 @@ import numpy as np
 from server.constrain.bitmask import write_row
 from server.constrain.vocab import TokenVocab
 
-_FIXED_CLASS = re.compile(r"^\[([^\]]+)\]\{(\d+)\}$")
+_FIXED_CLASS = re.compile(r"^\[([^\]]+)\]\{(?:(\d+),)?(\d+)\}$")
 
 
-def id_alphabet(pattern: str) -> tuple[frozenset[int], int]:
-    """(the bytes an id may hold, its length) of a regex ``[CLASS]{N}`` (ASCII ranges and chars)."""
+def id_alphabet(pattern: str) -> tuple[frozenset[int], int, int]:
+    """(the bytes an id may hold, its longest length, its shortest) of a regex ``[CLASS]{N}`` or
+    ``[CLASS]{M,N}`` (Kimi's running index ``[0-9]{1,4}``), ASCII ranges and chars."""
     m = _FIXED_CLASS.match(pattern)
     if m is None:
         raise ValueError(
-            f"a call id between the name and the arguments must be a fixed-length character class "
-            f"such as '[a-zA-Z0-9]{{9}}', not {pattern!r}"
+            f"a call id between the name and the arguments must be a character class of a bounded "
+            f"length such as '[a-zA-Z0-9]{{9}}' or '[0-9]{{1,4}}', not {pattern!r}"
         )
-    cls, n = m.group(1), int(m.group(2))
+    cls, n = m.group(1), int(m.group(3))
+    least = int(m.group(2)) if m.group(2) is not None else n
     chars: set[int] = set()
     i = 0
     while i < len(cls):
@@ -53,16 +55,16 @@ def id_alphabet(pattern: str) -> tuple[frozenset[int], int]:
         else:
             chars.add(ord(cls[i]))
             i += 1
-    if n < 1 or any(c > 127 for c in chars):
+    if least < 1 or least > n or any(c > 127 for c in chars):
         raise ValueError(f"call id {pattern!r}: an ASCII class and a length of at least 1")
-    return frozenset(chars), n
+    return frozenset(chars), n, least
 
 
 class CallIdMasks:
     """The masks of a model-written id followed by a special token (see the module doc)."""
 
     def __init__(self, vocab: TokenVocab, pattern: str, after_token: int) -> None:
-        self.alphabet, self.length = id_alphabet(pattern)
+        self.alphabet, self.length, self.least = id_alphabet(pattern)
         self.after_token = after_token
         self.token_len = np.zeros(vocab.vocab_size, dtype=np.int64)  # 0: not an id piece
         alphabet = bytes(sorted(self.alphabet))
@@ -70,9 +72,22 @@ class CallIdMasks:
             if tb and not tb.translate(None, alphabet):  # every byte in the alphabet
                 self.token_len[tid] = len(tb)
         ids = np.arange(vocab.vocab_size)
-        # rows[k]: k id characters still to write (rows[0]: only the special token)
+        self.by_bytes: dict[bytes, int] = {}  # an id piece's bytes -> a token (a forced id: ``expect``)
+        for tid in np.flatnonzero(self.token_len).tolist():
+            self.by_bytes.setdefault(vocab.token_bytes[tid], tid)
+        self.vocab = vocab
+        # rows[k]: k id characters still to write (rows[0]: only the special token); an id of a
+        # variable length may end (the special token) once ``least`` characters are written
         self.rows = [vocab.pack([after_token])] + [
-            vocab.pack(ids[(self.token_len > 0) & (self.token_len <= k)]) for k in range(1, self.length + 1)
+            vocab.pack(
+                np.concatenate(
+                    [
+                        ids[(self.token_len > 0) & (self.token_len <= k)],
+                        [after_token] if self.length - k >= self.least else [],
+                    ]
+                ).astype(np.int64)
+            )
+            for k in range(1, self.length + 1)
         ]
 
     def wrap(self, compiled: Any, backend: Any) -> IdThenArgs:
@@ -106,19 +121,47 @@ class IdThenArgsMatcher:
         self.gate, self.inner = gate, inner
         self.left = gate.length
         self.opened = False  # the special token after the id was accepted
+        self.want: bytes | None = None  # the id this call must have (``expect``), else any id
+
+    def expect(self, call_id: str) -> None:
+        """This call's id is ``call_id`` (Kimi's running index): only its tokens, then the special token."""
+        if self.gate.least <= len(call_id) <= self.gate.length:
+            self.want = call_id.encode()
 
     def fill(self, bitmask: Any, index: int) -> None:
         if self.opened:
             self.inner.fill(bitmask, index)
+            return
+        if self.want is not None:
+            rest = self.want[self.gate.length - self.left :]
+            ok = [
+                self.gate.by_bytes[rest[:n]]
+                for n in range(1, len(rest) + 1)
+                if rest[:n] in self.gate.by_bytes
+            ]
+            write_row(bitmask, index, self.gate.vocab.pack(ok or [self.gate.after_token]))
             return
         write_row(bitmask, index, self.gate.rows[self.left])
 
     def accept_token(self, token_id: int) -> bool:
         if self.opened:
             return bool(self.inner.accept_token(token_id))
+        written = self.gate.length - self.left
+        if self.want is not None:  # the forced id: its pieces in order, then the special token
+            rest = self.want[written:]
+            if token_id == self.gate.after_token:
+                self.opened = not rest
+                return self.opened
+            piece = self.gate.vocab.token_bytes[token_id] if 0 <= token_id < len(self.gate.token_len) else b""
+            if not piece or not rest.startswith(piece) or not self.gate.token_len[token_id]:
+                return False
+            self.left -= len(piece)
+            return True
+        if token_id == self.gate.after_token and written >= self.gate.least:
+            self.opened = True
+            return True
         if self.left == 0:
-            self.opened = token_id == self.gate.after_token
-            return self.opened
+            return False
         n = int(self.gate.token_len[token_id]) if 0 <= token_id < len(self.gate.token_len) else 0
         if n == 0 or n > self.left:
             return False
@@ -130,6 +173,8 @@ class IdThenArgsMatcher:
             return bool(self.inner.accept_bytes(data))
         if not data:
             return True
+        if self.want is not None and not self.want[self.gate.length - self.left :].startswith(data):
+            return False
         if len(data) > self.left or any(b not in self.gate.alphabet for b in data):
             return False
         self.left -= len(data)

@@ -14,6 +14,7 @@ from typing import Any
 
 from server.constrain.arguments.backends import make_backend
 from server.constrain.arguments.seam import CallFrame, sorted_properties, tool_schema
+from server.constrain.call_end import EndTokens
 from server.constrain.custom.compile import CustomCompiler
 from server.constrain.custom.grammar import custom_format
 from server.constrain.envelope_masks import EnvelopeMasks
@@ -128,13 +129,13 @@ class EnvelopeCompiler:
             # an envelope that closes its calls (Mistral v3's "]") ends each call's grammar with the
             # close or, if another call may follow, the separator's first character (the trie
             # takes over from there): natural tokens like '"}]' and '"},' stay possible
-            tails: tuple[str, ...] = (env.calls_close,) if env.calls_close else ()
-            if env.calls_close and plan.parallel and env.parallel:
+            tails: tuple[str, ...] = (env.calls_close,) if env.calls_close and not env.sectioned else ()
+            if tails and plan.parallel and env.parallel:
                 tails += (env.call_separator[:1],)
             parameter = (env.parameter_open, env.parameter_close) if env.arguments == "tagged" else ()
-            frame = CallFrame(
-                self.masks.close_rest, env.call_end, env.arguments, env.call_id, tails, parameter
-            )
+            # a sectioned envelope's call end is a special token, forced after the grammar (call_end.py)
+            suffix = "" if env.sectioned else env.call_end
+            frame = CallFrame(self.masks.close_rest, suffix, env.arguments, env.call_id, tails, parameter)
             for name in plan.allowed:
                 tool = by_name[name]
                 fmt = custom_format(tool)
@@ -145,6 +146,9 @@ class EnvelopeCompiler:
                 if env.key_order == "sorted":
                     schema = sorted_properties(schema)
                 compiled[names.index(name)] = self.backend.compile(name, schema, frame)
+        if self.masks.end_tokens:  # Kimi, DeepSeek: <|tool_call_end|> after the arguments
+            end = EndTokens(self.vocab, self.masks.end_tokens)
+            compiled = {i: end.wrap(g, self.backend) for i, g in compiled.items()}
         # an id (Mistral v11) or a literal with special tokens (Harmony) between name and arguments
         between = self.masks.call_id_masks or self.masks.literal_masks
         if between is not None:

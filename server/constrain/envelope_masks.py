@@ -70,6 +70,15 @@ class EnvelopeMasks:
         self.next_token = self.special_ids[next_tok] if next_tok else None
         self.lead = next_text.encode()
         first_text = env.strip_special(env.opening)[1] if env.trigger == "token" else env.opening
+        # a section's call start after the trigger (Kimi's <|tool_call_begin|>): forced, then the trie
+        self.open_tokens: tuple[int, ...] = ()
+        while env.trigger == "token" and (tok := env.leading_special(first_text)) is not None:
+            self.open_tokens += (self.special_ids[tok],)
+            first_text = first_text[len(tok) :]
+        # a sectioned envelope (Kimi, DeepSeek): call_end forced after the arguments, then the next
+        # call's start or calls_close, then the end of the reply
+        self.end_tokens: tuple[int, ...] = (self.special_ids[env.call_end],) if env.sectioned else ()
+        self.close_token: int | None = self.special_ids[env.calls_close] if env.sectioned else None
         first = first_text.encode()
         self.shared_trie = self.lead.endswith(first)
         self.first_lead = self.lead if self.shared_trie else first
@@ -84,7 +93,8 @@ class EnvelopeMasks:
             self.tag_prefix = self.first_offset + env.call_tag.encode()
         self.start_clash = self._start_clash(first) if env.trigger == "start" else np.zeros(0, dtype=np.int64)
         self.start_clash_set = frozenset(self.start_clash.tolist())
-        self.calls_close = env.calls_close.encode()  # written by the last call's grammar
+        # written by the last call's grammar (Mistral v3's "]"; a sectioned close is close_token)
+        self.calls_close = b"" if env.sectioned else env.calls_close.encode()
         self._token = owner_token()  # its rows' key in the shared byte-bounded cache
 
     def _special_id(self, token: str, tokenizer: Any) -> int:
@@ -181,6 +191,9 @@ class EnvelopeMasks:
 
     def after_row(self, trie: NameTrie, subset: int, eos: tuple[int, ...], parallel: bool) -> np.ndarray:
         """After a call: end of sequence or, with parallel calls, another call (separator or token)."""
+        if (close := self.close_token) is not None:  # a section: the next call's start or its close
+            nxt = (self.next_token,) if parallel and self.next_token is not None else ()
+            return self.cached(("close", nxt), lambda: self.vocab.pack([close, *nxt]))
         if not parallel:
             return self.eos_row(eos)
 

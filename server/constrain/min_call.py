@@ -159,8 +159,28 @@ def minimal_call_text(envelope: Envelope, name: str, parameters: dict[str, Any] 
     sample of them when they are longer than ``BUILD_CHARS``)."""
     args = _dumps(minimal_value(parameters or {"type": "object"}))
     args = envelope.render_arguments(args)
-    call_id = "a" * 9 if envelope.call_id else ""
-    return envelope.next_opening + name + envelope.close_text(call_id) + args + envelope.end_text(call_id)
+    call_id = _shortest_id(envelope.call_id) if envelope.call_id else ""
+    # a section's close (Kimi, DeepSeek) is forced after the last call: it must fit too
+    close = envelope.calls_close if envelope.sectioned else ""
+    return (
+        envelope.next_opening
+        + name
+        + envelope.close_text(call_id)
+        + args
+        + envelope.end_text(call_id)
+        + close
+    )
+
+
+def _shortest_id(pattern: str) -> str:
+    """The shortest id a ``[CLASS]{M,N}`` pattern takes (Kimi's index: one digit), else 9 letters."""
+    from server.constrain.call_id import id_alphabet
+
+    try:
+        chars, _, least = id_alphabet(pattern)
+    except ValueError:
+        return "a" * 9
+    return chr(min(chars)) * least
 
 
 def minimal_call_tokens(

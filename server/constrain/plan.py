@@ -40,6 +40,9 @@ class ToolPlan:
     state: str | None = None  # state-machine state that chose this plan (None: explicit tool_choice)
     reasoning: ReasoningPlan | None = None  # the model reasons first, then this plan applies
     lead: str = ""  # text appended to the prompt before the prefill (a family's "reasoning off" tail)
+    # calls the conversation already holds: an envelope whose call id is the running index of the
+    # calls (Kimi's functions.NAME:IDX, `call_id_counts`) has the masks write this + k for the k-th
+    first_call_index: int = 0
 
     @property
     def prompt_prefill(self) -> str:
@@ -75,6 +78,7 @@ class ToolPlan:
             d.get("state"),
             reasoning,
             str(d.get("lead", "")),
+            int(d.get("first_call_index", 0)),
         )
 
 

@@ -30,7 +30,9 @@ Phases (Hermes strings in brackets; what differs per envelope is precomputed in
   budget left holds the shortest complete call of an allowed tool (``min_call``): a call
   that cannot finish is never begun. An envelope with ``calls_close`` (Mistral v3's ``]``)
   has each call's grammar end with the close (then DONE) or the separator (then CALL, in
-  the next call's lead).
+  the next call's lead). A sectioned envelope (Kimi K2, DeepSeek V3.1): the call start token is
+  forced after the trigger (``pending``), the call end after the arguments (``call_end.py``), then
+  the next call's start or the section's close (``close_token``), and only then the end.
 * DONE / ERROR: nothing may follow; the mask allows EOS only so a stray step is safe.
 
 ``accept_token`` never raises: a rejected token returns False, sets ``error`` (what
@@ -88,6 +90,7 @@ class ToolMatcher:
         self.min_call = 0  # tokens of the shortest complete further call of an allowed tool
         self.used = 0  # tokens accepted so far
         self.q, self.node, self.tool, self.tail = 0, 0, -1, b""
+        self.pending: list[int] = []  # special tokens forced before the name (a section's call start)
         self.matcher: ArgumentsMatcher | None = None
         self.parallel = plan.parallel and masks.envelope.parallel
         self.at_start = (
@@ -104,16 +107,21 @@ class ToolMatcher:
 
     def _prefill_node(self, prefill: str) -> int | None:
         if self.masks.trigger == "token":
-            tok, prefill = self.masks.envelope.strip_special(prefill)
-            if tok is None or self.masks.special_ids.get(tok) != self.masks.trigger_id:
-                return None
+            m = self.masks
+            want = [m.trigger_id, *m.open_tokens]
+            for tid in want:  # the trigger, then a section's call start (Kimi, DeepSeek)
+                tok, prefill = m.envelope.strip_special(prefill)
+                if tok is None or m.special_ids.get(tok) != tid:
+                    return None
         assert self.trie is not None
         return self.masks.first_node(self.trie, prefill.encode())
 
     # --- TokenMatcher -------------------------------------------------------------------------
     def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
         ph, m = self.phase, self.masks
-        if ph == Phase.CALL:
+        if self.pending:
+            row = m.vocab.pack(self.pending[:1])
+        elif ph == Phase.CALL:
             assert self.trie is not None  # CALL, ARGS and AFTER exist only with a trie
             row = self.trie.mask_row(self.node, self.subset)
         elif ph == Phase.TEXT:
@@ -144,7 +152,8 @@ class ToolMatcher:
 
     def is_terminated(self) -> bool:
         ph = self.phase
-        return ph >= Phase.DONE or (ph == Phase.AFTER and not self.more_calls())
+        closes = self.masks.close_token is not None  # a section still to close (Kimi, DeepSeek)
+        return ph >= Phase.DONE or (ph == Phase.AFTER and not self.more_calls() and not closes)
 
     def more_calls(self) -> bool:
         """May another (parallel) call start now? Not without budget to finish the shortest one."""
@@ -171,6 +180,13 @@ class ToolMatcher:
     def _accept(self, tid: int) -> bool:
         ph, vocab, m = self.phase, self.masks.vocab, self.masks
         text = vocab.token_bytes[tid] if 0 <= tid < vocab.vocab_size else b""
+        if self.pending:
+            if tid != self.pending[0]:
+                return self._reject(
+                    f"token {self._what(tid)} is not the forced {self._what(self.pending[0])}"
+                )
+            self.pending.pop(0)
+            return True
         if ph == Phase.TEXT:
             if tid in self.eos_set:
                 self.phase = Phase.DONE
@@ -180,6 +196,7 @@ class ToolMatcher:
                 if trie is None:
                     return self._no_call(tid)
                 self.phase, self.node = Phase.CALL, m.entry_node(trie)
+                self.pending = list(m.open_tokens)
                 return True
             if not text:
                 return self._reject(f"special token {self._what(tid)} is not allowed in the text of a reply")
@@ -264,7 +281,10 @@ class ToolMatcher:
 
     def _accept_after(self, tid: int) -> bool:
         m = self.masks
-        if tid in self.eos_set:
+        if m.close_token is not None and tid == m.close_token:  # the section's close: the reply ends
+            self.phase = Phase.DONE
+            return True
+        if tid in self.eos_set and m.close_token is None:
             self.phase = Phase.DONE
             return True
         if self.more_calls() and self.next_trie is not None:
@@ -292,6 +312,8 @@ class ToolMatcher:
         custom = getattr(compiled, "matcher", None)  # a custom tool's grammar (custom/)
         self.matcher = matcher = custom() if custom is not None else self.backend.matcher(compiled)
         self.phase = Phase.ARGS
+        if self.masks.envelope.call_id_counts and hasattr(matcher, "expect"):  # Kimi: functions.N:IDX
+            matcher.expect(str(self.plan.first_call_index + len(self.calls)))
         if st.overflow and not matcher.accept_bytes(st.overflow):
             return self._reject(f"the arguments grammar rejected {st.overflow!r} after the name")
         return True

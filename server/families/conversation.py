@@ -192,6 +192,11 @@ def normalise(family: Family, msgs: list[Msg], has_tools: bool) -> tuple[list[Ms
         systems = [m.content for m in msgs if m.role == "system" and m.content]
         system_text = layout.merge_separator.join(systems)
         msgs = [m for m in msgs if m.role != "system"]
+    if layout.system_placement == "front":  # one system turn first, every system text in it
+        found = [m for m in msgs if m.role == "system"]
+        joined = layout.merge_separator.join(m.content for m in found)
+        index = 0 if found and found[0].index == 0 else -1
+        msgs = [Msg(index, "system", joined)] + [m for m in msgs if m.role != "system"]
     # each run of same-role messages joined once (joining pairwise re-copied the run at every
     # step: 4,096 consecutive user messages took 14.9 s)
     merged: list[Msg] = []

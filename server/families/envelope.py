@@ -20,8 +20,15 @@ is rendered back into the next prompt are the same text. A reply holding calls i
   MiniMax's ``<parameter name="K">V</parameter>``; server/families/tagged_arguments.py).
 * ``call_id`` — a regex for an id the model writes itself, placed where ``call_end``
   (Mistral v3: 9 alphanumerics) or ``name_close`` says ``{call_id}`` (Mistral v11:
-  ``[CALL_ID]{call_id}[ARGS]``, between two special tokens); the parser returns it as the
-  call id.
+  ``[CALL_ID]{call_id}[ARGS]``, between two special tokens; Kimi K2: ``:{call_id}<|…|>``, after
+  the byte that ends the name, a running index ``[0-9]{1,4}``); the parser returns it as the
+  call id, or ``id_format`` with it (Kimi: ``functions.{name}:{call_id}``, the id its template
+  writes back); ``call_id_counts``: that id is the call's running index over the conversation's
+  calls, which the masks force (the plan's ``first_call_index`` + k).
+* A reply's calls may form a section of special tokens (``sectioned``: ``calls_open``,
+  ``call_start``, ``call_end`` and ``calls_close`` each one special token; Kimi K2, DeepSeek
+  V3.1): the masks force ``call_end``, then allow the next ``call_start`` or ``calls_close``, then
+  the end of the reply (server/chat/section_calls.py parses it).
 * ``key_order`` — ``schema`` (properties in the schema's order: what models are trained on,
   and what the history renders back, since arguments keep their key order) or ``sorted``
   (an opt-in for a deployment whose clients sort argument keys themselves).
@@ -59,6 +66,8 @@ class Envelope:
     parallel: bool = True
     key_order: str = "schema"
     call_id: str | None = None
+    id_format: str = ""  # the call id from the id the model wrote: "functions.{name}:{call_id}" (Kimi)
+    call_id_counts: bool = False  # the written id is the call's index in the conversation (forced)
     call_after_text: bool = True  # False: a reply with calls holds nothing else (trigger only at its start)
     special_tokens: tuple[str, ...] = ()
     end_tokens: tuple[str, ...] = ()
@@ -85,13 +94,21 @@ class Envelope:
         places = self.call_end.count("{call_id}") + self.name_close.count("{call_id}")
         if (self.call_id is None) != (places == 0) or places > 1:
             raise ValueError(f"{where}: call_id and one '{{call_id}}' in call_end or name_close go together")
-        if "{call_id}" in self.name_close:  # between two special tokens: [CALL_ID]{call_id}[ARGS]
+        if "{call_id}" in self.name_close:  # [CALL_ID]{call_id}[ARGS], or Kimi's :{call_id}<|…|>
             before, after = self.name_close.split("{call_id}")
-            if self.leading_special(before) != before or self.leading_special(after) is None:
+            ends_name = self.leading_special(before) == before or (
+                len(before) == 1 and self.leading_special(before) is None
+            )
+            if not ends_name or self.leading_special(after) is None:
                 raise ValueError(
                     f"{where}: a '{{call_id}}' in name_close sits between two special tokens "
-                    f"(name_close '[CALL_ID]{{call_id}}[ARGS]')"
+                    f"('[CALL_ID]{{call_id}}[ARGS]') or between the byte that ends the name and a "
+                    f"special token (':{{call_id}}<|tool_call_argument_begin|>')"
                 )
+        if self.call_id_counts and self.call_id is None:
+            raise ValueError(f"{where}: call_id_counts numbers the id the model writes: it needs call_id")
+        if self.id_format and (self.call_id is None or "{call_id}" not in self.id_format):
+            raise ValueError(f"{where}: id_format writes the model's '{{call_id}}': it needs call_id")
         if self.trigger == "token" and self.trigger_token is None:
             raise ValueError(
                 f"{where}: trigger 'token' needs calls_open or call_start to begin with a special token"
@@ -117,6 +134,29 @@ class Envelope:
     def strip_special(self, text: str) -> tuple[str | None, str]:
         tok = self.leading_special(text)
         return (tok, text[len(tok) :]) if tok else (None, text)
+
+    @property
+    def sectioned(self) -> bool:
+        """calls_open, call_start, call_end and calls_close are each one special token (Kimi, DeepSeek)."""
+        marks = (self.calls_open, self.call_start, self.call_end, self.calls_close)
+        return all(m and self.leading_special(m) == m for m in marks)
+
+    def call_id_of(self, name: str, written: str) -> str:
+        """The call id the client gets from the id the model wrote (``id_format``, else as written)."""
+        return (
+            self.id_format.replace("{name}", name).replace("{call_id}", written)
+            if self.id_format
+            else written
+        )
+
+    def written_id(self, name: str, call_id: str) -> str:
+        """The part of a call id the model writes (Kimi: the index of ``functions.NAME:IDX``)."""
+        if not self.id_format:
+            return call_id
+        head, _, tail = self.id_format.replace("{name}", name).partition("{call_id}")
+        if call_id.startswith(head) and call_id.endswith(tail) and len(call_id) >= len(head) + len(tail):
+            return call_id[len(head) : len(call_id) - len(tail)]
+        return call_id
 
     # --- derived strings ----------------------------------------------------------------------
     @property
@@ -166,8 +206,9 @@ class Envelope:
         parts = []
         for name, args, call_id in calls:
             body = self.render_arguments(args)
-            head = self.call_start + self.name_open + name + self.close_text(call_id)
-            parts.append(head + body + self.end_text(call_id))
+            written = self.written_id(name, call_id)
+            head = self.call_start + self.name_open + name + self.close_text(written)
+            parts.append(head + body + self.end_text(written))
         text = self.calls_open + self.call_separator.join(parts) + self.calls_close if parts else ""
         return content + text
 

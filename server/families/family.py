@@ -26,7 +26,7 @@ from server.package_data import GRAMMARS_DIR
 FAMILIES_DIR = GRAMMARS_DIR / "families"
 
 TOOLS_PLACEMENTS = ("first_system", "own_user_turn", "first_user", "last_user")
-SYSTEM_PLACEMENTS = ("turn", "last_user")
+SYSTEM_PLACEMENTS = ("turn", "last_user", "front")
 
 
 class FamilyError(ValueError):
@@ -63,7 +63,8 @@ class Layout:
 
     bos: str = ""
     tools_placement: str = "first_system"
-    system_placement: str = "turn"  # "last_user": all system text joins the last user message
+    system_placement: str = "turn"  # "last_user": all system text joins the last user message;
+    # "front": every system message joins one system turn at the start (DeepSeek's templates)
     always_system_turn: bool = False  # render a system turn even with no system message
     default_system_only_with_tools: bool = False  # no system message: the default only if tools
     system_turn_with_tools: bool = False  # no system message but tools: a system turn for them
@@ -72,7 +73,7 @@ class Layout:
     empty_user_first: bool = False  # a conversation that does not start with a user gets ""
     group_tool_results: bool = False  # consecutive tool messages share one turn
     sort_tool_results_by_call: bool = False  # results follow the order of the calls
-    generation_prompt: str = ""
+    generation_prompt: str = ""  # a Jinja snippet: `last` is the role of the conversation's last turn
     system: str = ""
     user: str = ""
     assistant: str = ""

@@ -140,6 +140,7 @@ class FamilyRenderer:
                 "is_last_user": i == last_user,
                 "system": system_text if i == last_user else "",
                 "first": i == 0,
+                "prev": turns[i - 1].role if i else "",  # the role of the turn before
             }
             if t.role == "tool":
                 group = [t]
@@ -187,7 +188,8 @@ class FamilyRenderer:
                 1, _template(layout.user).render(**{**base, "m": None, **_own_tools_turn(tools_block)})
             )
         if add_generation_prompt:
-            parts.append(layout.generation_prompt)
+            last = turns[-1].role if turns else ""
+            parts.append(_template(layout.generation_prompt).render(**base, last=last))
         names = tuple(str(t.get("function", {}).get("name", "")) for t in tools or [])
         out = extract("".join(parts), names)
         dropped = [t.index for t, shown in zip(turns, shows, strict=True) if t.reasoning and not shown]
@@ -238,6 +240,7 @@ def _own_tools_turn(tools_block: str) -> dict[str, Any]:
         "is_last_user": False,
         "system": "",
         "first": False,
+        "prev": "",
     }
 
 

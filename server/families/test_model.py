@@ -46,6 +46,8 @@ def family_test_tokenizer(family_ref: str, tmp: Path | None = None) -> Any:
     plain = [str(t) for t in spec.get("add_tokens") or ()]  # one token each, decoded as text (GLM's tags)
     if plain:
         tok.add_tokens(plain)
+    if spec.get("bos"):  # the family's begin-of-sequence token (DeepSeek's), one of add_special
+        tok.bos_token = str(spec["bos"])
     return tok
 
 

@@ -79,7 +79,10 @@ def test_anything_else_after_call_id_is_rejected(official, bad) -> None:
 
 
 def test_the_alphabet_is_read_off_the_envelope_regex() -> None:
-    chars, n = id_alphabet("[a-zA-Z0-9]{9}")
-    assert n == 9 and len(chars) == 62 and ord("q") in chars and ord("_") not in chars
-    with pytest.raises(ValueError, match="fixed-length"):
+    chars, n, least = id_alphabet("[a-zA-Z0-9]{9}")
+    assert n == least == 9 and len(chars) == 62 and ord("q") in chars and ord("_") not in chars
+    assert id_alphabet("[0-9]{1,4}")[1:] == (4, 1)  # Kimi's running index: 1 to 4 digits
+    with pytest.raises(ValueError, match="bounded length"):
         id_alphabet("[a-z]+")
+    with pytest.raises(ValueError, match="at least 1"):
+        id_alphabet("[0-9]{5,4}")

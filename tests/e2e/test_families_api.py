@@ -46,6 +46,8 @@ FAMILIES = [
     "qwen3_coder",
     "hermes:qwen3",
     "harmony",
+    "kimi_k2",
+    "deepseek_v31",
 ]
 MODEL = "tiny"
 
@@ -116,6 +118,8 @@ def test_ten_turn_session_keeps_the_cache(family_url) -> None:
     ref, url = family_url
     if ref in ("mistral:v3", "mistral:v3_spm"):
         pytest.skip("Mistral v3's official layout re-renders the tools before each new user message")
+    if ref == "kimi_k2":  # this client drops reasoning_content; Kimi's template keeps a tool loop's
+        pytest.skip("Kimi's session sends its reasoning back: tests/e2e/test_reasoning_api.py's session")
     msgs: list[dict] = [
         {"role": "system", "content": "You are an agent."},
         {"role": "user", "content": "Start."},
