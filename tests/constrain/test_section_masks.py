@@ -146,6 +146,7 @@ def test_no_call_begins_that_the_budget_cannot_finish(ref: str) -> None:
 def test_kimi_call_index_goes_on_from_the_conversation() -> None:
     """Kimi's ids count every call of the conversation: the masks force the next index, not any."""
     from server.chat.tool_choice import plan_tools
+    from server.constrain.plan import ToolPlan
     from server.families.envelope import load_envelope
 
     ref = "kimi_k2"
@@ -172,3 +173,5 @@ def test_kimi_call_index_goes_on_from_the_conversation() -> None:
     ]
     assert plan_tools(TOOLS, "auto", msgs, True, None, load_envelope("kimi_k2")).first_call_index == 3
     assert plan_tools(TOOLS, "auto", msgs, True, None, load_envelope("deepseek_v31")).first_call_index == 0
+    kimi = plan_tools(TOOLS, "auto", msgs, True, None, load_envelope("kimi_k2"))
+    assert ToolPlan.from_dict(kimi.to_dict()).first_call_index == 3  # it crosses the engine seam (vLLM)
