@@ -39,7 +39,9 @@ __all__ = [
     "ParsedCall",
     "ParsedOutput",
     "StreamingToolCallParser",
+    "TextReplyParser",
     "parse_tool_calls",
+    "reply_parser",
 ]
 _DECODER = json.JSONDecoder()
 
@@ -285,3 +287,34 @@ def parse_tool_calls(
     parser.feed(text)
     parser.finish()
     return parser.result()
+
+
+class TextReplyParser:
+    """No envelope (``model_family: template`` with none configured): the reply is text, whatever it
+    holds; no call is parsed (the model's own call syntax stays in the content, as written)."""
+
+    in_call = False
+    unfinished: str | None = None
+
+    def __init__(self) -> None:
+        self.calls: list[ParsedCall] = []
+        self.content_parts: list[str] = []
+
+    def feed(self, text: str) -> Events:
+        if not text:
+            return []
+        self.content_parts.append(text)
+        return [ContentDelta(text)]
+
+    def finish(self, unfinished_as_content: bool = True) -> Events:
+        return []
+
+    def result(self) -> ParsedOutput:
+        return ParsedOutput("".join(self.content_parts) or None, ())
+
+
+def reply_parser(
+    envelope: Envelope | None, tools: list[dict[str, Any]] | None = None
+) -> StreamingToolCallParser | TextReplyParser:
+    """The reply's parser: the envelope's calls, or text only when there is no envelope."""
+    return StreamingToolCallParser(envelope, tools) if envelope is not None else TextReplyParser()
