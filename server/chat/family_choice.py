@@ -37,8 +37,9 @@ def tool_calls_note(envelope: str | None) -> str:
 
 
 def make_renderer(settings: Settings, selection: Selection, tokenizer: Any) -> PromptRenderer:
-    """The renderer of the chosen family (``model``: the model folder's own chat template)."""
-    if not is_template(selection.family.name):
+    """The renderer of the chosen family (``template``, or a family whose ``prompt`` is
+    ``model_template``: the model folder's own chat template)."""
+    if not is_template(selection.family.name) and selection.family.prompt != "model_template":
         return FamilyRenderer(selection.family, keep_reasoning=settings.keep_reasoning)
     folder = None if settings.model == EMBEDDED else tokenizer_folder(settings.model, progress=False)
     template = (chat_template_of(folder) if folder else "") or str(
@@ -46,8 +47,9 @@ def make_renderer(settings: Settings, selection: Selection, tokenizer: Any) -> P
     )
     if not template.strip():
         raise ConfigError(
-            "model_family: template needs the model's chat template (chat_template.jinja or "
-            "tokenizer_config.json chat_template) and this model has none: pick a family instead"
+            f"model family {selection.family.ref} renders with the model's own chat template "
+            "(chat_template.jinja or tokenizer_config.json chat_template) and this model has none: "
+            "add it, or pick another family"
         )
     specials = {
         k: str(getattr(tokenizer, k))

@@ -85,6 +85,14 @@ class StreamingToolCallParser:
         else:
             self.open_tag = envelope.call_tag
         self.close_tag = envelope.call_close_tag
+        # a token-trigger call closed by a tag, with no name token (Gemma 4's <|tool_call>…<tool_call|>):
+        # one tagged block per call, as a text trigger's
+        self.tagged = self.trigger == "text" or (
+            self.trigger == "token"
+            and not self.args_token
+            and not envelope.calls_close
+            and bool(self.close_tag)
+        )
         self.close_rest = _close_rest_pattern(envelope, self.args_token or "")  # v11: "ID[ARGS]", id captured
         self._buf = ""
         self._in_call = False
@@ -145,7 +153,7 @@ class StreamingToolCallParser:
             self._buf = self._buf[at:]
             self._in_call = True
             self._scan, self._next_close = None, 0
-        if self.trigger == "text":
+        if self.tagged:
             return self._tagged_block(events)
         if self.trigger == "start":
             return self._json_call(self._buf, 0, events)

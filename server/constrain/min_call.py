@@ -157,11 +157,7 @@ def minimal_json_length(schema: Any) -> int:
 def minimal_call_text(envelope: Envelope, name: str, parameters: dict[str, Any] | None) -> str:
     """The text of a further call (after a first one) to ``name`` with minimal arguments (a
     sample of them when they are longer than ``BUILD_CHARS``)."""
-    args = _dumps(minimal_value(parameters or {"type": "object"}))
-    if envelope.arguments == "xml_parameters":
-        from server.families.xml_arguments import render_xml_arguments
-
-        args = render_xml_arguments(args)
+    args = envelope.arguments_text(_dumps(minimal_value(parameters or {"type": "object"})))
     call_id = "a" * 9 if envelope.call_id else ""
     return envelope.next_opening + name + envelope.close_text(call_id) + args + envelope.end_text(call_id)
 

@@ -92,6 +92,7 @@ def test_every_family_names_an_envelope_and_test_vocab() -> None:
             "mistral_call_id",
             "qwen3_coder",
             "harmony",
+            "gemma4",
         }
         assert fam.test_model.get("vocab") in {"embedded", "llama3", "tekken", "qwen", "mistral_spm"}
 
