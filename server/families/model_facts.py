@@ -16,6 +16,7 @@ from typing import Any
 from server.config import ConfigError, Settings
 from server.families.defaults import DEFAULT_FAMILY
 from server.families.end_tokens import family_end_tokens, reply_end_ids
+from server.families.envelope import load_envelope
 from server.families.family import FamilyError, load_family
 from server.families.select import Selection, select_family
 from server.model_store import EMBEDDED, resolve_model, tokenizer_folder
@@ -48,9 +49,11 @@ def decide(settings: Settings, tokenizer: Any, config_eos: int | list[int] | Non
     """The facts of a model whose tokenizer and configured EOS id(s) are in hand (tests and
     benchmarks that build a model themselves call this with the model's own)."""
     family = choose_family(settings, tokenizer)
-    return ModelFacts(
-        tokenizer, family, reply_end_ids(tokenizer, family_end_tokens(family.family), config_eos)
-    )
+    ends = family_end_tokens(family.family)
+    envelope = settings.envelope or family.family.envelope
+    if envelope:  # an envelope the config names (model_family: template) ends replies with its tokens too
+        ends += load_envelope(envelope).end_tokens
+    return ModelFacts(tokenizer, family, reply_end_ids(tokenizer, ends, config_eos))
 
 
 def config_eos_of(folder: Path) -> int | list[int] | None:

@@ -203,3 +203,16 @@ def test_an_envelope_that_does_not_fit_the_vocabulary_stops_the_start(unknown_mo
         _client(unknown_model, envelope="mistral_json_array"),
     ):
         pass
+
+
+def test_a_configured_envelope_s_end_tokens_end_the_reply() -> None:
+    """``envelope: gemma4`` on a model no family covers: its <|tool_response> and <turn|> end a reply."""
+    from server.families.model_facts import decide
+
+    tok = _tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|tool_response>", "<turn|>"]})  # type: ignore[attr-defined]
+    ends = [tok.convert_tokens_to_ids(t) for t in ("<|tool_response>", "<turn|>")]  # type: ignore[attr-defined]
+    plain = decide(load_settings(device="cpu", model_family="template"), tok, None)
+    assert not set(ends) & set(plain.end_ids) and plain.family.family.envelope == ""
+    facts = decide(load_settings(device="cpu", model_family="template", envelope="gemma4"), tok, None)
+    assert set(ends) <= set(facts.end_ids)
