@@ -228,3 +228,21 @@ def test_a_tool_loop_stays_in_the_model_turn_and_the_call_renders_as_written(gem
     # the template drops that empty thought from the history: the turn re-renders from its header on
     base = prompt[: -len("<|channel>thought\n<channel|>")]
     assert after == base + reply + '<|tool_response>response:shell_exec{value:<|"|>a.py<|"|>}<tool_response|>'
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_streamed_reply_parses_as_the_whole(gemma, seed) -> None:
+    """Fed a character at a time (as a stream delivers it), the parser gives the same calls and no
+    content: a call is released only once its close tag is read."""
+    from server.chat.toolcalls import CallDelta, ContentDelta, StreamingToolCallParser
+
+    plan = ToolPlan("required", NAMES, True, ENV.opening)
+    text, _ = walk(gemma, plan, seed)
+    reply = plan.prefill + text
+    parser = StreamingToolCallParser(ENV, TOOLS)
+    events = [e for ch in reply for e in parser.feed(ch)] + parser.finish(unfinished_as_content=False)
+    streamed = [e.call for e in events if isinstance(e, CallDelta)]
+    whole = StreamingToolCallParser(ENV, TOOLS)
+    whole.feed(reply)
+    assert streamed == whole.calls and streamed
+    assert not "".join(e.text for e in events if isinstance(e, ContentDelta)).strip()
