@@ -139,6 +139,9 @@ def _openai_model(request: Request, name: str) -> dict[str, Any]:
         "max_model_len": engine.max_model_len,
         "engine": engine.name,
         "family": request.app.state.service.family.ref,
+        # how calls are served: "masked and parsed (envelope X)", or not at all (and why)
+        "envelope": request.app.state.service.envelope_ref,
+        "tool_calls": request.app.state.service.tool_calls,
         **({"root": s.served_model_name} if name != s.served_model_name else {}),
     }
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from server.families.conversation import dump_json
 from server.families.envelope import Envelope
+from server.families.gemma_arguments import parse_gemma_arguments
 from server.families.xml_arguments import parse_xml_arguments
 
 _KEY_RE = re.compile(r'"(\w+)"\s*:')
@@ -95,12 +96,23 @@ class BodyParser:
         args = parse_tagged_arguments(rest, env.parameter_open, env.parameter_close, self.schemas.get(name))
         return ParsedCall(name, dump_json(args)) if args is not None and name else None
 
+    def gemma_function(self, body: str) -> ParsedCall | None:
+        """Gemma 4: ``call:NAME{PAIRS`` (the close tag ``}<tool_call|>`` cut off)."""
+        env = self.envelope
+        if not body.startswith(env.name_open) or env.name_close not in body:
+            return None
+        name, _, pairs = body[len(env.name_open) :].partition(env.name_close)
+        args = parse_gemma_arguments(pairs)
+        return ParsedCall(name, dump_json(args)) if args is not None and name else None
+
     def tagged_body(self, body: str) -> ParsedCall | None:
-        """The text between a call's tags (text-trigger envelopes)."""
+        """The text between a call's tags (text-trigger envelopes; Gemma 4's token-trigger calls)."""
         if self.envelope.arguments == "xml_parameters":
             return self.xml_function(body)
         if self.envelope.arguments == "tagged":
             return self.tagged_call(body)
+        if self.envelope.arguments == "gemma":
+            return self.gemma_function(body)
         return self.json_text(body.strip())
 
 

@@ -31,6 +31,7 @@ from server.constrain.custom.grammar import prompt_tools
 from server.constrain.response_format import text_schema
 from server.engines.base import Engine, SamplingParams, constraint_errors_as_400
 from server.errors import InvalidRequest, ModelNotFound
+from server.families.defaults import DEFAULT_ENVELOPE
 from server.families.envelope import load_envelope
 from server.families.rendered import PromptRenderer, RenderedPrompt, Segment
 from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -47,13 +48,14 @@ class Preparer:
         compiler: Compiler,
         settings: Settings,
         renderer: PromptRenderer,
-        envelope: str,
+        envelope: str | None,
         call_id_style: Mapping[str, Any] | None = None,
         family_ref: str = "",
         baseline: Callable[[str], Prompt | None] | None = None,
     ) -> None:
         """``compiler``: the service's (it compiles each request's ToolSpec once, here);
-        ``renderer``: the family's prompt renderer; ``envelope``: the name of its call envelope;
+        ``renderer``: the family's prompt renderer; ``envelope``: the name of its call envelope (None:
+        none, calls neither masked nor parsed: ``tool_choice.unmasked``);
         ``baseline``: a session's previous prompt + reply (its ids are kept: ``reply_tokens.py``)."""
         self.engine = engine
         self.settings = settings
@@ -65,9 +67,11 @@ class Preparer:
         self.warned_retention = False  # the first unused retention hint is logged, once
         cfg = settings.cache
         self.tool_memory = ToolMemory(cfg.kept_tools_sessions, cfg.kept_tools_mb * 2**20)
-        self.tools = ToolSetup(compiler, settings, renderer, envelope, load_envelope(envelope), family_ref)
+        loaded = load_envelope(envelope) if envelope is not None else None
+        self.tools = ToolSetup(compiler, settings, renderer, envelope, loaded, family_ref)
         # the vocabulary and the configured envelope's compiler now, not on the first tool request
-        compiler.for_envelope(envelope, settings.grammar_backend)
+        # (an envelope whose special tokens the vocabulary lacks stops the start here)
+        compiler.for_envelope(envelope or DEFAULT_ENVELOPE, settings.grammar_backend)
 
     def _retention(self, req: SamplingFields) -> dict[str, Any]:
         """The request's retention hint, and why the engine does not use it (said in the response)."""

@@ -18,7 +18,15 @@ from typing import Any
 from server.chat.generate import GenerationResult
 from server.chat.prepared import Prepared
 from server.chat.reasoning_reply import ReasoningSplitter
-from server.chat.toolcalls import CallDelta, ContentDelta, Events, ParsedCall, StreamingToolCallParser
+from server.chat.toolcalls import (
+    CallDelta,
+    ContentDelta,
+    Events,
+    ParsedCall,
+    StreamingToolCallParser,
+    TextReplyParser,
+    reply_parser,
+)
 from server.custom_tools import custom_input, custom_names
 from server.families.envelope import Envelope
 from server.families.render import call_id
@@ -63,14 +71,14 @@ def _call(p: Prepared, index: int, call: ParsedCall) -> ToolCallOut:
 
 
 def finish_parser(
-    parser: StreamingToolCallParser, finish: str, envelope: Envelope
+    parser: StreamingToolCallParser | TextReplyParser, finish: str, envelope: Envelope | None
 ) -> tuple[Events, IncompleteToolCall | None]:
     """Flush the parser. A reply cut ("length", or "interrupted" by the client) inside a call keeps
     the call's text out of the content and returns it as an ``IncompleteToolCall`` (name + arguments
     as written, unaltered)."""
     cut = finish in ("length", "interrupted") and parser.in_call
     events = parser.finish(unfinished_as_content=not cut)
-    return events, (incomplete_call(parser.unfinished or "", envelope) if cut else None)
+    return events, (incomplete_call(parser.unfinished or "", envelope) if cut and envelope else None)
 
 
 def incomplete_call(text: str, envelope: Envelope) -> IncompleteToolCall:
@@ -152,13 +160,15 @@ def extensions(p: Prepared, out: GenerationResult) -> dict[str, Any]:
     return ext
 
 
-def complete_response(p: Prepared, out: GenerationResult, model: str, envelope: Envelope) -> dict[str, Any]:
+def complete_response(
+    p: Prepared, out: GenerationResult, model: str, envelope: Envelope | None
+) -> dict[str, Any]:
     head = {"id": p.request_id, "created": p.created, "model": model, **extensions(p, out)}
     if p.kind == "text":
         lp = text_logprobs(out.logprobs)
         text = TextChoice(text=out.text, logprobs=lp, finish_reason=out.finish_reason)
         return CompletionResponse(**head, choices=[text], usage=usage(p, out)).model_dump()
-    parser = StreamingToolCallParser(envelope, _tools(p))
+    parser = reply_parser(envelope, _tools(p))
     splitter = _splitter(p)
     reply = _prefill(p) + out.text
     if splitter is not None:
@@ -200,12 +210,12 @@ def _splitter(p: Prepared) -> ReasoningSplitter | None:
 class StreamChunks:
     """The stream's chunks (dicts), in order: ``start``, ``text`` per delta, ``close``, ``final``."""
 
-    def __init__(self, p: Prepared, model: str, envelope: Envelope) -> None:
+    def __init__(self, p: Prepared, model: str, envelope: Envelope | None) -> None:
         self.p = p
         self.chat = p.kind == "chat"
         self.head = {"id": p.request_id, "created": p.created, "model": model}
         self.envelope = envelope
-        self.parser = StreamingToolCallParser(envelope, _tools(p)) if self.chat else None
+        self.parser = reply_parser(envelope, _tools(p)) if self.chat else None
         self.splitter = _splitter(p)
         self.finish_reason = "stop"
         self.incomplete: IncompleteToolCall | None = None

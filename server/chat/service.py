@@ -22,7 +22,7 @@ from typing import Any
 
 from server.cache_diag import CacheReporter
 from server.cache_diag.replies import Parts
-from server.chat.family_choice import envelope_name, make_renderer
+from server.chat.family_choice import envelope_name, make_renderer, tool_calls_note
 from server.chat.generate import GenerationResult, generate_text
 from server.chat.interruptible import INTERRUPTED, Interruptible
 from server.chat.prepare import Preparer
@@ -49,9 +49,13 @@ class ChatService:
         self.family = self.family_selection.family
         self.renderer = make_renderer(settings, self.family_selection, engine.tokenizer)
         envelope = self.envelope_ref = envelope_name(settings, self.family_selection)
-        self.envelope = load_envelope(envelope)
+        self.envelope = load_envelope(envelope) if envelope is not None else None
+        self.tool_calls = tool_calls_note(envelope)  # GET /v1/models says it too
         how = self.family_selection.how
-        log.info("model family %s (%s); tool-call envelope %s", self.family.ref, how, envelope)
+        if envelope is not None:
+            log.info("model family %s (%s); tool-call envelope %s", self.family.ref, how, envelope)
+        else:  # never silently: a client's tools are not enforced
+            log.warning("model family %s (%s); tool calls %s", self.family.ref, how, self.tool_calls)
         self.cache_report = CacheReporter(
             block_size=engine.block_size,
             enabled=settings.prefix_cache.enabled,

@@ -116,13 +116,17 @@ def plan_tools(
     messages: list[dict[str, Any]],
     parallel_tool_calls: bool,
     machine: StateMachine | None,
-    envelope: Envelope,
+    envelope: Envelope | None,
 ) -> ToolPlan:
+    """``envelope`` None: no call format is known (``model_family: template``, no envelope): nothing
+    can force or forbid a call, so only the modes that need neither are served (``unmasked``)."""
     names = tool_names(tools)
     state = None
     mode: Mode
     allowed: tuple[str, ...]
     choice = parse_tool_choice(tool_choice)  # already typed when it came through the API
+    if envelope is None:
+        return unmasked(choice, tool_choice, names, parallel_tool_calls)
     if choice is not None:
         if not names and choice not in ("none", "auto"):
             raise InvalidRequest(
@@ -144,3 +148,20 @@ def plan_tools(
     allowed = allowed if mode != "none" else ()
     first = first if envelope.call_id_counts else 0
     return ToolPlan(mode, allowed, bool(parallel_tool_calls), prefill, state, first_call_index=first)
+
+
+def unmasked(choice: ToolChoice | None, sent: object, names: tuple[str, ...], parallel: bool) -> ToolPlan:
+    """The plan without an envelope: "auto" (or the client's "none"); the state machine does not
+    apply (its choice is enforced by the masks) and a forced call is a 400 saying how to get one."""
+    mode, allowed = _explicit(choice, names) if choice is not None else ("auto", names)
+    if mode == "required":
+        raise InvalidRequest(
+            f"tool_choice {sent!r} forces a call, and this server has no tool-call envelope for its model "
+            "(model_family: template, a model no family file covers): calls are neither masked nor "
+            'parsed. Send tool_choice "auto" or "none", or ask the operator to set envelope: NAME in '
+            "the config when one of grammars/envelopes/ matches the model's call format",
+            param="tool_choice",
+        )
+    if not allowed:
+        mode = "none"
+    return ToolPlan(mode, allowed if mode != "none" else (), bool(parallel), "")

@@ -12,6 +12,7 @@ What varies by family is read through the renderer's seam (``PromptRenderer.reas
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from server.chat.limits import MACHINE_NAME as _MACHINE_NAME
@@ -25,6 +26,7 @@ from server.constrain.custom.grammar import check_format
 from server.constrain.plan import ToolPlan
 from server.constrain.spec import ToolSpec
 from server.errors import InvalidRequest
+from server.families.defaults import DEFAULT_ENVELOPE
 from server.families.envelope import Envelope
 from server.families.rendered import PromptRenderer
 from server.protocol import ChatCompletionRequest
@@ -40,8 +42,8 @@ class ToolSetup:
         compiler: Compiler,
         settings: Settings,
         renderer: PromptRenderer,
-        envelope_name: str,
-        envelope: Envelope,
+        envelope_name: str | None,
+        envelope: Envelope | None,
         family_ref: str,
     ) -> None:
         self.compiler = compiler
@@ -117,12 +119,14 @@ class ToolSetup:
         spec again in this process. ``json_text``: the schema of the reply's text
         (response_format), None for free text.
         """
+        if self.envelope_name is None:  # no envelope: the tools are in the prompt, calls are not masked
+            tools, plan = [], replace(plan, mode="none", allowed=(), prefill="")
         if not tools and json_text is None and plan.reasoning is None:
             return None
         spec = ToolSpec(
             tools,
             plan,
-            self.envelope_name,
+            self.envelope_name or DEFAULT_ENVELOPE,  # no calls: only response_format's text is masked
             self.settings.grammar_backend,
             self.compiler.eos_token_ids,
             budget=budget,

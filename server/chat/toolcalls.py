@@ -40,7 +40,9 @@ __all__ = [
     "ParsedCall",
     "ParsedOutput",
     "StreamingToolCallParser",
+    "TextReplyParser",
     "parse_tool_calls",
+    "reply_parser",
 ]
 _DECODER = json.JSONDecoder()
 
@@ -84,6 +86,14 @@ class StreamingToolCallParser:
         else:
             self.open_tag = envelope.call_tag
         self.close_tag = envelope.call_close_tag
+        # a token-trigger call closed by a tag, with no name token (Gemma 4's <|tool_call>…<tool_call|>):
+        # one tagged block per call, as a text trigger's
+        self.tagged = self.trigger == "text" or (
+            self.trigger == "token"
+            and not self.args_token
+            and not envelope.calls_close
+            and bool(self.close_tag)
+        )
         self.close_rest = _close_rest_pattern(envelope, self.args_token or "")  # v11: "ID[ARGS]", id captured
         self._buf = ""
         self._in_call = False
@@ -149,7 +159,7 @@ class StreamingToolCallParser:
             self._buf = self._buf[at:]
             self._in_call = True
             self._scan, self._next_close = None, 0
-        if self.trigger == "text":
+        if self.tagged:
             return self._tagged_block(events)
         if self.trigger == "start":
             return self._json_call(self._buf, 0, events)
@@ -291,3 +301,34 @@ def parse_tool_calls(
     parser.feed(text)
     parser.finish()
     return parser.result()
+
+
+class TextReplyParser:
+    """No envelope (``model_family: template`` with none configured): the reply is text, whatever it
+    holds; no call is parsed (the model's own call syntax stays in the content, as written)."""
+
+    in_call = False
+    unfinished: str | None = None
+
+    def __init__(self) -> None:
+        self.calls: list[ParsedCall] = []
+        self.content_parts: list[str] = []
+
+    def feed(self, text: str) -> Events:
+        if not text:
+            return []
+        self.content_parts.append(text)
+        return [ContentDelta(text)]
+
+    def finish(self, unfinished_as_content: bool = True) -> Events:
+        return []
+
+    def result(self) -> ParsedOutput:
+        return ParsedOutput("".join(self.content_parts) or None, ())
+
+
+def reply_parser(
+    envelope: Envelope | None, tools: list[dict[str, Any]] | None = None
+) -> StreamingToolCallParser | TextReplyParser:
+    """The reply's parser: the envelope's calls, or text only when there is no envelope."""
+    return StreamingToolCallParser(envelope, tools) if envelope is not None else TextReplyParser()

@@ -102,7 +102,9 @@ class Settings(BaseSettings):
     model_family: str = Field(
         "auto",
         description="Prompt format (grammars/families/NAME.yaml, or NAME:VERSION, e.g. mistral:v13); "
-        "auto = detected from the model folder at start. The family names its tool-call envelope.",
+        "auto = detected from the model folder at start (none matches: template); template = the model's "
+        "own chat template (tool calls masked only with an envelope set here, else not at all). The "
+        "family names its tool-call envelope.",
     )
     keep_reasoning: bool = Field(
         False,

@@ -47,7 +47,11 @@ class EnvelopeCompiler:
         self.envelope = envelope
         self.backend_name = backend
         self.masks = EnvelopeMasks(self.vocab, envelope, tokenizer)
-        self.backend = make_backend(backend, self.vocab, any_whitespace=any_whitespace)
+        # special tokens the arguments grammar writes (Gemma 4's <|"|>), by id, with their text
+        grammar_tokens = {self.masks.special_ids[t]: t.encode() for t in envelope.grammar_tokens}
+        self.backend = make_backend(
+            backend, self.vocab, any_whitespace=any_whitespace, grammar_tokens=grammar_tokens or None
+        )
         self.custom = custom or CustomCompiler(self.vocab)  # a Compiler shares one among its envelopes
         self._reasoning: dict[tuple[str, str], ReasoningMasks] = {}
 

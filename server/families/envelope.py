@@ -13,11 +13,15 @@ is rendered back into the next prompt are the same text. A reply holding calls i
   reply *is* the call when it begins with the opening, Llama 3's ``{"name": "``).
 * Strings may hold special tokens (listed in ``special_tokens``): each is one token id,
   never text (``[TOOL_CALLS]``, ``[ARGS]``).
-* ``arguments`` — ``json`` (an object following the tool's schema) or
+* ``arguments`` — ``json`` (an object following the tool's schema),
   ``xml_parameters`` (Qwen3-Coder: ``<parameter=KEY>\\nVALUE\\n</parameter>\\n`` per
   argument, raw values typed by the schema) or ``tagged`` (``parameter_open`` with ``{key}``,
   the value, ``parameter_close`` per argument: GLM's ``<arg_key>K</arg_key><arg_value>V</arg_value>``,
-  MiniMax's ``<parameter name="K">V</parameter>``; server/families/tagged_arguments.py).
+  MiniMax's ``<parameter name="K">V</parameter>``; server/families/tagged_arguments.py), or
+  ``gemma`` (Gemma 4: ``key:value`` pairs in dictsort order, strings between ``<|"|>``:
+  server/families/gemma_arguments.py).
+* ``grammar_tokens`` — special tokens the arguments grammar writes as part of its text (Gemma 4's
+  ``<|"|>`` and the ``<tool_call|>`` of its ``call_end``); they must be in ``special_tokens``.
 * ``call_id`` — a regex for an id the model writes itself, placed where ``call_end``
   (Mistral v3: 9 alphanumerics) or ``name_close`` says ``{call_id}`` (Mistral v11:
   ``[CALL_ID]{call_id}[ARGS]``, between two special tokens; Kimi K2: ``:{call_id}<|…|>``, after
@@ -48,7 +52,7 @@ import yaml
 from server.package_data import GRAMMARS_DIR
 
 TRIGGERS = ("text", "token", "start")
-ARGUMENT_KINDS = ("json", "xml_parameters", "tagged")
+ARGUMENT_KINDS = ("json", "xml_parameters", "tagged", "gemma")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Envelope:
     call_after_text: bool = True  # False: a reply with calls holds nothing else (trigger only at its start)
     special_tokens: tuple[str, ...] = ()
     end_tokens: tuple[str, ...] = ()
+    grammar_tokens: tuple[str, ...] = ()  # special tokens inside the arguments grammar's text
     description: str = ""
     # prompt side, read by the family renderer (server/families/render.py)
     tool_response_open: str = ""
@@ -84,7 +89,10 @@ class Envelope:
     def __post_init__(self) -> None:
         object.__setattr__(self, "special_tokens", tuple(self.special_tokens))
         object.__setattr__(self, "end_tokens", tuple(self.end_tokens))
+        object.__setattr__(self, "grammar_tokens", tuple(self.grammar_tokens))
         where = f"envelope {self.name!r}"
+        if not set(self.grammar_tokens) <= set(self.special_tokens):
+            raise ValueError(f"{where}: grammar_tokens must be listed in special_tokens too")
         if self.trigger not in TRIGGERS:
             raise ValueError(f"{where}: trigger {self.trigger!r} is not one of {TRIGGERS}")
         if self.arguments not in ARGUMENT_KINDS:
@@ -201,7 +209,7 @@ class Envelope:
         """``calls`` = (name, arguments text, id) → the reply text, exactly as the masks produce it.
 
         ``arguments text`` is written as given for ``json`` (pass canonical JSON); for
-        ``xml_parameters`` it is parsed and written one parameter per key.
+        ``xml_parameters`` and ``gemma`` it is parsed and written in that form.
         """
         parts = []
         for name, args, call_id in calls:
@@ -222,6 +230,10 @@ class Envelope:
             from server.families.tagged_arguments import render_tagged_arguments
 
             return render_tagged_arguments(args, self.parameter_open, self.parameter_close)
+        if self.arguments == "gemma":
+            from server.families.gemma_arguments import render_gemma_arguments
+
+            return render_gemma_arguments(args)
         return args
 
 

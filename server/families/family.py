@@ -26,6 +26,7 @@ from server.package_data import GRAMMARS_DIR
 FAMILIES_DIR = GRAMMARS_DIR / "families"
 
 TOOLS_PLACEMENTS = ("first_system", "own_user_turn", "first_user", "last_user")
+PROMPTS = ("layout", "model_template")
 SYSTEM_PLACEMENTS = ("turn", "last_user", "front")
 
 
@@ -105,6 +106,9 @@ class Family:
     version_detect: tuple[dict[str, Any], ...] = ()  # [{version, special_tokens, template_contains}]
     test_model: dict[str, Any] = field(default_factory=dict)  # make-test-model: {vocab: llama3|tekken|qwen}
     reasoning: Reasoning | None = None  # how the model reasons before answering (reasoning.py)
+    # "layout": rendered from ``layout``; "model_template": the model folder's own chat template
+    # renders (server/families/model_template.py; Gemma 4), the family gives detection and the masks
+    prompt: str = "layout"
 
     @property
     def ref(self) -> str:
@@ -177,6 +181,9 @@ def load_family(ref: str) -> Family:
         raise FamilyError(f"{where}: tools_placement must be one of {TOOLS_PLACEMENTS}")
     if layout.system_placement not in SYSTEM_PLACEMENTS:
         raise FamilyError(f"{where}: system_placement must be one of {SYSTEM_PLACEMENTS}")
+    prompt = str(data.get("prompt", "layout"))
+    if prompt not in PROMPTS:
+        raise FamilyError(f"{where}: prompt must be one of {PROMPTS}")
     return Family(
         name=name,
         envelope=str(data["envelope"]),
@@ -193,6 +200,7 @@ def load_family(ref: str) -> Family:
         version_detect=tuple(data.get("version_detect") or ()),
         test_model=dict(data.get("test_model") or {}),
         reasoning=_reasoning(data.get("reasoning"), where),
+        prompt=prompt,
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from server.config import ConfigError, Settings
 from server.families.defaults import DEFAULT_FAMILY
 from server.families.end_tokens import family_end_tokens, reply_end_ids
+from server.families.envelope import load_envelope
 from server.families.family import FamilyError, load_family
 from server.families.select import Selection, select_family
 from server.model_defaults import default_logit_bias
@@ -52,10 +53,14 @@ def decide(settings: Settings, tokenizer: Any, config_eos: int | list[int] | Non
     """The facts of a model whose tokenizer and configured EOS id(s) are in hand (tests and
     benchmarks that build a model themselves call this with the model's own)."""
     family = choose_family(settings, tokenizer)
+    ends = family_end_tokens(family.family)
+    envelope = settings.envelope or family.family.envelope
+    if envelope:  # an envelope the config names (model_family: template) ends replies with its tokens too
+        ends += load_envelope(envelope).end_tokens
     return ModelFacts(
         tokenizer,
         family,
-        reply_end_ids(tokenizer, family_end_tokens(family.family), config_eos),
+        reply_end_ids(tokenizer, ends, config_eos),
         default_logit_bias(settings, tokenizer),
     )
 

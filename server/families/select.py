@@ -5,8 +5,14 @@ Order: the config's ``model_family`` (anything but ``auto``) wins; else a test m
 family file's ``detect`` section is checked against the folder (special tokens of the
 vocabulary, the chat template's text, config.json ``model_type``) and the matching family
 of highest priority wins; its version (Mistral) comes from tekken.json's
-``config.version`` or the family's ``version_detect`` rules. No match stops the start with
-a message that names the choices.
+``config.version`` or the family's ``version_detect`` rules.
+
+No family file matches: the model is served as a plain vLLM server serves it, with its own
+chat template (``model_family: template``; ``model`` is the older name of the same thing),
+when the folder has one; the tool-call envelope is then the config's ``envelope``, else none
+(calls neither masked nor parsed: ``Family.envelope`` is ``NO_ENVELOPE``; the start log and
+``GET /v1/models`` say so). A folder with no chat template either stops the start with a
+message that names the choices.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from server.families.defaults import DEFAULT_ENVELOPE
 from server.families.family import (
     Detect,
     Family,
@@ -28,10 +33,12 @@ from server.families.family import (
     load_family,
 )
 
-MODEL_TEMPLATE = "model"  # model_family: model = the model folder's own chat template
-MODEL_FAMILY = Family(
-    name=MODEL_TEMPLATE,
-    envelope=DEFAULT_ENVELOPE,
+TEMPLATE = "template"  # model_family: template = the model folder's own chat template
+TEMPLATE_NAMES = (TEMPLATE, "model")  # "model": its first name, still accepted
+NO_ENVELOPE = ""  # a family without a call format: tool calls are neither masked nor parsed
+TEMPLATE_FAMILY = Family(
+    name=TEMPLATE,
+    envelope=NO_ENVELOPE,
     description="the model folder's own Jinja chat template (server/families/model_template.py)",
     models=(),
     default_system="",
@@ -75,18 +82,22 @@ def chat_template_of(folder: Path) -> str:
 
 
 def model_facts(folder: Path | None, tokenizer: Any = None) -> ModelFacts:
-    if folder is None:
+    """What detection reads: the folder's config, tekken.json and chat template, the tokenizer's
+    vocabulary (no folder, the embedded model: the tokenizer alone)."""
+    if folder is None and tokenizer is None:
         return ModelFacts()
     config: dict[str, Any] = {}
-    if (folder / "config.json").is_file():
+    if folder is not None and (folder / "config.json").is_file():
         config = json.loads((folder / "config.json").read_text())
     vocab: set[str] = set()
     if tokenizer is not None:
         vocab = set(tokenizer.get_vocab())
     tekken = None
-    if (folder / "tekken.json").is_file():
+    if folder is not None and (folder / "tekken.json").is_file():
         tekken = json.loads((folder / "tekken.json").read_text()).get("config", {}).get("version")
-    template = chat_template_of(folder) or str(getattr(tokenizer, "chat_template", None) or "")
+    template = (chat_template_of(folder) if folder is not None else "") or str(
+        getattr(tokenizer, "chat_template", None) or ""
+    )
     return ModelFacts(
         model_type=str(config.get("model_type", "")),
         special_tokens=frozenset(vocab),
@@ -144,19 +155,28 @@ def detect_family(facts: ModelFacts) -> Selection | None:
     return Selection(fam, f"detected ({evidence})")
 
 
+def is_template(model_family: str) -> bool:
+    """``model_family: template`` (or its older name ``model``): the model's own chat template."""
+    return model_family in TEMPLATE_NAMES
+
+
+def _template_selection(facts: ModelFacts) -> Selection:
+    """The model's own template; the masks and the parser of the family detected from the
+    vocabulary when one is (gpt-oss: the harmony envelope and its reasoning), else none."""
+    found = detect_family(facts)
+    if found is None:
+        return Selection(TEMPLATE_FAMILY, "config model_family: the model's own chat template")
+    fam = found.family
+    masks = replace(
+        TEMPLATE_FAMILY, envelope=fam.envelope, reasoning=fam.reasoning, test_model=fam.test_model
+    )
+    return Selection(masks, f"config model_family: the model's own chat template; masks of {fam.ref}")
+
+
 def select_family(model_family: str, folder: Path | None, tokenizer: Any = None) -> Selection:
     """The family for this deployment; FamilyError (names the choices) when none fits."""
-    if model_family == MODEL_TEMPLATE:
-        # the model's own template renders; the masks and the parser are the detected family's
-        # (gpt-oss: the harmony envelope and its reasoning, not hermes)
-        found = detect_family(model_facts(folder, tokenizer)) if folder is not None else None
-        if found is None:
-            return Selection(MODEL_FAMILY, "config model_family: the model's own chat template")
-        fam = found.family
-        masks = replace(
-            MODEL_FAMILY, envelope=fam.envelope, reasoning=fam.reasoning, test_model=fam.test_model
-        )
-        return Selection(masks, f"config model_family: the model's own chat template; masks of {fam.ref}")
+    if is_template(model_family):
+        return _template_selection(model_facts(folder, tokenizer))
     if model_family and model_family != "auto":
         return Selection(load_family(model_family), "config model_family")
     facts = model_facts(folder, tokenizer)
@@ -166,10 +186,16 @@ def select_family(model_family: str, folder: Path | None, tokenizer: Any = None)
     if found is not None:
         return found
     if facts.chat_template.strip():
-        return Selection(MODEL_FAMILY, "no family file matches: the model's own chat template")
+        # served as vLLM serves it: a wrong envelope guessed here would force a call format the model
+        # never learned, so none unless the config names one (the start log says which)
+        return Selection(
+            TEMPLATE_FAMILY,
+            f"no family file matches (model_type {facts.model_type!r}; families: {family_choices()}): "
+            "the model's own chat template",
+        )
     raise FamilyError(
         f"no model family matches the model at {folder} (model_type {facts.model_type!r}; none of the "
         f"families' special tokens / chat template markers found, and the folder has no chat template): "
         f"set model_family in the config to one of {family_choices()}, or add the model's "
-        f"chat_template.jinja and use model_family: model"
+        f"chat_template.jinja (it is then served with it, as model_family: template)"
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 from server.families.family import load_family
 from server.families.tokenizers import build_tokenizer
+from server.package_data import GRAMMARS_DIR
 
 
 def _tokenizer(vocab: str, version: str | None, tmp: Path) -> Any:
@@ -92,6 +93,9 @@ def make_test_model(
     model.generation_config.eos_token_id = eos
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    if spec.get("chat_template"):  # a family whose prompt is the model's own template (Gemma 4)
+        template = GRAMMARS_DIR / "templates" / f"{spec['chat_template']}.jinja"
+        (tmp / "chat_template.jinja").write_text(template.read_text())
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

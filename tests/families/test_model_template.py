@@ -85,8 +85,8 @@ def test_template_errors_and_bad_arguments_are_400s() -> None:
 def test_unknown_model_with_a_template_falls_back_to_it(tmp_path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     (tmp_path / "chat_template.jinja").write_text(CLOCK)
-    assert select_family("auto", tmp_path, None).family.ref == "model"
-    assert select_family("model", tmp_path, None).family.ref == "model"
+    assert select_family("auto", tmp_path, None).family.ref == "template"
+    assert select_family("model", tmp_path, None).family.ref == "template"
 
 
 def test_family_renderer_and_model_template_agree_on_a_chatml_template() -> None:

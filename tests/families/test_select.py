@@ -128,7 +128,9 @@ def test_model_template_gets_the_detected_family_masks(tmp_path) -> None:
     from server.families.test_model import family_test_tokenizer
 
     (tmp_path / "config.json").write_text('{"model_type": "gpt_oss"}')
-    found = select_family("model", tmp_path, family_test_tokenizer("harmony")).family
-    assert found.name == "model" and found.envelope == "harmony"
-    assert found.reasoning == load_family("harmony").reasoning
-    assert select_family("model", None, None).family.envelope == "hermes"  # nothing to detect from
+    for name in ("template", "model"):  # "model": the older name of the same choice
+        found = select_family(name, tmp_path, family_test_tokenizer("harmony")).family
+        assert found.name == "template" and found.envelope == "harmony"
+        assert found.reasoning == load_family("harmony").reasoning
+    # nothing to detect from: no envelope (calls neither masked nor parsed), never hermes by default
+    assert select_family("template", None, None).family.envelope == ""

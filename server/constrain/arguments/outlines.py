@@ -145,7 +145,14 @@ class OutlinesMatcher:
 class OutlinesBackend(CachedBackend):
     name = "outlines"
 
-    def __init__(self, vocab: TokenVocab, *, any_whitespace: bool = False, cache_size: int = 512) -> None:
+    def __init__(
+        self,
+        vocab: TokenVocab,
+        *,
+        any_whitespace: bool = False,
+        cache_size: int = 512,
+        grammar_tokens: dict[int, bytes] | None = None,  # unused: only JSON arguments compile here
+    ) -> None:
         try:
             import outlines_core
         except ImportError as exc:  # a dependency of agentserve: only a broken install lacks it

@@ -58,10 +58,13 @@ def canonical_numbers(xgr: Any, grammar: Any) -> Any:
 
 
 class XGrammarMatcher:
-    __slots__ = ("matcher",)
+    __slots__ = ("matcher", "takes_special")
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, takes_special: bool = False) -> None:
         self.matcher = matcher
+        # the grammar writes some special tokens (an envelope's grammar_tokens): the tool constraint
+        # lets them through to accept_token (xgrammar's rows hold no other special token)
+        self.takes_special = takes_special
 
     def fill(self, bitmask: Any, index: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, index)  # opaque tokens are special to xgrammar
@@ -82,12 +85,28 @@ XGRAMMAR_CACHE_BYTES = 32 * 2**20  # xgrammar's compiler cache (it is unlimited 
 class XGrammarBackend(CachedBackend):
     name = "xgrammar"
 
-    def __init__(self, vocab: TokenVocab, *, any_whitespace: bool = False, cache_size: int = 512) -> None:
+    def __init__(
+        self,
+        vocab: TokenVocab,
+        *,
+        any_whitespace: bool = False,
+        cache_size: int = 512,
+        grammar_tokens: dict[int, bytes] | None = None,
+    ) -> None:
+        """``grammar_tokens``: special token ids the grammars write, with their text (Gemma 4's
+        ``<|"|>``): in this backend's vocabulary they are that text, every other special token stays
+        opaque (never inside a grammar)."""
         import xgrammar as xgr
 
         info = vocab.xgr_info
         if info is None:
             raise ValueError("the xgrammar backend needs a vocabulary built with TokenVocab.from_tokenizer")
+        self.takes_special = bool(grammar_tokens)
+        if grammar_tokens:
+            patched = [grammar_tokens.get(i, b) for i, b in enumerate(vocab.token_bytes)]
+            info = xgr.TokenizerInfo(
+                patched, xgr.VocabType.RAW, vocab_size=vocab.vocab_size, stop_token_ids=info.stop_token_ids
+            )
         self.xgr, self.vocab, self.any_whitespace = xgr, vocab, any_whitespace
         # our CompileCache keeps the compiled grammars (in the mask rows' byte budget); xgrammar's
         # own cache (unlimited by default) only holds what a compile reuses, bounded here
@@ -105,6 +124,10 @@ class XGrammarBackend(CachedBackend):
                 from server.constrain.arguments.tagged import tagged_grammar
 
                 args = tagged_grammar(schema, frame.parameter, frame.suffix, self._json_value)
+            elif frame.style == "gemma":
+                from server.constrain.arguments.gemma import gemma_arguments_grammar
+
+                args = gemma_arguments_grammar(schema)
             else:
                 grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=self.any_whitespace)
                 args = canonical_numbers(xgr, canonical_strings(xgr, grammar))
@@ -147,4 +170,5 @@ class XGrammarBackend(CachedBackend):
         return canonical_numbers(self.xgr, canonical_strings(self.xgr, grammar))
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
-        return XGrammarMatcher(self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True))
+        matcher = self.xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return XGrammarMatcher(matcher, self.takes_special)

@@ -57,6 +57,12 @@ class CustomCompiler:
                 param="tools",
             )
         check_format(fmt, f"tool {tool!r} custom.format")
+        if frame.style not in ("json", "xml_parameters"):
+            raise ConstraintError(
+                f"custom tool {tool!r}: this model's envelope writes {frame.style!r} arguments, which custom "
+                "tools do not support yet; use a function tool",
+                param="tools",
+            )
         if frame.style == "xml_parameters":
             before, close, encoding = frame.prefix + f"<parameter={INPUT}>\n", "", "xml"
         else:
