@@ -18,8 +18,8 @@ IM_END = 2  # <|im_end|> in the embedded model's vocabulary
 
 def test_the_embedded_model_ends_its_replies_by_default(tokenizer):
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") == IM_END
-    assert model_defaults("embedded") == {"logit_bias": {"<|im_end|>": 10}}
-    assert default_logit_bias(load_settings(), tokenizer) == ((IM_END, 10.0),)
+    assert model_defaults("embedded") == {"logit_bias": {"<|im_end|>": 5}}
+    assert default_logit_bias(load_settings(), tokenizer) == ((IM_END, 5.0),)
 
 
 def test_the_deployment_setting_replaces_the_models_default(tokenizer):
@@ -50,7 +50,7 @@ def test_a_bad_default_is_refused_at_start(tokenizer, bias, words):
 
 class Engine:
     vocab_size = 49152
-    facts: Any = SimpleNamespace(default_logit_bias=((IM_END, 10.0),))
+    facts: Any = SimpleNamespace(default_logit_bias=((IM_END, 5.0),))
 
     def check_sampling(self, params: Any) -> None:
         return None
@@ -64,7 +64,7 @@ def _bias(**body: Any) -> tuple[tuple[int, float], ...]:
 
 
 def test_a_requests_own_logit_bias_replaces_the_default():
-    assert _bias() == ((IM_END, 10.0),)  # none sent: the model's default
-    assert _bias(logit_bias=None) == ((IM_END, 10.0),)  # null is not sent
+    assert _bias() == ((IM_END, 5.0),)  # none sent: the model's default
+    assert _bias(logit_bias=None) == ((IM_END, 5.0),)  # null is not sent
     assert _bias(logit_bias={}) == ()  # {} turns it off
     assert _bias(logit_bias={"7": -1}) == ((7, -1.0),)  # the request's own, not merged

@@ -91,11 +91,11 @@ def test_reasons_of_every_body_shape():
 
 
 def test_the_models_default_bias_reaches_the_engine_from_every_api(engine):
-    """The embedded model's own default (configs/models/embedded.yaml: <|im_end|> +10) for a request
+    """The embedded model's own default (configs/models/embedded.yaml: <|im_end|> +5) for a request
     that sends no logit_bias: chat, Messages and Responses alike; a chat request's own {} wins."""
     with TestClient(build_app(load_settings(device="cpu"), engine=engine)) as c:
         assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
         assert c.post("/v1/messages", json={**CHAT, "max_tokens": 4}).status_code == 200
         assert c.post("/v1/responses", json={"model": MODEL, "input": "hi"}).status_code == 200
         assert c.post("/v1/chat/completions", json={**CHAT, "logit_bias": {}}).status_code == 200
-    assert [p.logit_bias for p in engine.checked] == [((2, 10.0),)] * 3 + [()]
+    assert [p.logit_bias for p in engine.checked] == [((2, 5.0),)] * 3 + [()]

@@ -58,7 +58,7 @@ def test_agents_sdk_required_tool_loop_finishes(server_url):
 def test_agents_sdk_default_responses_path_finishes(shipped_server_url):
     """Issue 52: ``Agent(model=NAME)`` as a new user writes it: the SDK's Responses model, no
     ``max_output_tokens``. Each reply may then use the rest of the 8k window; the embedded model's
-    own default (``configs/models/embedded.yaml``: ``<|im_end|>`` +10) makes it end. Without that it
+    own default (``configs/models/embedded.yaml``: ``<|im_end|>`` +5) makes it end. Without that it
     wrote for ~300 s and the SDK raised ``ModelBehaviorError`` on ``response.incomplete``."""
     r = run_client("agents", "agents_responses.py", shipped_server_url, timeout=1200)
     assert r["requests"] and all("max_output_tokens" not in q["sent"] for q in r["requests"]), r
