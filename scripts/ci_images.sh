@@ -62,7 +62,6 @@ step() { # step NAME COMMAND...: run it (its output in $WORK/logs/NAME.log), pri
 
 [ "${AGENTSERVE_SKIP_IMAGES:-0}" != 1 ] || skip "AGENTSERVE_SKIP_IMAGES=1"
 WORK=${AGENTSERVE_CI_IMAGES_DIR:-$HOME/.cache/agentserve/ci-images}
-mkdir -p "$WORK/logs"
 have_tools() { command -v podman && command -v buildah && command -v runc && command -v debootstrap; } >/dev/null
 if ! have_tools; then
   [ "$(id -u)" = 0 ] || skip "podman/buildah/runc/debootstrap are not installed and this is not root (apt-get needs root)"
@@ -73,6 +72,7 @@ if ! have_tools; then
   step tools install_tools || skip "apt-get could not install podman buildah runc debootstrap (see above)"
 fi
 [ "$(id -u)" = 0 ] || skip "not root: rootless podman is not set up by this script (run it as root)"
+mkdir -p "$WORK/logs"
 # podman's defaults exceed this machine's hard rlimits; crun refuses the hybrid cgroup layout (runc does not)
 # (nproc above 32768 is refused inside buildah's chroot builds even where the shell's hard limit is higher)
 nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
