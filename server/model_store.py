@@ -63,6 +63,14 @@ def gguf_cache_name(gguf: Path) -> str:
     return f"{gguf.stem}-{hashlib.sha256(ident).hexdigest()[:12]}"
 
 
+def readable_by_all(folder: Path) -> None:
+    """Public weights, readable by any uid: a converted folder mounted into an image runs as uid
+    10001 (safetensors writes its file 0600, which that user could not open)."""
+    folder.chmod(folder.stat().st_mode | 0o555)
+    for path in folder.rglob("*"):
+        path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+
+
 def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> Path:
     """Convert a GGUF file to a safetensors folder (dequantised fp32) at ``out``; atomic."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -87,6 +95,7 @@ def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        readable_by_all(tmp)
         tmp.rename(out)
         if progress:
             print(f"agentserve: converted in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

@@ -67,3 +67,17 @@ def test_the_cache_name_depends_on_the_file_not_on_the_way_it_is_named(tmp_path)
     path = Path(gguf(tmp_path / "m.gguf", "x"))
     assert gguf_cache_name(path) == gguf_cache_name(tmp_path / "." / "m.gguf")
     assert gguf_cache_name(path).startswith("m-") and len(gguf_cache_name(path)) == len("m-") + 12
+
+
+def test_a_converted_folder_is_readable_by_another_uid(tmp_path):
+    """The worker image runs as uid 10001: a converted model mounted into it must be readable
+    (safetensors writes its file 0600; the vLLM stand-in failed on it with a PermissionError)."""
+    folder = tmp_path / "model.tmp"
+    (folder / "sub").mkdir(parents=True)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"x")
+    weights.chmod(0o600)
+    (folder / "sub").chmod(0o700)
+    model_store.readable_by_all(folder)
+    assert weights.stat().st_mode & 0o777 == 0o644
+    assert (folder / "sub").stat().st_mode & 0o777 == 0o755
