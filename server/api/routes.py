@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -107,7 +108,18 @@ async def serve_prepared(
         ticket.release()
     if result is None:
         return Response(status_code=499)  # the client is gone; nothing to deliver
-    return JSONResponse(to_json(prepared, result) if to_json is not None else result)
+    # the dialect's object (a stored conversation's echo, a compaction) and its JSON are work in
+    # the size of the answer: built and encoded off the event loop
+    body = await asyncio.to_thread(
+        lambda: json_bytes(to_json(prepared, result) if to_json is not None else result)
+    )
+    return Response(body, media_type="application/json")
+
+
+def json_bytes(content: Any) -> bytes:
+    """``content`` as Starlette's ``JSONResponse`` renders it (compact, UTF-8, no NaN)."""
+    text = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+    return text.encode()
 
 
 @router.post("/v1/chat/completions")
