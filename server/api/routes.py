@@ -49,14 +49,16 @@ async def _await_unless_gone(
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def admit(state: Any, prepare: Callable[[], Prepared]) -> tuple[Prepared, Ticket, float]:
+async def admit(
+    state: Any, prepare: Callable[[], Prepared], tenant: str = ""
+) -> tuple[Prepared, Ticket, float]:
     """Prepare (in a thread) and wait for an admission slot: (prepared, held ticket, deadline).
 
     ``state`` is the app's state (HTTP routes and the Responses WebSocket share it). The caller
     releases the ticket once the request is served."""
     limits = state.settings.limits
     deadline = time.monotonic() + limits.request_timeout_s
-    ticket = state.admission.reserve()
+    ticket = state.admission.reserve(tenant)  # a tenant holds its share only (limits.tenant_share)
     try:
         prepared = await asyncio.to_thread(prepare)
         remaining = max(0.0, deadline - time.monotonic())
@@ -89,7 +91,7 @@ async def serve_prepared(
     """
     service = _service(request)
     limits = request.app.state.settings.limits
-    prepared, ticket, deadline = await admit(request.app.state, prepare)
+    prepared, ticket, deadline = await admit(request.app.state, prepare, request.state.tenant)
     if prepared.stream:
         remaining = max(0.001, deadline - time.monotonic())
         chunks = service.stream(prepared)
