@@ -288,3 +288,4 @@ async def responses_socket(ws: WebSocket) -> None:
                 pass
             except Exception:
                 log.exception("responses websocket: the socket ended on an error")
+        socket.held.close()  # its conversation's memory goes back to the budget (held_budget.py)
