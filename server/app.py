@@ -116,7 +116,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.admission = Admission(
-        settings.limits.max_concurrent_requests, settings.limits.max_queued_requests
+        settings.limits.max_concurrent_requests, settings.limits.max_queued_requests, settings.tenant_share()
     )
     app.include_router(router)
     app.include_router(tokenize_router)

@@ -28,6 +28,7 @@ from server.browser_guard import content_type_refusal, host_refusal
 from server.config import Settings
 from server.dialects.messages.error_shape import shape_error
 from server.errors import AgentServeError
+from server.log_budget import REQUEST_LOG
 from server.metrics import Metrics
 from server.refusal_log import MAX_BODY, RefusalLog
 from server.send_deadline import SendTimeout, deadline_send
@@ -89,7 +90,11 @@ class FrontDoor:
         headers = Headers(scope=scope)
         wrong_host = host_refusal(path, headers.get("host"), self.settings)  # browser_guard.py
         if scope["type"] == "websocket":
-            await self.sockets(scope, receive, send, self.app, wrong_host)
+            try:  # whose socket it is, for its share (the route refuses a bad key itself)
+                owner: str | None = authenticate(headers, self.settings.auth)
+            except AgentServeError:
+                owner = None
+            await self.sockets(scope, receive, send, self.app, wrong_host, owner)
             return
         auth = self.settings.auth
         try:
@@ -132,4 +137,5 @@ class FrontDoor:
             await self.app(scope, receive, counted)
         except SendTimeout as exc:  # the answer is abandoned and freed; uvicorn closes the connection
             label = route_label(scope, frozenset())
-            log.warning("%s %s: %s: the answer is dropped", scope["method"], label, exc)
+            why = "%s %s: %s: the answer is dropped"
+            REQUEST_LOG.log(log, logging.WARNING, why, scope["method"], label, exc)

@@ -18,10 +18,47 @@ is abandoned; the rest of the body is freed with the response.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 
 from starlette.types import Message, Send
 
 SLICE_BYTES = 64 * 1024
+INCOMPLETE_RESPONSE = "ASGI callable returned without completing response"
+
+
+class DropLogFilter(logging.Filter):
+    """uvicorn logs ERROR "ASGI callable returned without completing response." for every answer
+    abandoned here (on purpose: the client did not read), one line per dropped client. One such
+    record is dropped per answer this process abandoned (``dropped()``; the abandoning side logs
+    its own warning, under the request log budget); any other is kept (a real app bug)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = 0
+        self.lock = threading.Lock()
+        self.installed = False
+
+    def install(self) -> None:
+        if not self.installed:
+            self.installed = True
+            logging.getLogger("uvicorn.error").addFilter(self)
+
+    def dropped(self) -> None:
+        with self.lock:
+            self.pending += 1
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(INCOMPLETE_RESPONSE):
+            return True
+        with self.lock:
+            if self.pending <= 0:
+                return True
+            self.pending -= 1
+            return False
+
+
+DROPS = DropLogFilter()
 
 
 class SendTimeout(Exception):
@@ -30,6 +67,7 @@ class SendTimeout(Exception):
 
 def deadline_send(send: Send, timeout_s: float, slice_bytes: int = SLICE_BYTES) -> Send:
     """``send`` with each message bounded by ``timeout_s`` (its slices share the deadline)."""
+    DROPS.install()
 
     async def bounded(message: Message) -> None:
         try:
@@ -45,6 +83,7 @@ def deadline_send(send: Send, timeout_s: float, slice_bytes: int = SLICE_BYTES) 
                     piece = bytes(view[start : start + slice_bytes])  # a copy: the buffer keeps only it
                     await send({"type": "http.response.body", "body": piece, "more_body": more or not last})
         except TimeoutError:
+            DROPS.dropped()  # uvicorn's "returned without completing response" for it is expected
             raise SendTimeout(
                 f"the client took none of a write within {timeout_s:g} s (limits.stream_send_timeout_s)"
             ) from None

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any
 
@@ -133,18 +134,33 @@ class SocketGate:
         logging.getLogger("uvicorn.error").addFilter(DENIALS)  # once: a logger keeps one of each
         self.settings = settings
         self.limit = socket_limit(settings)
+        self.tenant_limit = max(1, math.ceil(settings.tenant_share() * self.limit))  # limits.tenant_share
         self.open = 0
+        self.by_tenant: dict[str, int] = {}  # tenants with a socket open only
         self.refused = 0
 
     async def __call__(
-        self, scope: Scope, receive: Receive, send: Send, app: ASGIApp, refused: AgentServeError | None = None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        app: ASGIApp,
+        refused: AgentServeError | None = None,
+        tenant: str | None = None,
     ) -> None:
-        """``refused``: what the caller already refuses the upgrade for (a Host, browser_guard.py)."""
+        """``refused``: what the caller already refuses the upgrade for (a Host, browser_guard.py);
+        ``tenant``: whose socket it is (None: not known yet, the route authenticates it)."""
         refused = refused or origin_refusal(Headers(scope=scope).get("origin"), self.settings)
+        if refused is None and tenant is not None and self.by_tenant.get(tenant, 0) >= self.tenant_limit:
+            refused = TooManySockets(
+                f"this tenant has {self.tenant_limit} WebSockets open here, its share (limits.tenant_share "
+                f"of websocket.max_sockets {self.limit}); close one, or use HTTP streaming"
+            )
         if refused is not None:
             self.refused += 1
             log.warning("websocket refused: %s", refused.message)
-            await refuse(WebSocket(scope, receive, send), refused, CLOSE_POLICY)
+            code = CLOSE_TRY_LATER if refused.status == 503 else CLOSE_POLICY
+            await refuse(WebSocket(scope, receive, send), refused, code)
             return
         if self.open >= self.limit:
             self.refused += 1
@@ -156,7 +172,17 @@ class SocketGate:
             await refuse(WebSocket(scope, receive, send), busy, CLOSE_TRY_LATER)
             return
         self.open += 1
+        key = tenant if tenant is not None else ""
+        counted = tenant is not None
+        if counted:
+            self.by_tenant[key] = self.by_tenant.get(key, 0) + 1
         try:
             await app(scope, receive, send)
         finally:
             self.open -= 1
+            if counted:
+                n = self.by_tenant[key] - 1
+                if n > 0:
+                    self.by_tenant[key] = n
+                else:
+                    del self.by_tenant[key]

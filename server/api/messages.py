@@ -64,7 +64,7 @@ async def count_tokens(body: CountTokensBody, request: Request) -> dict[str, Any
     tenant = request.state.tenant
     # counted in by admission like a request being prepared (429 past the queue): the render,
     # tokenize and grammar compiles of a flood of counts are bounded as a flood of requests is
-    ticket = request.app.state.admission.reserve()
+    ticket = request.app.state.admission.reserve(tenant)
     try:
         prepared: Prepared = await asyncio.to_thread(
             service.prepare_chat, converted.chat, request.headers, tenant, converted.raw

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
-from server.api.routes import serve_prepared
+from server.api.routes import json_bytes, serve_prepared
 from server.api.sse import Framing
 from server.chat.limits import check_sent_tools
 from server.chat.prepared import Prepared
@@ -173,13 +173,13 @@ async def create_response(request: Request) -> Response:
 
 
 @router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, request: Request) -> dict[str, Any]:
+async def get_response(response_id: str, request: Request) -> Response:
     found = _store(request).get(request.state.tenant, response_id)
     if found is None:
         raise NotFound(
             f"response {response_id!r} is not stored here (unknown, evicted, or created with store: false)"
         )
-    return found.response
+    return Response(await asyncio.to_thread(json_bytes, found.response), media_type="application/json")
 
 
 @router.delete("/v1/responses/{response_id}")

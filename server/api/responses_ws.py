@@ -208,7 +208,7 @@ class Socket:
             return made[0][0].prepare()
 
         if warm_up:  # remember the conversation under a response id; generate nothing
-            ticket = self.state.admission.reserve()  # a place in the queue while it is prepared
+            ticket = self.state.admission.reserve(self.tenant)  # a place in the queue while it is prepared
             try:
                 await asyncio.to_thread(prepare)
             finally:
@@ -220,7 +220,7 @@ class Socket:
             for event in events:
                 await self.send(event)
         else:
-            prepared, ticket, deadline = await admit(self.state, prepare)
+            prepared, ticket, deadline = await admit(self.state, prepare, self.tenant)
             try:
                 await self.stream(*made[0], prepared, ticket, deadline)
             finally:
@@ -288,3 +288,4 @@ async def responses_socket(ws: WebSocket) -> None:
                 pass
             except Exception:
                 log.exception("responses websocket: the socket ended on an error")
+        socket.held.close()  # its conversation's memory goes back to the budget (held_budget.py)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -48,14 +49,16 @@ async def _await_unless_gone(
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def admit(state: Any, prepare: Callable[[], Prepared]) -> tuple[Prepared, Ticket, float]:
+async def admit(
+    state: Any, prepare: Callable[[], Prepared], tenant: str = ""
+) -> tuple[Prepared, Ticket, float]:
     """Prepare (in a thread) and wait for an admission slot: (prepared, held ticket, deadline).
 
     ``state`` is the app's state (HTTP routes and the Responses WebSocket share it). The caller
     releases the ticket once the request is served."""
     limits = state.settings.limits
     deadline = time.monotonic() + limits.request_timeout_s
-    ticket = state.admission.reserve()
+    ticket = state.admission.reserve(tenant)  # a tenant holds its share only (limits.tenant_share)
     try:
         prepared = await asyncio.to_thread(prepare)
         remaining = max(0.0, deadline - time.monotonic())
@@ -88,7 +91,7 @@ async def serve_prepared(
     """
     service = _service(request)
     limits = request.app.state.settings.limits
-    prepared, ticket, deadline = await admit(request.app.state, prepare)
+    prepared, ticket, deadline = await admit(request.app.state, prepare, request.state.tenant)
     if prepared.stream:
         remaining = max(0.001, deadline - time.monotonic())
         chunks = service.stream(prepared)
@@ -107,7 +110,18 @@ async def serve_prepared(
         ticket.release()
     if result is None:
         return Response(status_code=499)  # the client is gone; nothing to deliver
-    return JSONResponse(to_json(prepared, result) if to_json is not None else result)
+    # the dialect's object (a stored conversation's echo, a compaction) and its JSON are work in
+    # the size of the answer: built and encoded off the event loop
+    body = await asyncio.to_thread(
+        lambda: json_bytes(to_json(prepared, result) if to_json is not None else result)
+    )
+    return Response(body, media_type="application/json")
+
+
+def json_bytes(content: Any) -> bytes:
+    """``content`` as Starlette's ``JSONResponse`` renders it (compact, UTF-8, no NaN)."""
+    text = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+    return text.encode()
 
 
 @router.post("/v1/chat/completions")

@@ -15,6 +15,7 @@ from starlette.types import Send
 
 from server.admission import Ticket
 from server.errors import AgentServeError, Timeout, internal_error_body
+from server.log_budget import REQUEST_LOG
 from server.send_deadline import SendTimeout
 
 log = logging.getLogger(__name__)
@@ -125,5 +126,5 @@ class EventStreamResponse(StreamingResponse):
         try:
             await super().stream_response(send)
         except SendTimeout as exc:
-            log.warning("%s: the stream ends and frees its slot", exc)
+            REQUEST_LOG.log(log, logging.WARNING, "%s: the stream ends and frees its slot", exc)
             await self.body_iterator.aclose()  # type: ignore[attr-defined]

@@ -101,7 +101,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
         raise InvalidRequest("messages is empty: send at least one message", param="messages")
     _check_limits(body, request.app.state.settings.limits)
     # the same admission as chat (a slot, 429 past the queue), and the rendering off the event loop
-    ticket = request.app.state.admission.reserve()
+    ticket = request.app.state.admission.reserve(request.state.tenant)
     try:
         await ticket.acquire()
         text, ids, segments = await asyncio.to_thread(_render, service, body)
@@ -135,7 +135,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any
     if bad:
         raise InvalidRequest(f"token ids must be in [0, {engine.vocab_size}); got {bad[:5]}", param="tokens")
     # the same admission as /tokenize, and the decode off the event loop (8 MiB of ids took ~4 s on it)
-    ticket = request.app.state.admission.reserve()
+    ticket = request.app.state.admission.reserve(request.state.tenant)
     try:
         await ticket.acquire()
         text = await asyncio.to_thread(engine.tokenizer.decode, body.tokens, skip_special_tokens=False)

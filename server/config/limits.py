@@ -81,6 +81,14 @@ class LimitsSettings(Section):
     )
     max_concurrent_requests: int = Field(16, ge=1, description="Requests generating at once per worker.")
     max_queued_requests: int = Field(64, ge=0, description="Requests waiting beyond that; more get 429.")
+    tenant_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Most of a process's shared places one tenant (an API key) holds: requests running + "
+        "queued, and WebSockets (websocket.max_sockets); past it that tenant gets the 429 / 503. None: 0.5 "
+        "where tenants share the process (two or more auth.api_keys, or auth.require_router), else 1.",
+    )
     request_timeout_s: float = Field(
         600.0, gt=0, description="A request still running after this ends (504)."
     )

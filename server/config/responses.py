@@ -47,3 +47,11 @@ class WebSocketSettings(Section):
         "(input items + output, JSON bytes): a turn that would grow it past this is an error message (400, "
         "code conversation_too_large) and the socket stays open.",
     )
+    held_conversations_mb: int = Field(
+        2048,
+        ge=1,
+        description="Memory (MiB) all sockets' held conversations may take together, charged at 6.5x their "
+        "JSON bytes (the worst ratio measured, server/held_budget.py); one tenant holds at most "
+        "limits.tenant_share of it. Past it a conversation is not held: its next turn is the 400 "
+        "conversation_too_large.",
+    )

@@ -151,6 +151,14 @@ class Settings(BaseSettings):
         cap = self.limits.max_retention_s
         return cap if cap is not None else self.prefix_cache.session_cap_s
 
+    def tenant_share(self) -> float:
+        """One tenant's most share of the process's requests and sockets (``limits.tenant_share``)."""
+        share = self.limits.tenant_share
+        if share is not None:
+            return share
+        shared = len(self.auth.api_keys) >= 2 or self.auth.require_router
+        return 0.5 if shared else 1.0
+
     def engine_settings(self) -> EngineSettings:
         """The engine's own section (model, device, dtype, context, prefix cache, vLLM knobs)."""
         return EngineSettings(**{name: getattr(self, name) for name in EngineSettings.model_fields})

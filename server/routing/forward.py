@@ -23,6 +23,7 @@ from starlette.types import Message, Receive, Send
 from server.auth import TENANT_HEADER, TOKEN_HEADER
 from server.dialects.messages.error_shape import is_messages_path, shape_error
 from server.errors import UpstreamUnavailable
+from server.log_budget import REQUEST_LOG
 from server.routing.relay import RELAY_WINDOW, BodyRelay, EventRelay, Relay, content_length
 from server.routing.upstream import UpstreamConnectError, UpstreamLost, UpstreamTimeout
 from server.send_deadline import SendTimeout
@@ -115,7 +116,8 @@ class ProxyCall:
         except OSError:  # the client went away while we were sending
             pass
         except SendTimeout as exc:  # a client that does not read: its answer and upstream are dropped
-            log.warning("router: %s %s: %s: the answer is dropped", self.method, REQUEST_PATH.get(), exc)
+            why = "router: %s %s: %s: the answer is dropped"
+            REQUEST_LOG.log(log, logging.WARNING, why, self.method, REQUEST_PATH.get(), exc)
         finally:
             self._finished = True
             watcher.cancel()

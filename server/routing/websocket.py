@@ -64,7 +64,13 @@ async def serve_websocket(
     async def proxied(scope: Scope, receive: Receive, send: Send) -> None:
         await proxy_websocket(router, scope, receive, send)
 
-    await router.sockets(scope, receive, send, proxied, refused)
+    raw: list[tuple[bytes, bytes]] = scope["headers"]
+    headers = {_READ_HEADERS[k]: v.decode("latin-1") for k, v in raw if k in _READ_HEADERS}
+    try:  # whose socket it is, for its share (proxy_websocket refuses a bad key itself)
+        owner: str | None = authenticate_key(headers, router.settings.auth)
+    except AgentServeError:
+        owner = None
+    await router.sockets(scope, receive, send, proxied, refused, owner)
 
 
 async def proxy_websocket(router: Router, scope: Scope, receive: Receive, send: Send) -> None:

@@ -2,7 +2,8 @@
 sessions see 0 errors, a median latency within 2x of a clean run (plus a second of slack for the
 shared CI box) and a p99 within 3x (plus 3 s); every attack gets its 4xx; the worker never restarts
 (same process throughout).
-Attacks over HTTP (oversized and abusive bodies, grammar bombs) and over the Responses WebSocket (a
+Attacks over HTTP (oversized and abusive bodies, grammar bombs; issue 55: a text/plain POST, a rebound
+Host, an echoed string over its bound, a flood of hosted tools) and over the Responses WebSocket (a
 browser origin, an oversized message, a socket flood past websocket.max_sockets) run side by side."""
 
 from __future__ import annotations
@@ -146,6 +147,30 @@ def _ws_attack(url: str, stop: threading.Event, outcomes: list[tuple[str, int, i
         stop.wait(PACE_S)
 
 
+def _round4_attack(url: str, stop: threading.Event, outcomes: list[tuple[str, int, int, str]]) -> None:
+    """Issue 55's attacks, paced: what a web page can send (a text/plain POST to /v1/responses, 415;
+    a rebound Host, 421), an echoed string over OpenAI's bound (400), a flood of hosted tools (400)."""
+    respond = {"model": MODEL, "input": "x", "max_output_tokens": 2}
+    attacks: list[tuple[str, dict[str, object], dict[str, str], int]] = [
+        ("text_plain", respond, {"Content-Type": "text/plain"}, 415),
+        ("rebound_host", respond, {"Content-Type": "application/json", "Host": "evil.example"}, 421),
+        ("echoed_key", {**respond, "prompt_cache_key": "k" * 65}, {"Content-Type": "application/json"}, 400),
+        (
+            "hosted_tools",
+            {**respond, "tools": [{"type": "web_search"}] * 20_000},  # under the soak's 1 MiB body limit
+            {"Content-Type": "application/json"},
+            400,
+        ),
+    ]
+    encoded = [(name, json.dumps(body).encode(), headers, want) for name, body, headers, want in attacks]
+    with httpx.Client(timeout=60) as client:
+        while not stop.is_set():
+            for name, content, headers, want in encoded:
+                r = client.post(url + "/v1/responses", content=content, headers=headers)
+                outcomes.append((name, r.status_code, want, r.text[:300] if r.status_code != want else ""))
+                stop.wait(PACE_S)
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -192,6 +217,7 @@ def test_normal_sessions_are_unaffected_by_hostile_ones(hf_engine):
 
         attackers = [threading.Thread(target=attack) for _ in range(2)]
         attackers.append(threading.Thread(target=_ws_attack, args=(url, stop, outcomes)))
+        attackers.append(threading.Thread(target=_round4_attack, args=(url, stop, outcomes)))
         for th in attackers:
             th.start()
         try:
@@ -204,6 +230,7 @@ def test_normal_sessions_are_unaffected_by_hostile_ones(hf_engine):
         wrong = [o for o in outcomes if o[1] != o[2]]
         assert outcomes and not wrong, wrong[:5]
         assert {"ws_origin", "ws_message_size", "ws_flood"} <= {o[0] for o in outcomes}, outcomes[-5:]
+        assert {"text_plain", "rebound_host", "echoed_key", "hosted_tools"} <= {o[0] for o in outcomes}
         print(
             f"hostile soak: clean p50/p99 {_pct(clean, 0.5):.2f}/{_p99(clean):.2f}s, with attacks "
             f"{_pct(hostile, 0.5):.2f}/{_p99(hostile):.2f}s, {len(outcomes)} attacks"

@@ -135,3 +135,19 @@ def test_a_failure_inside_a_torn_event_ends_it_first():
     asyncio.run(run())
     assert sent[0] == b"data: one\n\n" and sent[1] == b"data: a long event"
     assert sent[2].startswith(b"\n\ndata: {") and sent[2].endswith(b"data: [DONE]\n\n")
+
+
+def test_uvicorns_line_for_each_dropped_answer_is_expected_not_an_error():
+    import logging
+
+    from server.send_deadline import INCOMPLETE_RESPONSE, DropLogFilter
+
+    drops = DropLogFilter()
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, msg, None, None)
+
+    assert drops.filter(record(INCOMPLETE_RESPONSE + "."))  # nothing dropped here: a real bug, kept
+    drops.dropped()
+    assert not drops.filter(record(INCOMPLETE_RESPONSE + "."))  # the one we abandoned: expected
+    assert drops.filter(record(INCOMPLETE_RESPONSE + ".")) and drops.filter(record("other"))

@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from server import __version__
 from server.routing.request import RouteRequest
 from server.session_key import key_digest, prefix_hash
 from tests.routing.conftest import spawn_fake_workers, stop_fake_workers
@@ -418,7 +419,8 @@ def test_workers_and_metrics_endpoints(workers, make_router):
     assert [(w["id"], w["url"], w["healthy"], w["in_flight"]) for w in info["workers"]] == [
         (w.id, w.url, True, 0) for w in workers
     ]
-    assert httpx.get(r.url + "/health", timeout=5).json() == {"status": "ok", "workers": 3, "healthy": 3}
+    health = httpx.get(r.url + "/health", timeout=5).json()
+    assert health == {"status": "ok", "version": __version__, "workers": 3, "healthy": 3}
     text = httpx.get(r.url + "/metrics", timeout=5).text
     for name in (
         "agentserve_router_requests_total",

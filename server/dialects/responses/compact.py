@@ -3,8 +3,9 @@
 OpenAI's shape (``openai`` SDK ``responses.compact``): the body is a Responses body (``model``,
 ``input``, ``instructions``, ``previous_response_id``, ``prompt_cache_key``, …; Codex also sends its
 ``tools``); the answer is ``{"id", "object": "response.compaction", "created_at", "output", "usage"}``
-whose ``output`` is every user message of the conversation, as sent, followed by one ``compaction``
-item. Sent back in a later ``input``, that item stands for everything the summary replaced.
+whose ``output`` is every user message of the conversation, as rendered (role, text; no other key),
+followed by one ``compaction`` item. Sent back in a later ``input``, that item stands for everything
+the summary replaced.
 
 The served model writes the summary: the conversation as a normal Responses request (same
 instructions, tools and key, so its prefix comes from the session's cache) plus one user message,
@@ -71,12 +72,26 @@ def summary_of(item: dict[str, Any], where: str) -> str:
 
 
 def user_messages(items: list[Any]) -> list[Any]:
-    """The user messages of a conversation, as sent (OpenAI's compacted output keeps them)."""
+    """The user messages of a conversation (OpenAI's compacted output keeps them), as rendered: role
+    and content, a text part's type and text; no other key is echoed (a 99-byte request naming a
+    stored conversation whose items carried 2 MiB of keys nothing reads came back as 2 MiB)."""
     return [
-        i
+        {"type": "message", "role": "user", "content": _rendered(i.get("content"))}
         for i in items
         if isinstance(i, dict) and i.get("type", "message") == "message" and i.get("role") == "user"
     ]
+
+
+def _rendered(content: Any) -> Any:
+    if not isinstance(content, list):
+        return content  # a string (anything else was a 400 before the conversation was served)
+    parts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        key = "refusal" if kind == "refusal" else "text"
+        if isinstance(part, dict) and isinstance(part.get(key), str):
+            parts.append({"type": kind, key: part[key]})
+    return parts
 
 
 def compacted(

@@ -1,5 +1,6 @@
 """Which top-level Responses fields the adapter passes to chat, which it accepts with no effect on
-the tokens, and which it refuses unless sent with their neutral value; the bounds on ``metadata``."""
+the tokens, and which it refuses unless sent with their neutral value; the bounds on ``metadata`` and
+the other echoed strings."""
 
 from __future__ import annotations
 
@@ -58,6 +59,23 @@ def check_refused(body: dict[str, Any]) -> None:
     truncation = body.get("truncation")
     if truncation not in (None, "disabled", "auto"):
         raise InvalidRequest("truncation must be 'disabled' or 'auto'", param="truncation")
+
+
+# echoed strings: OpenAI's maxLength 64 for safety_identifier (and what it enforces on prompt_cache_key);
+# user: this server's bound (a hashed id fits). Each is echoed in every response object, 3 times a stream.
+ECHOED_STRINGS = {"prompt_cache_key": 64, "safety_identifier": 64, "user": 256}
+
+
+def check_echoed(body: dict[str, Any]) -> None:
+    """A 400 for an echoed string over its bound (a 7 MiB prompt_cache_key came back in every answer)."""
+    for key, most in ECHOED_STRINGS.items():
+        value = body.get(key)
+        if value is not None and (not isinstance(value, str) or len(value) > most):
+            raise InvalidRequest(
+                f"{key} must be a string of at most {most} characters (it is echoed in every response "
+                "object): send a shorter one, e.g. a hash of a longer id",
+                param=key,
+            )
 
 
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's documented limits

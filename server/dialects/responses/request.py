@@ -39,7 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.dialects.responses.compact import SUMMARY_HEADER, summary_of
-from server.dialects.responses.fields import NO_EFFECT, PASS_THROUGH, REFUSED, check_metadata, check_refused
+from server.dialects.responses.fields import (
+    NO_EFFECT,
+    PASS_THROUGH,
+    REFUSED,
+    check_echoed,
+    check_metadata,
+    check_refused,
+)
 from server.dialects.responses.tools import ToolNames, convert_tool_choice, convert_tools, flat_name
 from server.errors import InvalidRequest
 
@@ -206,6 +213,7 @@ def to_chat(body: dict[str, Any], history: list[Any] | None = None) -> Converted
         raise InvalidRequest("the request body must be a JSON object with 'model' and 'input'")
     check_refused(body)
     check_metadata(body.get("metadata"))
+    check_echoed(body)
     chat: dict[str, Any] = {}
     names = ToolNames()
     if "tools" in body and body["tools"] is not None:

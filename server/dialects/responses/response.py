@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.dialects.responses.tools import ToolNames
+from server.log_budget import cut
 
 PREFIX = "resp_"
 ECHO_DEFAULTS: dict[str, Any] = {
@@ -71,7 +72,25 @@ class ResponseContext:
     compare_found: bool = False
 
     def echo(self) -> dict[str, Any]:
-        return {k: self.body.get(k, default) for k, default in ECHO_DEFAULTS.items()}
+        """The request's fields echoed in the response, as far as they are used: hosted tools (dropped,
+        never rendered) by their type, ``reasoning`` and ``text`` by their known keys."""
+        out = {k: self.body.get(k, default) for k, default in ECHO_DEFAULTS.items()}
+        if isinstance(out["tools"], list):
+            out["tools"] = [_echo_tool(t) for t in out["tools"]]
+        for key, known in ECHO_KEYS.items():
+            if isinstance(out[key], dict):
+                out[key] = {k: v for k, v in out[key].items() if k in known}
+        return out
+
+
+RENDERED_TOOLS = ("function", "custom", "namespace")
+ECHO_KEYS = {"reasoning": ("effort", "summary", "generate_summary"), "text": ("format", "verbosity")}
+
+
+def _echo_tool(tool: Any) -> Any:
+    if isinstance(tool, dict) and tool.get("type") not in RENDERED_TOOLS:
+        return {"type": cut(tool.get("type"))}
+    return tool
 
 
 def message_item(rid: str, text: str, status: str = "completed") -> dict[str, Any]:
