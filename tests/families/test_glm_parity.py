@@ -110,6 +110,23 @@ OWN: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
         [LS],
     ),
 ]
+OWN.append(  # text and reasoning with spaces and newlines around them: the template strips both
+    (
+        [
+            {"role": "user", "content": "Go."},
+            {
+                "role": "assistant",
+                "content": "\n  Checking the folder. \n",
+                "reasoning_content": " \nList it first.\n ",
+                "tool_calls": [_call("c1", "ls", {})],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": " a \n"},
+            {"role": "assistant", "content": "<think>Inline.</think>\n\nDone. "},
+            {"role": "user", "content": "Thanks"},
+        ],
+        [LS],
+    )
+)
 CASES = conversations() + OWN
 
 
