@@ -198,6 +198,6 @@ def test_the_cases_cover_glm_features(tokenizers: dict[str, Any]) -> None:
     assert "<|assistant|></think>Hello!<|user|>" in dropped and "Greet back." not in dropped
     assert "<think>Greet back.</think>" in _ours("glm47", *OWN[1], keep=True)
     spaced = _ours("glm47", *OWN[2], keep=True)  # keep_reasoning: as sent back, not stripped
-    assert "<think> \nList it first.\n </think>\n  Checking the folder. \n<tool_call>ls" in spaced
+    assert "<think> \nList it first.\n </think>  Checking the folder. \n<tool_call>ls" in spaced
     old = _ours("glm45", *OWN[0])
     assert "\n<tool_call>edit_file\n<arg_key>path</arg_key>\n<arg_value>src/café.py</arg_value>\n" in old
