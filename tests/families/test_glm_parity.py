@@ -8,7 +8,9 @@ Tokens: the family's test vocabulary (SmolLM2's + GLM's turn tokens and tags; th
 cannot be fetched here). The templates' generation prompt ends with ``<think>`` (GLM-4.7) where our
 prompt ends before it and the masks force it as the reply's first token (the model reads the same
 tokens): the comparison adds it. With ``keep_reasoning`` our history is the template's with
-``clear_thinking=False`` (GLM-4.7's preserved thinking; GLM-4.6's template has no such switch).
+``clear_thinking=False`` (GLM-4.7's preserved thinking; GLM-4.6's template has no such switch), but
+for reasoning or text with spaces around them, which it renders as sent back (append-only) where the
+template strips them.
 """
 
 from __future__ import annotations
@@ -110,6 +112,23 @@ OWN: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
         [LS],
     ),
 ]
+OWN.append(  # text and reasoning with spaces and newlines around them: the template strips both
+    (
+        [
+            {"role": "user", "content": "Go."},
+            {
+                "role": "assistant",
+                "content": "\n  Checking the folder. \n",
+                "reasoning_content": " \nList it first.\n ",
+                "tool_calls": [_call("c1", "ls", {})],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": " a \n"},
+            {"role": "assistant", "content": "<think>Inline.</think>\n\nDone. "},
+            {"role": "user", "content": "Thanks"},
+        ],
+        [LS],
+    )
+)
 CASES = conversations() + OWN
 
 
@@ -149,7 +168,7 @@ def test_tokens_equal_the_glm_template(ref: str, case: int, tokenizers: dict[str
     )
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("case", range(len(CASES) - 1))  # the last case: spaces around the reasoning
 def test_keep_reasoning_is_the_template_with_clear_thinking_off(
     case: int, tokenizers: dict[str, Any]
 ) -> None:
@@ -178,5 +197,7 @@ def test_the_cases_cover_glm_features(tokenizers: dict[str, Any]) -> None:
     dropped = _ours("glm47", *OWN[1])
     assert "<|assistant|></think>Hello!<|user|>" in dropped and "Greet back." not in dropped
     assert "<think>Greet back.</think>" in _ours("glm47", *OWN[1], keep=True)
+    spaced = _ours("glm47", *OWN[2], keep=True)  # keep_reasoning: as sent back, not stripped
+    assert "<think> \nList it first.\n </think>  Checking the folder. \n<tool_call>ls" in spaced
     old = _ours("glm45", *OWN[0])
     assert "\n<tool_call>edit_file\n<arg_key>path</arg_key>\n<arg_value>src/café.py</arg_value>\n" in old
