@@ -32,13 +32,22 @@ SUMMARY = (
 )
 
 
+BASE_CHARS = 9000  # the capture's prompt (~9.1k tokens) is over the embedded model's 8k window
+
+
 def last_request(capture: Path) -> dict[str, Any]:
+    """The capture's last Responses request, its first developer message (Codex's base instructions,
+    17.7k characters) cut to ``BASE_CHARS`` so that it fits the embedded model's window."""
     bodies = [
         r["body"]
         for r in map(json.loads, capture.read_text().splitlines())
         if r.get("method") == "POST" and r.get("path") == "/v1/responses"
     ]
-    return dict(bodies[-1])
+    body = json.loads(json.dumps(bodies[-1]))
+    for part in body["input"][0]["content"]:
+        if isinstance(part.get("text"), str):
+            part["text"] = part["text"][:BASE_CHARS]
+    return dict(body)
 
 
 def arm(client: Any, body: dict[str, Any], key: str) -> dict[str, Any]:
@@ -47,6 +56,8 @@ def arm(client: Any, body: dict[str, Any], key: str) -> dict[str, Any]:
     turn |= {"max_output_tokens": 4, "temperature": 0, "store": False}
     t0 = time.perf_counter()
     first = client.post("/v1/responses", json=turn).json()
+    if "cache" not in first:
+        raise SystemExit(f"the turn failed: {json.dumps(first)[:2000]}")
     t1 = time.perf_counter()
     ask = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": SUMMARY}]}
     compact = {**turn, "input": [*turn["input"], ask], "tools": [], "tool_choice": "auto"}
