@@ -14,7 +14,8 @@ REWRITE_REASON = (
 REWRITE_FIX = (
     "the chat template rewrites earlier turns (e.g. drops earlier reasoning or stamps a date): serve the "
     "model with a family file (model_family) or a template that renders past turns as they were; for a "
-    "reasoning family that drops past reasoning, set keep_reasoning: true to keep it (append-only)"
+    "reasoning family that drops past reasoning or rewrites past calls (gpt-oss's call header), set "
+    "keep_reasoning: true to render past turns as the model wrote them (append-only)"
 )
 
 

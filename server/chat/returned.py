@@ -9,7 +9,7 @@ stop string), or neither (the template rewrote the reply: ``template_rewrote_his
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from server.cache_diag.replies import Parts
@@ -41,7 +41,8 @@ def message_parts(message: Mapping[str, Any] | None) -> Parts:
         if isinstance(fn, Mapping):
             name, arguments = fn.get("name"), fn.get("arguments")
         else:  # a custom tool's call as returned: its input, in the arguments' form a client sends back
-            body = call.get("custom") if isinstance(call.get("custom"), Mapping) else {}
+            custom = call.get("custom")
+            body: Mapping[str, Any] = custom if isinstance(custom, Mapping) else {}
             name, arguments = body.get("name"), json.dumps({"input": body.get("input") or ""})
         parts.append((f"tool_calls[{i}].name", str(name or "")))
         parts.append((f"tool_calls[{i}].arguments", str(arguments or "")))
@@ -56,7 +57,7 @@ def returned_reply(response: Mapping[str, Any]) -> tuple[Parts, bool]:
     return message_parts(choice.get("message")), cut
 
 
-def sent_back(messages: list[Mapping[str, Any]], at: int) -> Parts:
+def sent_back(messages: Sequence[Mapping[str, Any]], at: int) -> Parts:
     """The reply the client sent back: the message at ``at`` (right after the previous request's
     messages) when it is the assistant's, else nothing (``()``: the reply was left out)."""
     if at < len(messages) and messages[at].get("role") == "assistant":

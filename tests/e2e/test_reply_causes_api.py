@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.three_dialects import DIALECTS, post
+from tests.e2e.three_dialects import DIALECTS, Chat, post
 
 pytestmark = pytest.mark.e2e
 
@@ -29,9 +29,9 @@ def test_a_reply_sent_back_as_returned_misses_nothing_and_an_edited_one_is_reply
     system = f"[{key}] {SYSTEM}"
     first = ask(key)
     more = {"role": "user", "content": "Go on."}
-    r1 = post(server_url, dialect.path, dialect.body(system, first, None, 48), key)
+    r1 = post(server_url, dialect.path, dialect.body(system, first, None, 40), key)
     text = dialect.text(r1)
-    assert len(text) > 40 and not text.startswith("X"), r1  # long enough to span a cache block
+    assert len(text) > 32 and not text.startswith("X"), r1  # long enough to span a cache block
     # the reply edited at its first character: the client changed it
     history = [*first, *dialect.replies(r1, "X" + text[1:]), more]
     r2 = post(server_url, dialect.path, dialect.body(system, history, None), key)
@@ -41,15 +41,19 @@ def test_a_reply_sent_back_as_returned_misses_nothing_and_an_edited_one_is_reply
     assert c2["missed_tokens"] > 0 and "send the assistant's reply back exactly" in c2["fix"]
     # another session of the same turn, its reply sent back as returned: no alarm
     other = key + "-as-returned"
-    r1 = post(server_url, dialect.path, dialect.body(system, first, None, 48), other)
+    r1 = post(server_url, dialect.path, dialect.body(system, first, None, 40), other)
     back = [*first, *dialect.replies(r1), more]
     same = post(server_url, dialect.path, dialect.body(system, back, None), other)
     assert same["cache"]["type"] is None, same["cache"]
 
 
-@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.__name__)
-def test_a_call_the_server_cut_is_reply_cut_with_nothing_to_fix(server_url, dialect):
-    key = f"reply-cut-{dialect.__name__}"
+def test_a_call_the_server_cut_is_reply_cut_with_nothing_to_fix(server_url):
+    """Chat only: a reply that is nothing but a cut call returns no call and no text, which Messages
+    and Responses cannot send back (no empty assistant turn there): no reply is rendered back, so
+    nothing of it counts as reusable and no miss is named. The comparison itself is on the chat form,
+    the same for every dialect (tests/cache_diag/test_replies.py)."""
+    dialect = Chat
+    key = "reply-cut-Chat"
     system = f"[{key}] {SYSTEM}"
     tools = dialect.tools(("write_story",), LONG)
     first = ask(key)
