@@ -63,11 +63,18 @@ def bias_ids(bias: dict[str, float], tokenizer: Any, where: str) -> tuple[tuple[
     return tuple(sorted(out.items()))
 
 
-def default_logit_bias(settings: Settings, tokenizer: Any) -> tuple[tuple[int, float], ...]:
+def default_logit_bias(
+    settings: Settings, tokenizer: Any, shipped: bool = True
+) -> tuple[tuple[int, float], ...]:
     """The logit_bias a request that sends none gets: the deployment's ``default_logit_bias`` when set,
-    else the model's own (``configs/models/NAME.yaml``), else none."""
+    else the model's own (``configs/models/NAME.yaml``; ``shipped``: only for the model loaded from
+    its folder, not one a test or benchmark builds in hand), else none."""
+    if tokenizer is None:  # a model built in hand without a tokenizer: no text to resolve
+        return ()
     if settings.default_logit_bias is not None:
         return bias_ids(settings.default_logit_bias, tokenizer, "default_logit_bias")
+    if not shipped:
+        return ()
     own = model_defaults(settings.model).get("logit_bias") or {}
     if not isinstance(own, dict):
         raise ConfigError(

@@ -49,9 +49,13 @@ def choose_family(settings: Settings, tokenizer: Any) -> Selection:
     return selection
 
 
-def decide(settings: Settings, tokenizer: Any, config_eos: int | list[int] | None) -> ModelFacts:
+def decide(
+    settings: Settings, tokenizer: Any, config_eos: int | list[int] | None, shipped: bool = False
+) -> ModelFacts:
     """The facts of a model whose tokenizer and configured EOS id(s) are in hand (tests and
-    benchmarks that build a model themselves call this with the model's own)."""
+    benchmarks that build a model themselves call this with the model's own). ``shipped``: the
+    model is ``settings.model`` as loaded from its folder, so its shipped request defaults apply
+    (configs/models/NAME.yaml); a model built in hand gets only the deployment's."""
     family = choose_family(settings, tokenizer)
     ends = family_end_tokens(family.family)
     envelope = settings.envelope or family.family.envelope
@@ -61,7 +65,7 @@ def decide(settings: Settings, tokenizer: Any, config_eos: int | list[int] | Non
         tokenizer,
         family,
         reply_end_ids(tokenizer, ends, config_eos),
-        default_logit_bias(settings, tokenizer),
+        default_logit_bias(settings, tokenizer, shipped),
     )
 
 
@@ -92,7 +96,7 @@ def load_model_facts(settings: Settings, engine: str) -> ModelFacts:
     gguf_engine = engine == "llamacpp"
     folder = tokenizer_folder(settings.model) if gguf_engine else resolve_model(settings.model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    return decide(settings, tokenizer, None if gguf_engine else config_eos_of(folder))
+    return decide(settings, tokenizer, None if gguf_engine else config_eos_of(folder), shipped=True)
 
 
 def facts_of_model(settings: Settings, tokenizer: Any, model: Any) -> ModelFacts:
