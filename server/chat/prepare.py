@@ -223,7 +223,9 @@ class Preparer:
         self, session: SessionKey, tenant: str, sent: list[dict[str, Any]], previous_response: str | None
     ) -> KeptTools | None:
         """The previous turn's tool list when this request removed or reordered tools (kept_tools.py)."""
-        if not self.settings.cache.keep_removed_tools:
+        # only where the masks hold the calls: without an envelope nothing would stop a removed tool
+        envelope: str | None = self.envelope_name
+        if not self.settings.cache.keep_removed_tools or envelope is None:
             return None
         digest = response_digest(previous_response) if previous_response else None
         if digest is None and session.source not in NAMED_SOURCES:
