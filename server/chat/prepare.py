@@ -30,7 +30,7 @@ from server.constrain.compiler import Compiler
 from server.constrain.custom.grammar import prompt_tools
 from server.constrain.response_format import text_schema
 from server.engines.base import Engine, SamplingParams, constraint_errors_as_400
-from server.errors import InvalidRequest, ModelNotFound
+from server.errors import InvalidRequest, MaxTokensOverWindow, ModelNotFound, PromptTooLong
 from server.families.defaults import DEFAULT_ENVELOPE
 from server.families.envelope import load_envelope
 from server.families.rendered import PromptRenderer, RenderedPrompt, Segment
@@ -166,16 +166,18 @@ class Preparer:
         tenant: str = "",
         raw_body: Mapping[str, Any] | None = None,
         previous_response: str | None = None,
+        keep_tools: bool = True,
     ) -> Prepared:
         """``previous_response``: the Responses ``previous_response_id`` the request continues (its
-        session's digest finds the previous turn's tools; the session key is the chat body's)."""
+        session's digest finds the previous turn's tools; the session key is the chat body's).
+        ``keep_tools``: False renders the tools as sent (the kept ones would not fit the window)."""
         self._check_common(req)
         rf = req.response_format
         json_text = text_schema(rf.type, rf.json_schema) if rf is not None else None
         sent = [t.model_dump(exclude_none=True) for t in req.tools or []]
         self.tools.check_tools(sent)
         session = self._session(req, raw_body, headers, tenant)
-        kept = self._kept_tools(session, tenant, sent, previous_response)
+        kept = self._kept_tools(session, tenant, sent, previous_response) if keep_tools else None
         tools = kept.rendered if kept is not None else sent  # rendered; the plan allows only those sent
         rendered = self.renderer.render(  # custom tools: as functions
             req.messages, prompt_tools(tools), reasoning_effort=req.reasoning_effort
@@ -186,6 +188,8 @@ class Preparer:
         prefill = plan.prompt_prefill  # with reasoning: the masks force the call's opening later
         prefill_ids = self.engine.tokenizer(prefill, add_special_tokens=False)["input_ids"] if prefill else []
         prompt_ids = ids + list(prefill_ids)
+        if kept is not None and not self._fits(req, len(prompt_ids)):  # the kept tools take the reply's room
+            return self.chat(req, headers, tenant, raw_body, previous_response, keep_tools=False)
         sampling, clamped = self._sampling(req, len(prompt_ids))
         prepared = Prepared(
             kind="chat",
@@ -213,11 +217,20 @@ class Preparer:
         self.tool_memory.put(tenant, session.placement, tools)
         return prepared
 
+    def _fits(self, req: SamplingFields, prompt_len: int) -> bool:
+        """Does the reply get all it asks for after this prompt (no window error, no clamp)?"""
+        try:
+            return self._sampling(req, prompt_len)[1] is None
+        except (PromptTooLong, MaxTokensOverWindow):
+            return False
+
     def _kept_tools(
         self, session: SessionKey, tenant: str, sent: list[dict[str, Any]], previous_response: str | None
     ) -> KeptTools | None:
         """The previous turn's tool list when this request removed or reordered tools (kept_tools.py)."""
-        if not self.settings.cache.keep_removed_tools:
+        # only where the masks hold the calls: without an envelope nothing would stop a removed tool
+        envelope: str | None = self.envelope_name
+        if not self.settings.cache.keep_removed_tools or envelope is None:
             return None
         digest = response_digest(previous_response) if previous_response else None
         if digest is None and session.source not in NAMED_SOURCES:

@@ -131,3 +131,20 @@ def test_no_call_can_be_written_to_a_kept_tool(service, tokenizer):
         assert matcher.accept_token(tid)
     else:
         pytest.fail("the call opening '<tool_call>' was allowed with every tool removed")
+
+
+def test_kept_tools_that_would_take_the_replys_room_are_rendered_as_sent(service):
+    """Kept tools lengthen the prompt: when the reply would then be clamped or refused by the window,
+    and as sent it would not, the tools are rendered as sent (a compaction near the window still fits)."""
+    headers = {"x-session-id": "kept-window"}
+    big = [dict(t, function=dict(t["function"], description="word " * 2500)) for t in Chat.tools(NAMES)]
+    msgs = [{"role": "user", "content": "hi"}]
+    first = {"model": MODEL, "messages": msgs, "tools": big, "max_tokens": 4}
+    service.prepare_chat(ChatCompletionRequest.model_validate(first), headers)
+    later = {**first, "tools": [], "max_tokens": 2000}
+    p = service.prepare_chat(ChatCompletionRequest.model_validate(later), headers)
+    assert p.kept_tools is None and p.max_tokens_clamped is None and len(p.prompt_ids) < 200
+    other = {"x-session-id": "kept-window-short-reply"}  # the kept tools fit next to a short reply
+    service.prepare_chat(ChatCompletionRequest.model_validate(first), other)
+    p = service.prepare_chat(ChatCompletionRequest.model_validate({**later, "max_tokens": 4}), other)
+    assert p.kept_tools == list(NAMES) and len(p.prompt_ids) > 5000
