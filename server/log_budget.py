@@ -12,6 +12,7 @@ it did ("dropped 100 hosted tools: web_search x99, ...").
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -41,6 +42,9 @@ def tally(values: Iterable[object], most: int = 8) -> str:
     return text + (f", and {extra} more" if extra else "")
 
 
+_SUFFIX = re.compile(r" \(\d+ request log lines suppressed before this one: at most [^ ]+/s\)$")
+
+
 class LogBudget:
     """A token bucket for request-derived log lines (thread-safe: requests are prepared in threads)."""
 
@@ -52,6 +56,15 @@ class LogBudget:
         self.last = clock()
         self.suppressed = 0
         self.lock = threading.Lock()
+
+    def suffix(self, held: int) -> str:
+        """What a line that follows suppressed ones carries (bounded: a count and the rate)."""
+        return f" ({held} request log lines suppressed before this one: at most {self.per_second:g}/s)"
+
+    @staticmethod
+    def unsuffixed(line: str) -> str:
+        """A written line without the suppressed count (tests measure the request's own part)."""
+        return _SUFFIX.sub("", line)
 
     def log(self, logger: logging.Logger, level: int, msg: str, *args: object) -> bool:
         """Write the line if the budget allows (True), else count it as suppressed."""
@@ -67,7 +80,7 @@ class LogBudget:
             self.tokens -= 1.0
             held, self.suppressed = self.suppressed, 0
         if held:
-            msg += f" ({held} request log lines suppressed before this one: at most {self.per_second:g}/s)"
+            msg += self.suffix(held)
         logger.log(level, msg, *args)
         return True
 

@@ -24,7 +24,7 @@ def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 @pytest.fixture
 def engine(tokenizer):
-    return ScriptedEngine(tokenizer)
+    return ScriptedEngine(tokenizer, shipped=True)  # the embedded model's own tokenizer
 
 
 def test_each_4xx_is_one_line_with_its_status_route_code_and_reason(engine, caplog):
@@ -37,7 +37,8 @@ def test_each_4xx_is_one_line_with_its_status_route_code_and_reason(engine, capl
             "messages": [{"role": "assistant", "content": "x"}] * 0,
         }
         assert c.post("/v1/messages", json=bad_messages).status_code == 400  # Anthropic's error shape
-        assert c.post("/v1/chat/completions", content=b"{not json").status_code == 400  # validation
+        not_json = {"content-type": "application/json"}
+        assert c.post("/v1/chat/completions", content=b"{not json", headers=not_json).status_code == 400
         assert c.get("/v1/responses/resp_missing").status_code == 404
         assert c.post("/v1/chat/completions", json=CHAT).status_code == 200  # not logged
     got = lines(caplog)
@@ -49,7 +50,7 @@ def test_each_4xx_is_one_line_with_its_status_route_code_and_reason(engine, capl
         "4xx 400 POST /v1/messages error=invalid_request_error: invalid request: messages"
     ), got
     assert got[2].startswith(
-        "4xx 400 POST /v1/chat/completions error=invalid_request_error: invalid request: body"
+        "4xx 400 POST /v1/chat/completions error=invalid_request_error: the request body is not valid JSON"
     ), got
     assert got[3].startswith(
         "4xx 404 GET /v1/responses/{response_id} error=not_found: response 'resp_missing'"

@@ -4,6 +4,7 @@ session's ``keep_s`` in the prefix cache (what the policy does with it: tests/kv
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -52,9 +53,12 @@ def test_messages_bad_cache_control_is_a_400_naming_it(control, where):
     assert '"5m" or "1h"' in exc.value.message
 
 
+CONVERT_ONLY = SimpleNamespace(settings=worker_settings())  # a job's conversion reads only the limits
+
+
 def responses_hint(value: Any) -> float:
     body = {"model": MODEL, "input": "hi", "prompt_cache_retention": value}
-    job = ResponseJob(None, {}, "", body, None)  # type: ignore[arg-type]  (conversion only)
+    job = ResponseJob(CONVERT_ONLY, {}, "", body, None)  # type: ignore[arg-type]  (conversion only)
     return job.req.retention_hint_s()
 
 
@@ -122,7 +126,7 @@ def test_a_hint_the_cache_does_not_use_is_said_in_the_response_and_health(hf_eng
 
 def responses_parts_hint(*parts: dict[str, Any], **body: Any) -> float:
     item = {"type": "message", "role": "user", "content": list(parts)}
-    job = ResponseJob(None, {}, "", {"model": MODEL, "input": [item], **body}, None)  # type: ignore[arg-type]
+    job = ResponseJob(CONVERT_ONLY, {}, "", {"model": MODEL, "input": [item], **body}, None)  # type: ignore[arg-type]
     return job.req.retention_hint_s()
 
 
@@ -135,7 +139,7 @@ def test_responses_input_part_breakpoints_are_hints_though_their_text_is_joined(
     long = {**marked, "prompt_cache_breakpoint": {"mode": "explicit", "ttl": "12h"}}
     assert responses_parts_hint(marked, long) == 43200.0
     job = ResponseJob(
-        None, {}, "", {"model": MODEL, "input": [{"role": "user", "content": [plain, long]}]}, None
+        CONVERT_ONLY, {}, "", {"model": MODEL, "input": [{"role": "user", "content": [plain, long]}]}, None
     )  # type: ignore[arg-type]
     assert job.req.messages[-1].content == "rules hi"  # the prompt is unchanged: one joined message
 

@@ -22,9 +22,11 @@ class ScriptedEngine(Engine):
         reply: str = "hello",
         tiers: tuple[str, ...] = (),
         settings: Settings | None = None,
+        shipped: bool = False,
     ) -> None:
-        """``settings`` decide the family (default: the tests' worker settings: the embedded model's)."""
-        self.facts = decide(settings or load_settings(device="cpu"), tokenizer, None)
+        """``settings`` decide the family (default: the tests' worker settings: the embedded model's);
+        ``shipped``: the tokenizer is ``settings.model``'s own, so its shipped request defaults apply."""
+        self.facts = decide(settings or load_settings(device="cpu"), tokenizer, None, shipped=shipped)
         self.tokenizer = tokenizer
         self.max_model_len = 2048
         self.vocab_size = len(tokenizer)
