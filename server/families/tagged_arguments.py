@@ -19,6 +19,8 @@ import re
 from functools import cache
 from typing import Any
 
+from server.families.xml_arguments import schema_types
+
 
 def render_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
@@ -46,22 +48,9 @@ def _pattern(open_: str, close: str) -> re.Pattern[str]:
     )
 
 
-def _types(schema: Any) -> set[str]:
-    if not isinstance(schema, dict):
-        return set()
-    t = schema.get("type")
-    types = set(t) if isinstance(t, list) else {t} if isinstance(t, str) else set()
-    for key in ("anyOf", "oneOf"):
-        for sub in schema.get(key) or []:
-            types |= _types(sub)
-    if not types and "enum" in schema:
-        types = {"string"} if all(isinstance(v, str) for v in schema["enum"]) else set()
-    return types
-
-
 def type_value(raw: str, schema: Any) -> Any:
     """The JSON value of a raw argument text, typed by its property schema."""
-    types = _types(schema)
+    types = schema_types(schema)
     if not types or types == {"string"}:
         return raw
     try:

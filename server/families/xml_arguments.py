@@ -38,14 +38,15 @@ def render_xml_arguments(arguments: str | dict[str, Any]) -> str:
     return "".join(f"<parameter={k}>\n{render_value(v)}\n</parameter>\n" for k, v in args.items())
 
 
-def _types(schema: dict[str, Any] | None) -> set[str]:
+def schema_types(schema: Any) -> set[str]:
+    """The JSON types a schema allows (its ``type``, ``anyOf``/``oneOf``, a string ``enum``)."""
     if not isinstance(schema, dict):
         return set()
     t = schema.get("type")
     types = set(t) if isinstance(t, list) else {t} if isinstance(t, str) else set()
     for key in ("anyOf", "oneOf"):
         for sub in schema.get(key) or []:
-            types |= _types(sub)
+            types |= schema_types(sub)
     if not types and "enum" in schema:
         types = {"string"} if all(isinstance(v, str) for v in schema["enum"]) else set()
     return types
@@ -53,7 +54,7 @@ def _types(schema: dict[str, Any] | None) -> set[str]:
 
 def type_value(raw: str, schema: dict[str, Any] | None) -> Any:
     """The JSON value of a raw parameter text, typed by its property schema."""
-    types = _types(schema)
+    types = schema_types(schema)
     if types == {"string"}:
         return raw
     if raw in _PY_WORDS and (not types or types & {"boolean", "null"}):
